@@ -1,0 +1,553 @@
+//! `Communicator`: one rank's membership in the job. Connecting serves `Collective` (and, on
+//! rank 0, `Rendezvous`), joins, and dials every peer; the collectives run one at a time, in the
+//! same order on every rank.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::{Mutex, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::auth::{AttachToken, RequireToken};
+use crate::config::{Algorithm, CommConfig, PeerInfo, host_port, listen_ip_for};
+use crate::engine::{self, Wire};
+use crate::error::CollectiveError;
+use crate::fault::FailState;
+use crate::net;
+use crate::proto;
+use crate::proto::collective_client::CollectiveClient;
+use crate::rendezvous::{self, RendezvousService, RendezvousTable};
+use crate::transport::{CollectiveService, InboundRouter, Inbox, Link};
+
+/// `Auto` uses the star (two hops, lowest latency) up to this many bytes.
+pub const AUTO_STAR_MAX_BYTES: usize = 64 << 10;
+/// Longest a shutdown waits for streams to flush and servers to stop.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// Longest an abort notice to one peer may take.
+const ABORT_GRACE: Duration = Duration::from_secs(1);
+
+type AbortClient = CollectiveClient<
+    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, AttachToken>,
+>;
+
+/// How ranks group into nodes, for the hierarchical algorithm.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Topology {
+    /// Ranks on this rank's node, ascending; the first is the node leader.
+    pub(crate) node_group: Vec<u32>,
+    /// The leader (lowest rank) of every node, ascending.
+    pub(crate) leaders: Vec<u32>,
+}
+
+impl Topology {
+    pub(crate) fn new(peers: &[PeerInfo], me: u32) -> Self {
+        let my_node = peers
+            .iter()
+            .find(|p| p.rank == me)
+            .map(|p| p.node.as_str())
+            .unwrap_or_default();
+        let node_group = peers
+            .iter()
+            .filter(|p| p.node == my_node)
+            .map(|p| p.rank)
+            .collect();
+        let mut seen = std::collections::BTreeSet::new();
+        let leaders = peers
+            .iter()
+            .filter(|p| seen.insert(p.node.as_str()))
+            .map(|p| p.rank)
+            .collect();
+        Topology {
+            node_group,
+            leaders,
+        }
+    }
+
+    fn multi_rank_nodes(&self, world: usize) -> bool {
+        self.leaders.len() > 1 && self.leaders.len() < world
+    }
+}
+
+/// State used by one collective at a time.
+struct OpState {
+    next_op_id: u64,
+    inboxes: Vec<Option<Inbox>>,
+}
+
+/// The algorithm actually run, after `Auto` is resolved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Plan {
+    Ring,
+    Hierarchical,
+    Star,
+}
+
+/// One rank's handle on the job's communication.
+pub struct Communicator {
+    cfg: CommConfig,
+    peers: Vec<PeerInfo>,
+    all_ranks: Vec<u32>,
+    topology: Topology,
+    links: Vec<Option<Link>>,
+    abort_clients: Vec<AbortClient>,
+    fail: Arc<FailState>,
+    ops: Mutex<OpState>,
+    shutdown: watch::Sender<bool>,
+    servers: Vec<JoinHandle<()>>,
+    span: tracing::Span,
+}
+
+impl Communicator {
+    /// Serves `Collective`, serves `Rendezvous` on rank 0 (binding `master_port`), joins, and
+    /// dials every peer; bounded by `cfg.timeout`.
+    pub async fn connect(cfg: CommConfig) -> Result<Communicator, CollectiveError> {
+        Self::connect_inner(cfg, None).await
+    }
+
+    /// Like [`Communicator::connect`] for rank 0, with its rendezvous listener already bound
+    /// (lets tests and benches pick a free port before starting the other ranks).
+    pub async fn connect_with_rendezvous_listener(
+        cfg: CommConfig,
+        listener: TcpListener,
+    ) -> Result<Communicator, CollectiveError> {
+        if cfg.rank != 0 {
+            return Err(CollectiveError::invalid_config(
+                "rank",
+                "only rank 0 serves the rendezvous",
+            ));
+        }
+        Self::connect_inner(cfg, Some(listener)).await
+    }
+
+    async fn connect_inner(
+        cfg: CommConfig,
+        rendezvous_listener: Option<TcpListener>,
+    ) -> Result<Communicator, CollectiveError> {
+        cfg.validate()?;
+        let token = AttachToken::new(&cfg.identity.token)?;
+        let span = tracing::info_span!("collective", rank = cfg.rank, job = %cfg.identity.job_uid);
+        let deadline = Instant::now() + cfg.timeout;
+        let fail = Arc::new(FailState::new());
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let mut comm = Communicator {
+            peers: Vec::new(),
+            all_ranks: (0..cfg.world_size).collect(),
+            topology: Topology {
+                node_group: vec![cfg.rank],
+                leaders: vec![cfg.rank],
+            },
+            links: Vec::new(),
+            abort_clients: Vec::new(),
+            fail: fail.clone(),
+            ops: Mutex::new(OpState {
+                next_op_id: 0,
+                inboxes: Vec::new(),
+            }),
+            shutdown,
+            servers: Vec::new(),
+            span: span.clone(),
+            cfg,
+        };
+        let cfg = &comm.cfg;
+        if cfg.world_size == 1 {
+            comm.peers = vec![PeerInfo {
+                rank: 0,
+                address: host_port(&cfg.advertise_host, cfg.collective_port),
+                node: cfg.node.clone(),
+            }];
+            return Ok(comm);
+        }
+        let max_message = cfg.chunk_elems() * 4 + 1024;
+
+        // Collective server.
+        let listener = net::bind(listen_ip_for(&cfg.advertise_host), cfg.collective_port).await?;
+        let port = listener
+            .local_addr()
+            .map_err(|e| CollectiveError::Bind {
+                addr: format!("port {}", cfg.collective_port),
+                reason: e.to_string(),
+            })?
+            .port();
+        let my_address = host_port(&cfg.advertise_host, port);
+        let (router, inboxes) = InboundRouter::new(
+            cfg.rank,
+            cfg.world_size,
+            cfg.identity.generation,
+            fail.clone(),
+            shutdown_rx.clone(),
+        );
+        let service =
+            proto::collective_server::CollectiveServer::new(CollectiveService(Arc::new(router)))
+                .max_decoding_message_size(max_message)
+                .max_encoding_message_size(max_message);
+        let guarded = tonic::service::interceptor::InterceptedService::new(
+            service,
+            RequireToken::new(&cfg.identity.token),
+        );
+        let mut stop = shutdown_rx.clone();
+        let server = net::server()
+            .add_service(guarded)
+            .serve_with_incoming_shutdown(net::incoming(listener), async move {
+                let _ = stop.wait_for(|down| *down).await;
+            });
+        comm.servers.push(tokio::spawn(
+            async move {
+                if let Err(e) = server.await {
+                    tracing::warn!(error = %e, "collective server stopped");
+                }
+            }
+            .instrument(span.clone()),
+        ));
+        comm.ops.get_mut().inboxes = inboxes;
+
+        // Rendezvous server on rank 0.
+        if cfg.rank == 0 {
+            let listener = match rendezvous_listener {
+                Some(l) => l,
+                None => net::bind(listen_ip_for(&cfg.master_addr), cfg.master_port).await?,
+            };
+            let table = Arc::new(RendezvousTable::new(cfg));
+            let service = tonic::service::interceptor::InterceptedService::new(
+                proto::rendezvous_server::RendezvousServer::new(RendezvousService(table)),
+                RequireToken::new(&cfg.identity.token),
+            );
+            let mut stop = shutdown_rx.clone();
+            let server = net::server()
+                .add_service(service)
+                .serve_with_incoming_shutdown(net::incoming(listener), async move {
+                    let _ = stop.wait_for(|down| *down).await;
+                });
+            comm.servers.push(tokio::spawn(
+                async move {
+                    if let Err(e) = server.await {
+                        tracing::warn!(error = %e, "rendezvous server stopped");
+                    }
+                }
+                .instrument(span.clone()),
+            ));
+        }
+
+        let peers = rendezvous::join(cfg, &my_address)
+            .instrument(span.clone())
+            .await?;
+        tracing::info!(parent: &span, world_size = cfg.world_size, address = %my_address, "rendezvous complete");
+
+        // Dial every peer concurrently.
+        let dials = peers.iter().filter(|p| p.rank != cfg.rank).map(|p| {
+            let address = p.address.clone();
+            async move {
+                net::dial_until(&address, deadline, cfg.timeout)
+                    .await
+                    .map_err(|reason| CollectiveError::PeerLost {
+                        rank: p.rank,
+                        reason,
+                    })
+                    .map(|channel| (p.rank, channel))
+            }
+        });
+        let channels = futures::future::try_join_all(dials).await?;
+        let mut links: Vec<Option<Link>> = (0..cfg.world_size).map(|_| None).collect();
+        let mut abort_clients = Vec::new();
+        for (rank, channel) in channels {
+            let address = &peers[rank as usize].address;
+            let link = {
+                let _entered = span.enter();
+                Link::open(
+                    cfg.rank,
+                    rank,
+                    cfg.identity.generation,
+                    channel,
+                    &token,
+                    max_message,
+                )?
+            };
+            links[rank as usize] = Some(link);
+            let abort_channel = net::lazy_channel(address, ABORT_GRACE.min(cfg.timeout))
+                .map_err(|reason| CollectiveError::PeerLost { rank, reason })?;
+            abort_clients.push(CollectiveClient::with_interceptor(
+                abort_channel,
+                token.clone(),
+            ));
+        }
+        comm.topology = Topology::new(&peers, cfg.rank);
+        comm.peers = peers;
+        comm.links = links;
+        comm.abort_clients = abort_clients;
+        Ok(comm)
+    }
+
+    pub fn rank(&self) -> u32 {
+        self.cfg.rank
+    }
+
+    pub fn world_size(&self) -> u32 {
+        self.cfg.world_size
+    }
+
+    /// Every rank of the job, ordered by rank.
+    pub fn peers(&self) -> &[PeerInfo] {
+        &self.peers
+    }
+
+    /// In-place average over all ranks; bitwise identical on every rank afterwards.
+    pub async fn all_reduce_mean(
+        &self,
+        buf: &mut [f32],
+        algorithm: Algorithm,
+    ) -> Result<(), CollectiveError> {
+        self.all_reduce_sum(buf, algorithm).await?;
+        let n = self.cfg.world_size as f32;
+        if self.cfg.world_size > 1 {
+            for v in buf.iter_mut() {
+                *v /= n;
+            }
+        }
+        Ok(())
+    }
+
+    /// In-place sum over all ranks; bitwise identical on every rank afterwards.
+    pub async fn all_reduce_sum(
+        &self,
+        buf: &mut [f32],
+        algorithm: Algorithm,
+    ) -> Result<(), CollectiveError> {
+        let plan = self.plan(algorithm, buf.len() * 4);
+        self.run(
+            "all_reduce",
+            buf,
+            |_| Ok(()),
+            move |comm, wire, inboxes, buf| {
+                Box::pin(async move {
+                    match plan {
+                        Plan::Ring => engine::ring(wire, inboxes, &comm.all_ranks, buf).await,
+                        Plan::Star => {
+                            engine::reduce_to_root(wire, inboxes, &comm.all_ranks, buf).await?;
+                            engine::bcast_from_root(wire, inboxes, &comm.all_ranks, 0, buf).await
+                        }
+                        Plan::Hierarchical => comm.hierarchical(wire, inboxes, buf).await,
+                    }
+                })
+            },
+        )
+        .await
+    }
+
+    /// Copies `root`'s buffer into every rank's buffer (all must have the same length).
+    pub async fn broadcast(&self, buf: &mut [f32], root: u32) -> Result<(), CollectiveError> {
+        let world = self.cfg.world_size;
+        let check = move |_: &[f32]| {
+            if root < world {
+                Ok(())
+            } else {
+                Err(CollectiveError::InvalidArgument {
+                    field: "root",
+                    reason: format!("root {root} is outside 0..{world}"),
+                })
+            }
+        };
+        self.run("broadcast", buf, check, move |comm, wire, inboxes, buf| {
+            Box::pin(engine::bcast_from_root(
+                wire,
+                inboxes,
+                &comm.all_ranks,
+                root,
+                buf,
+            ))
+        })
+        .await
+    }
+
+    /// Returns once every rank has entered the barrier.
+    pub async fn barrier(&self) -> Result<(), CollectiveError> {
+        let mut token = [0.0f32];
+        self.run(
+            "barrier",
+            &mut token,
+            |_| Ok(()),
+            |comm, wire, inboxes, buf| {
+                Box::pin(async move {
+                    engine::reduce_to_root(wire, inboxes, &comm.all_ranks, buf).await?;
+                    engine::bcast_from_root(wire, inboxes, &comm.all_ranks, 0, buf).await
+                })
+            },
+        )
+        .await
+    }
+
+    /// Marks this communicator failed and tells every peer to abort (best effort, bounded).
+    pub async fn abort(&self, reason: &str) {
+        self.fail.fail(CollectiveError::Aborted {
+            reason: reason.to_string(),
+        });
+        self.tell_peers_to_abort(reason).await;
+    }
+
+    /// Closes the streams to peers (after flushing them) and stops the servers. Call after a
+    /// final barrier so no peer still needs data from this rank.
+    pub async fn shutdown(mut self) {
+        let grace = SHUTDOWN_GRACE.min(self.cfg.timeout);
+        let flushing: Vec<JoinHandle<()>> = std::mem::take(&mut self.links)
+            .into_iter()
+            .flatten()
+            .map(Link::close)
+            .collect();
+        for task in flushing {
+            if tokio::time::timeout(grace, task).await.is_err() {
+                tracing::debug!(parent: &self.span, "a link did not close in time");
+            }
+        }
+        self.shutdown.send_replace(true);
+        for mut task in std::mem::take(&mut self.servers) {
+            if tokio::time::timeout(grace, &mut task).await.is_err() {
+                task.abort();
+            }
+        }
+        tracing::info!(parent: &self.span, "communicator shut down");
+    }
+
+    fn plan(&self, algorithm: Algorithm, bytes: usize) -> Plan {
+        let world = self.cfg.world_size as usize;
+        match algorithm {
+            Algorithm::Ring => Plan::Ring,
+            Algorithm::Star => Plan::Star,
+            Algorithm::Hierarchical => Plan::Hierarchical,
+            Algorithm::Auto if bytes <= AUTO_STAR_MAX_BYTES => Plan::Star,
+            Algorithm::Auto if self.topology.multi_rank_nodes(world) => Plan::Hierarchical,
+            Algorithm::Auto => Plan::Ring,
+        }
+    }
+
+    async fn hierarchical(
+        &self,
+        wire: &Wire<'_>,
+        inboxes: &mut [Option<Inbox>],
+        buf: &mut [f32],
+    ) -> Result<(), CollectiveError> {
+        let node = &self.topology.node_group;
+        let leader = node.first().copied().unwrap_or(self.cfg.rank);
+        if node.len() > 1 {
+            engine::reduce_to_root(wire, inboxes, node, buf).await?;
+        }
+        if leader == self.cfg.rank && self.topology.leaders.len() > 1 {
+            engine::ring(wire, inboxes, &self.topology.leaders, buf).await?;
+        }
+        if node.len() > 1 {
+            engine::bcast_from_root(wire, inboxes, node, leader, buf).await?;
+        }
+        Ok(())
+    }
+
+    /// Runs one collective: serialized with the others, numbered, bounded by the timeout; a
+    /// failure latches and is announced to the peers.
+    async fn run<C, F>(
+        &self,
+        op: &'static str,
+        buf: &mut [f32],
+        check: C,
+        body: F,
+    ) -> Result<(), CollectiveError>
+    where
+        C: FnOnce(&[f32]) -> Result<(), CollectiveError>,
+        F: for<'a> FnOnce(
+            &'a Communicator,
+            &'a Wire<'a>,
+            &'a mut [Option<Inbox>],
+            &'a mut [f32],
+        ) -> std::pin::Pin<
+            Box<dyn std::future::Future<Output = Result<(), CollectiveError>> + Send + 'a>,
+        >,
+    {
+        check(buf)?;
+        if let Some(error) = self.fail.current() {
+            return Err(error);
+        }
+        if self.cfg.world_size == 1 {
+            return Ok(());
+        }
+        let mut state = self.ops.lock().await;
+        let op_id = state.next_op_id;
+        state.next_op_id += 1;
+        let wire = Wire {
+            me: self.cfg.rank,
+            op,
+            op_id,
+            generation: self.cfg.identity.generation,
+            deadline: Instant::now() + self.cfg.timeout,
+            timeout: self.cfg.timeout,
+            chunk_elems: self.cfg.chunk_elems(),
+            fail: &self.fail,
+            links: &self.links,
+        };
+        let result = body(self, &wire, &mut state.inboxes, buf)
+            .instrument(tracing::debug_span!(parent: &self.span, "op", op, op_id))
+            .await;
+        drop(state);
+        if let Err(error) = &result {
+            let first = self.fail.fail(error.clone());
+            let from_peer = matches!(error, CollectiveError::AbortedByPeer { .. });
+            tracing::warn!(parent: &self.span, op, op_id, %error, "collective failed");
+            if first && !from_peer {
+                self.tell_peers_to_abort(&error.to_string()).await;
+            }
+            return Err(self.fail.current().unwrap_or_else(|| error.clone()));
+        }
+        Ok(())
+    }
+
+    async fn tell_peers_to_abort(&self, reason: &str) {
+        let request = proto::AbortRequest {
+            generation: self.cfg.identity.generation,
+            from_rank: self.cfg.rank,
+            reason: reason.to_string(),
+        };
+        let bound = ABORT_GRACE.min(self.cfg.timeout);
+        let calls = self.abort_clients.iter().map(|client| {
+            let mut client = client.clone();
+            let request = request.clone();
+            async move { tokio::time::timeout(bound, client.abort(request)).await }
+        });
+        futures::future::join_all(calls).await;
+    }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        self.shutdown.send_replace(true);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(rank: u32, node: &str) -> PeerInfo {
+        PeerInfo {
+            rank,
+            address: format!("h:{rank}"),
+            node: node.into(),
+        }
+    }
+
+    #[test]
+    fn topology_groups_ranks_by_node_with_lowest_rank_leading() {
+        let peers = [
+            peer(0, "a"),
+            peer(1, "b"),
+            peer(2, "a"),
+            peer(3, "b"),
+            peer(4, "c"),
+        ];
+        let t = Topology::new(&peers, 3);
+        assert_eq!(t.node_group, vec![1, 3]);
+        assert_eq!(t.leaders, vec![0, 1, 4]);
+        assert!(t.multi_rank_nodes(5));
+        let flat = Topology::new(&[peer(0, "a"), peer(1, "b")], 0);
+        assert!(!flat.multi_rank_nodes(2));
+        let one = Topology::new(&[peer(0, "a"), peer(1, "a")], 1);
+        assert_eq!(one.leaders, vec![0]);
+        assert!(!one.multi_rank_nodes(2));
+    }
+}

@@ -1,0 +1,269 @@
+//! Configuration of one rank's communicator, the peer table, and the all-reduce algorithm names.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr};
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::error::CollectiveError;
+
+/// Default pipelining chunk: 1 MiB measured best on loopback with 2 and 4 ranks
+/// (`allreduce-bench`); larger chunks only add latency before the first reduction.
+pub const DEFAULT_CHUNK_BYTES: usize = 1 << 20;
+/// Upper bound for `chunk_bytes`; also bounds every message a peer may send us.
+pub const MAX_CHUNK_BYTES: usize = 16 << 20;
+
+/// Who this job is: every rank of one generation shares all three values.
+#[derive(Clone, PartialEq, Eq)]
+pub struct JobIdentity {
+    pub job_uid: String,
+    /// Shared secret sent as `authorization: Bearer <token>` on every call.
+    pub token: String,
+    /// Restart count of the job; ranks of different generations never talk to each other.
+    pub generation: u64,
+}
+
+impl fmt::Debug for JobIdentity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JobIdentity")
+            .field("job_uid", &self.job_uid)
+            .field("token", &"<redacted>")
+            .field("generation", &self.generation)
+            .finish()
+    }
+}
+
+/// Everything one rank needs to join the job and talk to its peers.
+#[derive(Debug, Clone)]
+pub struct CommConfig {
+    pub identity: JobIdentity,
+    pub rank: u32,
+    pub world_size: u32,
+    /// Host of rank 0's rendezvous server (MASTER_ADDR).
+    pub master_addr: String,
+    /// Port of rank 0's rendezvous server (MASTER_PORT).
+    pub master_port: u16,
+    /// Host or IP peers use to reach this rank (POD_IP, or 127.0.0.1 locally).
+    pub advertise_host: String,
+    /// Port of this rank's `Collective` server; 0 picks a free port.
+    pub collective_port: u16,
+    /// Node name (NODE_NAME); the hierarchical algorithm groups ranks by it.
+    pub node: String,
+    /// Bound on the rendezvous and on each collective (dataParallel.timeoutSeconds).
+    pub timeout: Duration,
+    /// Pipelining chunk size in bytes (see [`DEFAULT_CHUNK_BYTES`]); the same on every rank.
+    pub chunk_bytes: usize,
+}
+
+impl CommConfig {
+    /// Checks every field, naming the field and the fix on error.
+    pub fn validate(&self) -> Result<(), CollectiveError> {
+        fn bad(field: &'static str, reason: impl Into<String>) -> CollectiveError {
+            CollectiveError::invalid_config(field, reason)
+        }
+        if self.identity.job_uid.is_empty() {
+            return Err(bad("identity.job_uid", "must not be empty"));
+        }
+        if self.identity.token.is_empty() {
+            return Err(bad(
+                "identity.token",
+                "must not be empty (set the job token)",
+            ));
+        }
+        if self.world_size == 0 {
+            return Err(bad("world_size", "must be at least 1"));
+        }
+        if self.rank >= self.world_size {
+            return Err(bad(
+                "rank",
+                format!(
+                    "rank {} is outside the world of {} ranks (0..{})",
+                    self.rank, self.world_size, self.world_size
+                ),
+            ));
+        }
+        if self.world_size > 1 {
+            if self.master_addr.is_empty() {
+                return Err(bad("master_addr", "must name rank 0's host"));
+            }
+            if self.advertise_host.is_empty() {
+                return Err(bad(
+                    "advertise_host",
+                    "must be the host or IP peers reach this rank at",
+                ));
+            }
+        }
+        if self.timeout.is_zero() {
+            return Err(bad("timeout", "must be greater than zero"));
+        }
+        if self.chunk_bytes < 4 || self.chunk_bytes > MAX_CHUNK_BYTES {
+            return Err(bad(
+                "chunk_bytes",
+                format!(
+                    "{} is outside 4..={MAX_CHUNK_BYTES} bytes",
+                    self.chunk_bytes
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Number of f32 values per pipelining chunk.
+    pub(crate) fn chunk_elems(&self) -> usize {
+        (self.chunk_bytes / 4).max(1)
+    }
+}
+
+/// IP to listen on for a server whose clients use `host`: loopback stays on loopback,
+/// anything else listens on every interface.
+pub(crate) fn listen_ip_for(host: &str) -> IpAddr {
+    let loopback = host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback());
+    if loopback {
+        IpAddr::V4(Ipv4Addr::LOCALHOST)
+    } else {
+        IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+    }
+}
+
+/// `host:port`, with brackets around IPv6 literals.
+pub(crate) fn host_port(host: &str, port: u16) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// One rank of the job as every rank sees it after rendezvous.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerInfo {
+    pub rank: u32,
+    /// `host:port` of the rank's `Collective` server.
+    pub address: String,
+    pub node: String,
+}
+
+/// How `all_reduce_*` moves data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Algorithm {
+    /// Star for small buffers, hierarchical when ranks share nodes, ring otherwise.
+    #[default]
+    Auto,
+    /// Reduce-scatter then all-gather around all ranks.
+    Ring,
+    /// Reduce to a leader within each node, ring between leaders, broadcast within each node.
+    Hierarchical,
+    /// "Through the host": every rank sends to rank 0, which reduces in rank order and broadcasts.
+    Star,
+}
+
+impl FromStr for Algorithm {
+    type Err = CollectiveError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(Algorithm::Auto),
+            "ring" => Ok(Algorithm::Ring),
+            "hierarchical" => Ok(Algorithm::Hierarchical),
+            "star" => Ok(Algorithm::Star),
+            other => Err(CollectiveError::invalid_config(
+                "algorithm",
+                format!("unknown algorithm {other:?}; use auto, ring, hierarchical or star"),
+            )),
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Algorithm::Auto => "auto",
+            Algorithm::Ring => "ring",
+            Algorithm::Hierarchical => "hierarchical",
+            Algorithm::Star => "star",
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn sample() -> CommConfig {
+        CommConfig {
+            identity: JobIdentity {
+                job_uid: "uid".into(),
+                token: "secret".into(),
+                generation: 3,
+            },
+            rank: 1,
+            world_size: 2,
+            master_addr: "127.0.0.1".into(),
+            master_port: 29500,
+            advertise_host: "127.0.0.1".into(),
+            collective_port: 0,
+            node: "n0".into(),
+            timeout: Duration::from_secs(5),
+            chunk_bytes: DEFAULT_CHUNK_BYTES,
+        }
+    }
+
+    #[test]
+    fn a_valid_config_passes() {
+        assert!(sample().validate().is_ok());
+    }
+
+    #[test]
+    fn each_bad_field_is_named() {
+        type Mutation = Box<dyn Fn(&mut CommConfig)>;
+        let cases: Vec<(&str, Mutation)> = vec![
+            ("rank", Box::new(|c| c.rank = 2)),
+            ("world_size", Box::new(|c| c.world_size = 0)),
+            ("identity.token", Box::new(|c| c.identity.token.clear())),
+            ("identity.job_uid", Box::new(|c| c.identity.job_uid.clear())),
+            ("timeout", Box::new(|c| c.timeout = Duration::ZERO)),
+            ("chunk_bytes", Box::new(|c| c.chunk_bytes = 2)),
+            (
+                "chunk_bytes",
+                Box::new(|c| c.chunk_bytes = MAX_CHUNK_BYTES + 1),
+            ),
+            ("master_addr", Box::new(|c| c.master_addr.clear())),
+            ("advertise_host", Box::new(|c| c.advertise_host.clear())),
+        ];
+        for (field, mutate) in cases {
+            let mut c = sample();
+            mutate(&mut c);
+            match c.validate() {
+                Err(CollectiveError::InvalidConfig { field: f, .. }) => assert_eq!(f, field),
+                other => panic!("{field}: expected InvalidConfig, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn algorithm_names_round_trip() {
+        for a in [
+            Algorithm::Auto,
+            Algorithm::Ring,
+            Algorithm::Hierarchical,
+            Algorithm::Star,
+        ] {
+            assert_eq!(a.to_string().parse::<Algorithm>().ok(), Some(a));
+        }
+        assert!("tree".parse::<Algorithm>().is_err());
+    }
+
+    #[test]
+    fn loopback_hosts_listen_on_loopback_only() {
+        assert_eq!(listen_ip_for("127.0.0.1"), IpAddr::V4(Ipv4Addr::LOCALHOST));
+        assert_eq!(listen_ip_for("localhost"), IpAddr::V4(Ipv4Addr::LOCALHOST));
+        assert_eq!(listen_ip_for("10.1.2.3"), IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+        assert_eq!(host_port("::1", 5), "[::1]:5");
+        assert_eq!(host_port("a", 5), "a:5");
+    }
+
+    #[test]
+    fn debug_output_hides_the_token() {
+        assert!(!format!("{:?}", sample()).contains("secret"));
+    }
+}

@@ -1,0 +1,324 @@
+//! The algorithms: ring all-reduce over a group of ranks, reduce to a root, broadcast from a
+//! root. Each receive is checked against what this rank expects next from that peer; every
+//! network wait is bounded by the operation's deadline and by the failure latch.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::error::CollectiveError;
+use crate::fault::FailState;
+use crate::kernels::{add_from_le, copy_from_le, encode};
+use crate::proto;
+use crate::segments::ChunkGrid;
+use crate::transport::{Inbound, Inbox, Link};
+
+/// Chunks sent to a root to be reduced there.
+pub(crate) const PHASE_GATHER: u32 = 1;
+/// Chunks broadcast from a root.
+pub(crate) const PHASE_BCAST: u32 = 2;
+/// Ring step `t` uses phase `PHASE_RING + t`.
+pub(crate) const PHASE_RING: u32 = 16;
+
+/// Everything one collective operation needs to talk to peers.
+pub(crate) struct Wire<'a> {
+    pub(crate) me: u32,
+    pub(crate) op: &'static str,
+    pub(crate) op_id: u64,
+    pub(crate) generation: u64,
+    pub(crate) deadline: Instant,
+    pub(crate) timeout: Duration,
+    pub(crate) chunk_elems: usize,
+    pub(crate) fail: &'a FailState,
+    pub(crate) links: &'a [Option<Link>],
+}
+
+impl Wire<'_> {
+    async fn bounded<T>(
+        &self,
+        fut: impl Future<Output = Result<T, CollectiveError>>,
+    ) -> Result<T, CollectiveError> {
+        tokio::select! {
+            biased;
+            result = fut => result,
+            error = self.fail.failed() => Err(error),
+            _ = tokio::time::sleep_until(self.deadline) => Err(CollectiveError::Timeout {
+                op: self.op,
+                after: self.timeout,
+            }),
+        }
+    }
+
+    async fn send(
+        &self,
+        dst: u32,
+        phase: u32,
+        segment: usize,
+        chunk: usize,
+        payload: Bytes,
+    ) -> Result<(), CollectiveError> {
+        let link = self
+            .links
+            .get(dst as usize)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| CollectiveError::PeerLost {
+                rank: dst,
+                reason: "no link to this rank".into(),
+            })?;
+        let message = proto::Chunk {
+            generation: self.generation,
+            op_id: self.op_id,
+            phase,
+            segment: segment as u32,
+            chunk: chunk as u32,
+            payload,
+        };
+        self.bounded(link.send(message)).await
+    }
+
+    /// Receives the next chunk from `src`, which must be exactly the expected one.
+    async fn recv(
+        &self,
+        inbox: &mut Inbox,
+        src: u32,
+        phase: u32,
+        segment: usize,
+        chunk: usize,
+        elems: usize,
+    ) -> Result<Bytes, CollectiveError> {
+        let message = self
+            .bounded(async {
+                match inbox.recv().await {
+                    Some(Inbound::Chunk(c)) => Ok(c),
+                    Some(Inbound::Broken(reason)) => {
+                        Err(CollectiveError::PeerLost { rank: src, reason })
+                    }
+                    Some(Inbound::Violation(reason)) => {
+                        Err(CollectiveError::Protocol { rank: src, reason })
+                    }
+                    None => Err(CollectiveError::PeerLost {
+                        rank: src,
+                        reason: "its stream to this rank ended".into(),
+                    }),
+                }
+            })
+            .await?;
+        let expected = (self.op_id, phase, segment as u32, chunk as u32);
+        let got = (message.op_id, message.phase, message.segment, message.chunk);
+        if got != expected {
+            return Err(CollectiveError::Protocol {
+                rank: src,
+                reason: format!(
+                    "expected (op, phase, segment, chunk) {expected:?}, got {got:?}; ranks disagree on the sequence of collectives"
+                ),
+            });
+        }
+        if message.payload.len() != elems * 4 {
+            return Err(CollectiveError::Protocol {
+                rank: src,
+                reason: format!(
+                    "chunk of {} bytes where {} were expected; ranks disagree on the buffer length",
+                    message.payload.len(),
+                    elems * 4
+                ),
+            });
+        }
+        Ok(message.payload)
+    }
+}
+
+fn inbox_of(inboxes: &mut [Option<Inbox>], src: u32) -> Result<&mut Inbox, CollectiveError> {
+    inboxes
+        .get_mut(src as usize)
+        .and_then(Option::as_mut)
+        .ok_or_else(|| CollectiveError::PeerLost {
+            rank: src,
+            reason: "no inbox for this rank".into(),
+        })
+}
+
+fn position(group: &[u32], rank: u32) -> Result<usize, CollectiveError> {
+    group
+        .iter()
+        .position(|&r| r == rank)
+        .ok_or_else(|| CollectiveError::InvalidArgument {
+            field: "group",
+            reason: format!("rank {rank} is not in group {group:?}"),
+        })
+}
+
+/// Counts finished chunks and wakes the other half of a pipeline waiting for one.
+struct Progress {
+    done: AtomicUsize,
+    wake: Notify,
+}
+
+impl Progress {
+    fn new() -> Self {
+        Progress {
+            done: AtomicUsize::new(0),
+            wake: Notify::new(),
+        }
+    }
+
+    fn advance(&self) {
+        self.done.fetch_add(1, Ordering::Release);
+        self.wake.notify_one();
+    }
+
+    async fn reach(&self, count: usize) {
+        while self.done.load(Ordering::Acquire) < count {
+            self.wake.notified().await;
+        }
+    }
+}
+
+/// Ring all-reduce (sum) of `buf` over `group` (ranks in ring order, this rank included):
+/// reduce-scatter then all-gather, in `2 (n - 1)` steps. At step `t` this rank sends segment
+/// `(p - t) mod n` to the right and receives segment `(p - t - 1) mod n` from the left, adding
+/// during the first `n - 1` steps and copying after. Each segment's final value is computed by
+/// exactly one rank and copied by all others, so results are bitwise identical.
+///
+/// Chunks pipeline across steps: chunk `k` of step `t` is sent as soon as chunk `k` of step
+/// `t - 1` has been received, and a received chunk is written only once the copy that was sent
+/// from the same place has been taken.
+pub(crate) async fn ring(
+    wire: &Wire<'_>,
+    inboxes: &mut [Option<Inbox>],
+    group: &[u32],
+    buf: &mut [f32],
+) -> Result<(), CollectiveError> {
+    let n = group.len();
+    if n <= 1 || buf.is_empty() {
+        return Ok(());
+    }
+    let p = position(group, wire.me)?;
+    let right = group[(p + 1) % n];
+    let left = group[(p + n - 1) % n];
+    let grid = ChunkGrid::new(buf, n, wire.chunk_elems);
+    let steps = 2 * (n - 1);
+    let send_seg = |t: usize| (p + n * steps - t) % n;
+    let recv_seg = |t: usize| (p + n * steps - t - 1) % n;
+    // prefix[t] = chunks handled before step t, on each side.
+    let prefix = |seg_of: &dyn Fn(usize) -> usize| -> Vec<usize> {
+        let mut acc = vec![0; steps + 1];
+        for t in 0..steps {
+            acc[t + 1] = acc[t] + grid.chunks_in(seg_of(t));
+        }
+        acc
+    };
+    let sent_before = prefix(&send_seg);
+    let received_before = prefix(&recv_seg);
+    let sent = Progress::new();
+    let received = Progress::new();
+    let inbox = inbox_of(inboxes, left)?;
+
+    let sender = async {
+        for t in 0..steps {
+            let seg = send_seg(t);
+            for k in 0..grid.chunks_in(seg) {
+                if t > 0 {
+                    received.reach(received_before[t - 1] + k + 1).await;
+                }
+                let payload = encode(&grid.lock(seg, k));
+                sent.advance();
+                wire.send(right, PHASE_RING + t as u32, seg, k, payload)
+                    .await?;
+            }
+        }
+        Ok::<(), CollectiveError>(())
+    };
+    let receiver = async {
+        for t in 0..steps {
+            let seg = recv_seg(t);
+            for k in 0..grid.chunks_in(seg) {
+                if t + 1 >= n {
+                    sent.reach(sent_before[t + 1 - n] + k + 1).await;
+                }
+                let elems = grid.lock(seg, k).len();
+                let data = wire
+                    .recv(inbox, left, PHASE_RING + t as u32, seg, k, elems)
+                    .await?;
+                {
+                    let mut cell = grid.lock(seg, k);
+                    if t < n - 1 {
+                        add_from_le(&mut cell, &data);
+                    } else {
+                        copy_from_le(&mut cell, &data);
+                    }
+                }
+                received.advance();
+            }
+        }
+        Ok::<(), CollectiveError>(())
+    };
+    tokio::try_join!(sender, receiver)?;
+    Ok(())
+}
+
+/// Sums `buf` of every rank of `group` into the root's `buf` (the root must be `group[0]`,
+/// the lowest rank): the root adds the others' chunks in group order, so the result is the
+/// same however the network interleaves. Other ranks' `buf` is left unchanged.
+pub(crate) async fn reduce_to_root(
+    wire: &Wire<'_>,
+    inboxes: &mut [Option<Inbox>],
+    group: &[u32],
+    buf: &mut [f32],
+) -> Result<(), CollectiveError> {
+    let Some(&root) = group.first() else {
+        return Ok(());
+    };
+    position(group, wire.me)?;
+    let grid = ChunkGrid::new(buf, 1, wire.chunk_elems);
+    let chunks = grid.chunks_in(0);
+    if wire.me != root {
+        for k in 0..chunks {
+            let payload = encode(&grid.lock(0, k));
+            wire.send(root, PHASE_GATHER, 0, k, payload).await?;
+        }
+        return Ok(());
+    }
+    for k in 0..chunks {
+        let elems = grid.lock(0, k).len();
+        for &src in &group[1..] {
+            let inbox = inbox_of(inboxes, src)?;
+            let data = wire.recv(inbox, src, PHASE_GATHER, 0, k, elems).await?;
+            add_from_le(&mut grid.lock(0, k), &data);
+        }
+    }
+    Ok(())
+}
+
+/// Copies the root's `buf` to every other rank of `group`.
+pub(crate) async fn bcast_from_root(
+    wire: &Wire<'_>,
+    inboxes: &mut [Option<Inbox>],
+    group: &[u32],
+    root: u32,
+    buf: &mut [f32],
+) -> Result<(), CollectiveError> {
+    position(group, wire.me)?;
+    position(group, root)?;
+    let grid = ChunkGrid::new(buf, 1, wire.chunk_elems);
+    let chunks = grid.chunks_in(0);
+    if wire.me == root {
+        for k in 0..chunks {
+            let payload = encode(&grid.lock(0, k));
+            for &dst in group.iter().filter(|&&r| r != root) {
+                wire.send(dst, PHASE_BCAST, 0, k, payload.clone()).await?;
+            }
+        }
+        return Ok(());
+    }
+    let inbox = inbox_of(inboxes, root)?;
+    for k in 0..chunks {
+        let elems = grid.lock(0, k).len();
+        let data = wire.recv(inbox, root, PHASE_BCAST, 0, k, elems).await?;
+        copy_from_le(&mut grid.lock(0, k), &data);
+    }
+    Ok(())
+}

@@ -1,0 +1,124 @@
+//! The one error type of the crate, and which failures a restart of the job generation can fix.
+
+use std::time::Duration;
+
+/// Everything a rendezvous or a collective can fail with.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CollectiveError {
+    /// A configuration value is unusable; restarting with the same config fails again.
+    #[error("invalid collective config: {field}: {reason}")]
+    InvalidConfig { field: &'static str, reason: String },
+    /// An argument of one call is unusable (e.g. a broadcast root outside the world).
+    #[error("invalid argument {field}: {reason}")]
+    InvalidArgument { field: &'static str, reason: String },
+    /// A listening socket could not be opened.
+    #[error("cannot listen on {addr}: {reason}")]
+    Bind { addr: String, reason: String },
+    /// Rank 0 could not be reached, or not every rank joined in time.
+    #[error("rendezvous with {master} failed: {reason}")]
+    RendezvousFailed { master: String, reason: String },
+    /// Rank 0 refused this rank's join (wrong token, job, generation, world size, duplicate rank).
+    #[error("rendezvous refused by rank 0 ({code:?}): {message}")]
+    RendezvousRefused { code: tonic::Code, message: String },
+    /// A peer went away (connection refused or reset, its stream ended) while it was needed.
+    #[error("peer rank {rank} lost: {reason}")]
+    PeerLost { rank: u32, reason: String },
+    /// The operation did not finish within the job's timeout.
+    #[error("{op} timed out after {after:?}")]
+    Timeout { op: &'static str, after: Duration },
+    /// Another rank failed and told this one to stop.
+    #[error("aborted by rank {by_rank}: {reason}")]
+    AbortedByPeer { by_rank: u32, reason: String },
+    /// This rank aborted (a previous collective failed, or `abort` was called); the
+    /// communicator cannot be used any more.
+    #[error("communicator is aborted: {reason}")]
+    Aborted { reason: String },
+    /// A peer sent something that does not fit the protocol (wrong size, order or generation).
+    #[error("protocol violation by rank {rank}: {reason}")]
+    Protocol { rank: u32, reason: String },
+}
+
+impl CollectiveError {
+    /// True when restarting the job generation can succeed: lost peers, timeouts, a failed
+    /// rendezvous, an abort by a peer. False for configuration and programming errors.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            CollectiveError::InvalidConfig { .. }
+            | CollectiveError::InvalidArgument { .. }
+            | CollectiveError::Protocol { .. } => false,
+            CollectiveError::RendezvousRefused { code, .. } => matches!(
+                code,
+                tonic::Code::FailedPrecondition
+                    | tonic::Code::AlreadyExists
+                    | tonic::Code::DeadlineExceeded
+                    | tonic::Code::Unavailable
+                    | tonic::Code::Aborted
+            ),
+            CollectiveError::Bind { .. }
+            | CollectiveError::RendezvousFailed { .. }
+            | CollectiveError::PeerLost { .. }
+            | CollectiveError::Timeout { .. }
+            | CollectiveError::AbortedByPeer { .. }
+            | CollectiveError::Aborted { .. } => true,
+        }
+    }
+
+    pub(crate) fn invalid_config(field: &'static str, reason: impl Into<String>) -> Self {
+        CollectiveError::InvalidConfig {
+            field,
+            reason: reason.into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_of_the_world_are_retryable_and_config_errors_are_not() {
+        let retryable = [
+            CollectiveError::PeerLost {
+                rank: 1,
+                reason: "reset".into(),
+            },
+            CollectiveError::Timeout {
+                op: "all_reduce",
+                after: Duration::from_secs(1),
+            },
+            CollectiveError::AbortedByPeer {
+                by_rank: 2,
+                reason: "x".into(),
+            },
+            CollectiveError::RendezvousFailed {
+                master: "m:1".into(),
+                reason: "refused".into(),
+            },
+            CollectiveError::RendezvousRefused {
+                code: tonic::Code::FailedPrecondition,
+                message: "generation".into(),
+            },
+        ];
+        for e in retryable {
+            assert!(e.is_retryable(), "{e}");
+        }
+        let fatal = [
+            CollectiveError::invalid_config("world_size", "0"),
+            CollectiveError::RendezvousRefused {
+                code: tonic::Code::Unauthenticated,
+                message: "token".into(),
+            },
+            CollectiveError::RendezvousRefused {
+                code: tonic::Code::PermissionDenied,
+                message: "job".into(),
+            },
+            CollectiveError::Protocol {
+                rank: 0,
+                reason: "size".into(),
+            },
+        ];
+        for e in fatal {
+            assert!(!e.is_retryable(), "{e}");
+        }
+    }
+}

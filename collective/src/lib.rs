@@ -1,0 +1,34 @@
+//! Rendezvous and collectives between the ranks of one job, over gRPC.
+//!
+//! A rank builds a [`Communicator`] from a [`CommConfig`]; rank 0 also serves the rendezvous.
+//! `all_reduce_sum`/`all_reduce_mean` run the ring, hierarchical or star algorithm and leave
+//! bitwise-identical results on every rank. Failures of peers or timeouts abort every rank with
+//! a retryable [`CollectiveError`].
+
+mod auth;
+mod communicator;
+mod config;
+mod engine;
+mod error;
+mod fault;
+mod kernels;
+mod net;
+mod rendezvous;
+mod segments;
+mod transport;
+
+/// Generated gRPC code of `proto/collective/v1/collective.proto`.
+pub mod proto {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("rdu.collective.v1");
+}
+
+pub use auth::{AUTHORIZATION, AttachToken, RequireToken};
+pub use communicator::{AUTO_STAR_MAX_BYTES, Communicator};
+pub use config::{
+    Algorithm, CommConfig, DEFAULT_CHUNK_BYTES, JobIdentity, MAX_CHUNK_BYTES, PeerInfo,
+};
+pub use error::CollectiveError;
+pub use rendezvous::{RendezvousHandler, RendezvousService, RendezvousTable};
+pub use segments::{chunk_count, segment_range, segment_ranges};
+pub use transport::{FROM_RANK, GENERATION};

@@ -1,0 +1,347 @@
+//! Moving chunks between ranks: the `Collective` server routes each peer's incoming stream to
+//! that peer's inbox; a `Link` is this rank's outgoing stream to one peer. One long-lived
+//! client stream per directed pair, so chunks from one peer arrive in the order it sent them.
+
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::MetadataMap;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument;
+
+use crate::auth::AttachToken;
+use crate::error::CollectiveError;
+use crate::fault::FailState;
+use crate::proto;
+use crate::proto::collective_client::CollectiveClient;
+
+/// Metadata key naming the sending rank of a `Send` stream.
+pub const FROM_RANK: &str = "x-rdu-from-rank";
+/// Metadata key naming the generation of a `Send` stream.
+pub const GENERATION: &str = "x-rdu-generation";
+
+/// Chunks queued per link before the sender waits (on top of the HTTP/2 window).
+const LINK_QUEUE: usize = 4;
+/// Chunks buffered per peer before that peer's stream is held back.
+const INBOX_QUEUE: usize = 8;
+
+/// What the server hands to the receiving side of a collective.
+#[derive(Debug)]
+pub(crate) enum Inbound {
+    Chunk(proto::Chunk),
+    /// The stream broke (reset, transport error).
+    Broken(String),
+    /// The peer sent something it must not (e.g. a chunk of another generation).
+    Violation(String),
+}
+
+pub(crate) type Inbox = mpsc::Receiver<Inbound>;
+
+/// What a rank does with incoming streams and aborts; the gRPC service adapts it.
+pub(crate) trait ChunkReceiver: Send + Sync + 'static {
+    /// Accepts the stream of `from_rank`, or refuses it.
+    fn open(&self, from_rank: u32, generation: u64) -> Result<mpsc::Sender<Inbound>, Status>;
+    /// A peer says the job failed.
+    fn abort(&self, request: proto::AbortRequest) -> Result<(), Status>;
+    /// Becomes true when this rank shuts down.
+    fn shutdown_signal(&self) -> watch::Receiver<bool>;
+}
+
+/// Routes streams to inboxes, one slot per peer rank, each usable once.
+pub(crate) struct InboundRouter {
+    me: u32,
+    generation: u64,
+    slots: Vec<Mutex<Option<mpsc::Sender<Inbound>>>>,
+    fail: Arc<FailState>,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl InboundRouter {
+    /// The router and the inboxes (indexed by rank; `None` for this rank).
+    pub(crate) fn new(
+        me: u32,
+        world_size: u32,
+        generation: u64,
+        fail: Arc<FailState>,
+        shutdown: watch::Receiver<bool>,
+    ) -> (Self, Vec<Option<Inbox>>) {
+        let mut slots = Vec::with_capacity(world_size as usize);
+        let mut inboxes = Vec::with_capacity(world_size as usize);
+        for rank in 0..world_size {
+            if rank == me {
+                slots.push(Mutex::new(None));
+                inboxes.push(None);
+            } else {
+                let (tx, rx) = mpsc::channel(INBOX_QUEUE);
+                slots.push(Mutex::new(Some(tx)));
+                inboxes.push(Some(rx));
+            }
+        }
+        let router = InboundRouter {
+            me,
+            generation,
+            slots,
+            fail,
+            shutdown,
+        };
+        (router, inboxes)
+    }
+
+    fn check_generation(&self, generation: u64) -> Result<(), Status> {
+        if generation == self.generation {
+            Ok(())
+        } else {
+            Err(Status::failed_precondition(format!(
+                "generation {generation} is not this rank's generation {}",
+                self.generation
+            )))
+        }
+    }
+}
+
+impl ChunkReceiver for InboundRouter {
+    fn open(&self, from_rank: u32, generation: u64) -> Result<mpsc::Sender<Inbound>, Status> {
+        self.check_generation(generation)?;
+        if from_rank == self.me {
+            return Err(Status::invalid_argument("a rank does not stream to itself"));
+        }
+        let slot = self.slots.get(from_rank as usize).ok_or_else(|| {
+            Status::invalid_argument(format!(
+                "from rank {from_rank} is outside 0..{}",
+                self.slots.len()
+            ))
+        })?;
+        slot.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .ok_or_else(|| {
+                Status::already_exists(format!("rank {from_rank} already has a stream open"))
+            })
+    }
+
+    fn abort(&self, request: proto::AbortRequest) -> Result<(), Status> {
+        self.check_generation(request.generation)?;
+        if request.from_rank as usize >= self.slots.len() {
+            return Err(Status::invalid_argument("from_rank outside the world"));
+        }
+        let reason: String = request.reason.chars().take(1024).collect();
+        tracing::warn!(rank = self.me, by_rank = request.from_rank, %reason, "abort received");
+        self.fail.fail(CollectiveError::AbortedByPeer {
+            by_rank: request.from_rank,
+            reason,
+        });
+        Ok(())
+    }
+
+    fn shutdown_signal(&self) -> watch::Receiver<bool> {
+        self.shutdown.clone()
+    }
+}
+
+fn metadata_u64(metadata: &MetadataMap, key: &str) -> Result<u64, Status> {
+    metadata
+        .get(key)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| Status::invalid_argument(format!("missing or non-numeric {key} metadata")))
+}
+
+/// tonic adapter of a [`ChunkReceiver`].
+pub(crate) struct CollectiveService<R>(pub(crate) Arc<R>);
+
+impl<R: ChunkReceiver> CollectiveService<R> {
+    async fn pump(
+        generation: u64,
+        stream: &mut Streaming<proto::Chunk>,
+        inbox: &mpsc::Sender<Inbound>,
+    ) -> Result<u64, Status> {
+        let mut count = 0u64;
+        loop {
+            match stream.message().await {
+                Ok(Some(chunk)) => {
+                    if chunk.generation != generation {
+                        let why = format!(
+                            "chunk of generation {} on a stream of generation {generation}",
+                            chunk.generation
+                        );
+                        let _ = inbox.send(Inbound::Violation(why.clone())).await;
+                        return Err(Status::failed_precondition(why));
+                    }
+                    if inbox.send(Inbound::Chunk(chunk)).await.is_err() {
+                        return Err(Status::cancelled("receiving rank closed"));
+                    }
+                    count += 1;
+                }
+                Ok(None) => return Ok(count),
+                Err(status) => {
+                    let _ = inbox.try_send(Inbound::Broken(status.to_string()));
+                    return Err(status);
+                }
+            }
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl<R: ChunkReceiver> proto::collective_server::Collective for CollectiveService<R> {
+    async fn send(
+        &self,
+        request: Request<Streaming<proto::Chunk>>,
+    ) -> Result<Response<proto::SendSummary>, Status> {
+        let from = metadata_u64(request.metadata(), FROM_RANK)?;
+        let from =
+            u32::try_from(from).map_err(|_| Status::invalid_argument("from rank too large"))?;
+        let generation = metadata_u64(request.metadata(), GENERATION)?;
+        let inbox = self.0.open(from, generation)?;
+        let mut stream = request.into_inner();
+        let mut shutdown = self.0.shutdown_signal();
+        tokio::select! {
+            result = Self::pump(generation, &mut stream, &inbox) => {
+                result.map(|chunks| Response::new(proto::SendSummary { chunks }))
+            }
+            _ = shutdown.wait_for(|down| *down) => Err(Status::unavailable("rank is shutting down")),
+        }
+    }
+
+    async fn abort(
+        &self,
+        request: Request<proto::AbortRequest>,
+    ) -> Result<Response<proto::AbortResponse>, Status> {
+        self.0.abort(request.into_inner())?;
+        Ok(Response::new(proto::AbortResponse {}))
+    }
+}
+
+/// This rank's outgoing stream to one peer.
+pub(crate) struct Link {
+    pub(crate) peer: u32,
+    tx: mpsc::Sender<proto::Chunk>,
+    closed_reason: Arc<Mutex<Option<String>>>,
+    task: JoinHandle<()>,
+}
+
+impl Link {
+    /// Opens the stream on an already connected channel.
+    pub(crate) fn open(
+        me: u32,
+        peer: u32,
+        generation: u64,
+        channel: tonic::transport::Channel,
+        token: &AttachToken,
+        max_message: usize,
+    ) -> Result<Link, CollectiveError> {
+        let mut client = CollectiveClient::with_interceptor(channel, token.clone())
+            .max_encoding_message_size(max_message)
+            .max_decoding_message_size(max_message);
+        let (tx, rx) = mpsc::channel(LINK_QUEUE);
+        let mut request = Request::new(ReceiverStream::new(rx));
+        request.metadata_mut().insert(FROM_RANK, me.into());
+        request.metadata_mut().insert(GENERATION, generation.into());
+        let closed_reason = Arc::new(Mutex::new(None));
+        let reason_slot = closed_reason.clone();
+        let span = tracing::debug_span!("link", rank = me, peer);
+        let task = tokio::spawn(
+            async move {
+                let why = match client.send(request).await {
+                    Ok(summary) => {
+                        format!("stream closed after {} chunks", summary.into_inner().chunks)
+                    }
+                    Err(status) => format!("{:?}: {}", status.code(), status.message()),
+                };
+                tracing::debug!(%why, "link ended");
+                *reason_slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+            }
+            .instrument(span),
+        );
+        Ok(Link {
+            peer,
+            tx,
+            closed_reason,
+            task,
+        })
+    }
+
+    /// Queues one chunk; fails when the stream to the peer is gone.
+    pub(crate) async fn send(&self, chunk: proto::Chunk) -> Result<(), CollectiveError> {
+        self.tx.send(chunk).await.map_err(|_| self.lost())
+    }
+
+    fn lost(&self) -> CollectiveError {
+        let reason = self
+            .closed_reason
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .unwrap_or_else(|| "stream to peer closed".into());
+        CollectiveError::PeerLost {
+            rank: self.peer,
+            reason,
+        }
+    }
+
+    /// Ends the stream after everything queued is sent; the handle finishes when the peer answers.
+    pub(crate) fn close(self) -> JoinHandle<()> {
+        drop(self.tx);
+        self.task
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn router() -> (InboundRouter, Vec<Option<Inbox>>, Arc<FailState>) {
+        let fail = Arc::new(FailState::new());
+        let (_tx, rx) = watch::channel(false);
+        let (r, inboxes) = InboundRouter::new(1, 3, 7, fail.clone(), rx);
+        (r, inboxes, fail)
+    }
+
+    #[test]
+    fn streams_are_accepted_once_per_peer_and_checked() {
+        let (r, inboxes, _) = router();
+        assert!(inboxes[1].is_none() && inboxes[0].is_some());
+        assert!(r.open(0, 7).is_ok());
+        assert_eq!(
+            r.open(0, 7).err().map(|s| s.code()),
+            Some(tonic::Code::AlreadyExists)
+        );
+        assert_eq!(
+            r.open(2, 6).err().map(|s| s.code()),
+            Some(tonic::Code::FailedPrecondition)
+        );
+        assert_eq!(
+            r.open(1, 7).err().map(|s| s.code()),
+            Some(tonic::Code::InvalidArgument)
+        );
+        assert_eq!(
+            r.open(3, 7).err().map(|s| s.code()),
+            Some(tonic::Code::InvalidArgument)
+        );
+        assert!(r.open(2, 7).is_ok());
+    }
+
+    #[test]
+    fn aborts_of_this_generation_latch_the_failure() {
+        let (r, _inboxes, fail) = router();
+        let stale = proto::AbortRequest {
+            generation: 6,
+            from_rank: 0,
+            reason: "old".into(),
+        };
+        assert!(r.abort(stale).is_err());
+        assert!(fail.current().is_none());
+        let now = proto::AbortRequest {
+            generation: 7,
+            from_rank: 2,
+            reason: "peer lost".into(),
+        };
+        assert!(r.abort(now).is_ok());
+        assert!(matches!(
+            fail.current(),
+            Some(CollectiveError::AbortedByPeer { by_rank: 2, .. })
+        ));
+    }
+}

@@ -1,0 +1,164 @@
+//! All-reduce, broadcast and barrier correctness for 1 to 5 ranks, every algorithm.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{data, reference_sum, world};
+use futures::future::join_all;
+use rdu_collective::{Algorithm, CollectiveError, Communicator};
+
+const TIMEOUT: Duration = Duration::from_secs(20);
+const SIZES: [usize; 4] = [1, 7, 1000, 1_000_003];
+
+async fn all_reduce(comms: &[Communicator], len: usize, algorithm: Algorithm) -> Vec<Vec<f32>> {
+    let mut bufs: Vec<Vec<f32>> = (0..comms.len() as u32).map(|r| data(r, len)).collect();
+    let results = join_all(
+        comms
+            .iter()
+            .zip(bufs.iter_mut())
+            .map(|(c, b)| c.all_reduce_sum(b, algorithm)),
+    )
+    .await;
+    for (rank, r) in results.into_iter().enumerate() {
+        if let Err(e) = r {
+            panic!("rank {rank} {algorithm} len {len}: {e}");
+        }
+    }
+    bufs
+}
+
+fn assert_sum_and_identical(bufs: &[Vec<f32>], len: usize, what: &str) {
+    let world = bufs.len() as u32;
+    let expected = reference_sum(world, len);
+    for (i, (got, want)) in bufs[0].iter().zip(&expected).enumerate() {
+        let tolerance = 1e-5 * f64::from(world) * (1.0 + want.abs());
+        assert!(
+            (f64::from(*got) - want).abs() <= tolerance,
+            "{what}: element {i} is {got}, expected {want}"
+        );
+    }
+    for (rank, b) in bufs.iter().enumerate().skip(1) {
+        assert_eq!(b.len(), len);
+        let differing = b
+            .iter()
+            .zip(&bufs[0])
+            .position(|(x, y)| x.to_bits() != y.to_bits());
+        assert_eq!(differing, None, "{what}: rank {rank} differs from rank 0");
+    }
+}
+
+async fn check_world(n: u32, node_of: impl Fn(u32) -> String) {
+    let comms = world(n, node_of, TIMEOUT).await;
+    for algorithm in [
+        Algorithm::Ring,
+        Algorithm::Star,
+        Algorithm::Hierarchical,
+        Algorithm::Auto,
+    ] {
+        for len in SIZES {
+            let bufs = all_reduce(&comms, len, algorithm).await;
+            assert_sum_and_identical(&bufs, len, &format!("{n} ranks {algorithm} len {len}"));
+        }
+    }
+    join_all(comms.iter().map(Communicator::barrier)).await;
+    join_all(comms.into_iter().map(Communicator::shutdown)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_rank_is_a_no_op() {
+    let comms = world(1, |_| "n".into(), TIMEOUT).await;
+    let mut buf = data(0, 7);
+    let before = buf.clone();
+    comms[0]
+        .all_reduce_mean(&mut buf, Algorithm::Ring)
+        .await
+        .expect("no-op");
+    assert_eq!(buf, before);
+    comms[0].barrier().await.expect("barrier of one");
+    assert_eq!(comms[0].peers().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_ranks_on_two_nodes() {
+    check_world(2, |r| format!("node{r}")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_ranks_on_one_node() {
+    check_world(3, |_| "node0".into()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_ranks_on_two_interleaved_nodes() {
+    check_world(4, |r| format!("node{}", r % 2)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_ranks_on_two_uneven_nodes() {
+    check_world(5, |r| if r < 3 { "a".into() } else { "b".into() }).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mean_divides_the_sum_and_repeated_calls_stay_in_step() {
+    let comms = world(3, |r| format!("n{r}"), TIMEOUT).await;
+    for round in 0..3 {
+        let mut bufs: Vec<Vec<f32>> = (0..3).map(|r| vec![(r + round) as f32; 5]).collect();
+        let results = join_all(
+            comms
+                .iter()
+                .zip(bufs.iter_mut())
+                .map(|(c, b)| c.all_reduce_mean(b, Algorithm::Ring)),
+        )
+        .await;
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        let expected = (round * 3 + 3) as f32 / 3.0;
+        for b in &bufs {
+            assert_eq!(b, &vec![expected; 5]);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broadcast_copies_the_roots_buffer() {
+    let comms = world(4, |_| "n".into(), TIMEOUT).await;
+    let len = 200_001;
+    let mut bufs: Vec<Vec<f32>> = (0..4).map(|r| data(r, len)).collect();
+    let results = join_all(
+        comms
+            .iter()
+            .zip(bufs.iter_mut())
+            .map(|(c, b)| c.broadcast(b, 2)),
+    )
+    .await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    let root = data(2, len);
+    for b in &bufs {
+        assert_eq!(b, &root);
+    }
+    let mut small = vec![0.0f32; 3];
+    match comms[0].broadcast(&mut small, 4).await {
+        Err(e @ CollectiveError::InvalidArgument { .. }) => assert!(!e.is_retryable()),
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+    // The refused call did not desynchronize the ranks.
+    let results = join_all(comms.iter().map(Communicator::barrier)).await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mismatched_buffer_lengths_are_a_protocol_error_not_a_crash() {
+    let comms = world(2, |_| "n".into(), TIMEOUT).await;
+    let mut a = vec![1.0f32; 10];
+    let mut b = vec![1.0f32; 11];
+    let (ra, rb) = tokio::join!(
+        comms[0].all_reduce_sum(&mut a, Algorithm::Ring),
+        comms[1].all_reduce_sum(&mut b, Algorithm::Ring)
+    );
+    assert!(ra.is_err() && rb.is_err(), "{ra:?} {rb:?}");
+    assert!(
+        matches!(ra, Err(CollectiveError::Protocol { .. }))
+            || matches!(rb, Err(CollectiveError::Protocol { .. })),
+        "{ra:?} {rb:?}"
+    );
+}

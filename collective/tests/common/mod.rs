@@ -1,0 +1,97 @@
+//! Shared harness: a whole job of N ranks in one process on loopback.
+
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use futures::future::join_all;
+use rdu_collective::{CommConfig, Communicator, JobIdentity};
+
+pub const TOKEN: &str = "test-token";
+pub const JOB: &str = "job-uid";
+pub const GENERATION: u64 = 4;
+
+pub fn config(
+    rank: u32,
+    world: u32,
+    master_port: u16,
+    node: &str,
+    timeout: Duration,
+) -> CommConfig {
+    CommConfig {
+        identity: JobIdentity {
+            job_uid: JOB.into(),
+            token: TOKEN.into(),
+            generation: GENERATION,
+        },
+        rank,
+        world_size: world,
+        master_addr: "127.0.0.1".into(),
+        master_port,
+        advertise_host: "127.0.0.1".into(),
+        collective_port: 0,
+        node: node.into(),
+        timeout,
+        // Small chunks so modest buffers still pipeline through many chunks.
+        chunk_bytes: 64 << 10,
+    }
+}
+
+/// A bound rendezvous listener and its port.
+pub async fn rendezvous_listener() -> (tokio::net::TcpListener, u16) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind loopback");
+    let port = listener.local_addr().expect("local addr").port();
+    (listener, port)
+}
+
+/// Connects `world` ranks; `node_of(rank)` names each rank's node.
+pub async fn world(
+    world: u32,
+    node_of: impl Fn(u32) -> String,
+    timeout: Duration,
+) -> Vec<Communicator> {
+    let (listener, port) = rendezvous_listener().await;
+    let mut listener = Some(listener);
+    let connects = (0..world).map(|rank| {
+        let cfg = config(rank, world, port, &node_of(rank), timeout);
+        let listener = if rank == 0 { listener.take() } else { None };
+        async move {
+            match listener {
+                Some(l) => Communicator::connect_with_rendezvous_listener(cfg, l).await,
+                None => Communicator::connect(cfg).await,
+            }
+        }
+    });
+    join_all(connects)
+        .await
+        .into_iter()
+        .map(|c| c.expect("connect"))
+        .collect()
+}
+
+/// Deterministic, non-trivial values for `rank` (exercises rounding, so order matters).
+pub fn data(rank: u32, len: usize) -> Vec<f32> {
+    let mut state =
+        0x9E37_79B9_7F4A_7C15u64 ^ (u64::from(rank) + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    (0..len)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.7
+        })
+        .collect()
+}
+
+/// Sum over ranks in f64, the reference.
+pub fn reference_sum(world: u32, len: usize) -> Vec<f64> {
+    let mut acc = vec![0f64; len];
+    for r in 0..world {
+        for (a, v) in acc.iter_mut().zip(data(r, len)) {
+            *a += f64::from(v);
+        }
+    }
+    acc
+}
