@@ -1,0 +1,184 @@
+//! Fault injection through the health file: device IDs (`rdu<R>-tile<T>`) or whole RDUs (`rdu<R>`), one per
+//! line, `#` comments allowed. The file is watched (inotify via `notify`, plus a slow re-read as a fallback);
+//! every change updates the node's health, which ListAndWatch streams. A missing file means all healthy.
+
+use crate::node::TileNode;
+use crate::topology::{TileIndex, Topology};
+use notify::{RecursiveMode, Watcher};
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+/// How often the file is re-read even without a change notification.
+const FALLBACK_REREAD: Duration = Duration::from_secs(2);
+
+/// Errors setting up the health-file watch.
+#[derive(Debug, thiserror::Error)]
+pub enum HealthError {
+    #[error(
+        "--health-file {path} has no parent directory to watch; give a path like /var/run/rdu/health"
+    )]
+    NoParent { path: PathBuf },
+    #[error(
+        "cannot watch the directory of --health-file {path}: {source}; create the directory first"
+    )]
+    Watch {
+        path: PathBuf,
+        source: notify::Error,
+    },
+}
+
+/// The tiles a health file marks unhealthy, and a warning for every line it could not use.
+pub fn parse_health(topology: &Topology, text: &str) -> (BTreeSet<TileIndex>, Vec<String>) {
+    let mut unhealthy = BTreeSet::new();
+    let mut warnings = Vec::new();
+    for (number, line) in text.lines().enumerate() {
+        let entry = line.split('#').next().unwrap_or("").trim();
+        if entry.is_empty() {
+            continue;
+        }
+        match topology.parse_any(entry) {
+            Ok(tiles) => unhealthy.extend(tiles),
+            Err(e) => warnings.push(format!("health file line {}: {e}", number + 1)),
+        }
+    }
+    (unhealthy, warnings)
+}
+
+/// Reads the file (missing: all healthy) and applies it to the node. Returns whether the device list changed.
+pub fn apply_health_file(node: &TileNode, path: &Path) -> bool {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "cannot read health file; health unchanged");
+            return false;
+        }
+    };
+    let (unhealthy, warnings) = parse_health(&node.topology(), &text);
+    for warning in warnings {
+        tracing::warn!(path = %path.display(), "{warning}");
+    }
+    let changed = node.set_unhealthy(&unhealthy);
+    if changed {
+        tracing::info!(unhealthy_tiles = unhealthy.len(), "device health changed");
+    }
+    changed
+}
+
+/// A running health-file watch; dropping it stops the watch.
+pub struct HealthWatcher {
+    _watcher: notify::RecommendedWatcher,
+    task: JoinHandle<()>,
+}
+
+impl Drop for HealthWatcher {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Applies the file now, then on every change of it (and every couple of seconds as a fallback).
+pub fn watch_health_file(node: Arc<TileNode>, path: PathBuf) -> Result<HealthWatcher, HealthError> {
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => return Err(HealthError::NoParent { path }),
+    };
+    let (tx, mut rx) = mpsc::unbounded_channel::<()>();
+    let file_name = path.file_name().map(|n| n.to_os_string());
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        let relevant = match &event {
+            Ok(e) => {
+                e.paths.is_empty()
+                    || e.paths
+                        .iter()
+                        .any(|p| p.file_name().map(|n| n.to_os_string()) == file_name)
+            }
+            Err(_) => true,
+        };
+        if relevant {
+            let _ = tx.send(());
+        }
+    })
+    .map_err(|source| HealthError::Watch {
+        path: path.clone(),
+        source,
+    })?;
+    watcher
+        .watch(&parent, RecursiveMode::NonRecursive)
+        .map_err(|source| HealthError::Watch {
+            path: path.clone(),
+            source,
+        })?;
+    apply_health_file(&node, &path);
+    let task = tokio::spawn(async move {
+        let mut fallback = tokio::time::interval(FALLBACK_REREAD);
+        fallback.tick().await;
+        loop {
+            tokio::select! {
+                event = rx.recv() => {
+                    if event.is_none() {
+                        break;
+                    }
+                    // Coalesce a burst of events (truncate + write) into one read.
+                    while rx.try_recv().is_ok() {}
+                }
+                _ = fallback.tick() => {}
+            }
+            apply_health_file(&node, &path);
+        }
+    });
+    Ok(HealthWatcher {
+        _watcher: watcher,
+        task,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::ResourceMode;
+
+    #[test]
+    fn parses_tiles_rdus_comments_and_warns_on_junk() {
+        let topo = Topology::new(8, 4).unwrap();
+        let text = "# hung tiles\nrdu0-tile1\n\n  rdu7  # whole RDU failed\nrdu9-tile0\nbanana\n";
+        let (set, warnings) = parse_health(&topo, text);
+        assert_eq!(set, BTreeSet::from([1, 28, 29, 30, 31]));
+        assert_eq!(warnings.len(), 2);
+        assert!(warnings[0].contains("line 5") && warnings[0].contains("rdu9-tile0"));
+        assert!(warnings[1].contains("banana"));
+    }
+
+    #[test]
+    fn applying_a_missing_file_means_all_healthy() {
+        let dir = tempfile::tempdir().unwrap();
+        let node =
+            TileNode::new(Topology::new(2, 2).unwrap(), ResourceMode::Tile, None, None).unwrap();
+        let path = dir.path().join("health");
+        std::fs::write(&path, "rdu1-tile1\n").unwrap();
+        assert!(apply_health_file(&node, &path));
+        assert!(!node.devices()[3].healthy);
+        std::fs::remove_file(&path).unwrap();
+        assert!(apply_health_file(&node, &path));
+        assert!(node.devices().iter().all(|d| d.healthy));
+    }
+
+    #[test]
+    fn a_path_without_parent_is_refused() {
+        let node = Arc::new(
+            TileNode::new(Topology::new(1, 1).unwrap(), ResourceMode::Tile, None, None).unwrap(),
+        );
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let _guard = rt.enter();
+        assert!(matches!(
+            watch_health_file(node, PathBuf::from("")),
+            Err(HealthError::NoParent { .. })
+        ));
+    }
+}

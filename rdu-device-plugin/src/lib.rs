@@ -1,0 +1,22 @@
+//! Simulated RDU node topology, tile allocation and the kubelet device plugin server.
+
+pub mod affinity;
+pub mod checkpoint;
+pub mod config;
+pub mod health;
+pub mod local;
+pub mod metrics;
+pub mod node;
+pub mod packing;
+pub mod plugin;
+pub mod service;
+pub mod status;
+pub mod tilestat;
+pub mod topology;
+pub mod transport;
+
+/// The kubelet device plugin API v1beta1 (generated from `proto/deviceplugin/v1beta1/api.proto`).
+pub mod api {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("v1beta1");
+}

@@ -1,0 +1,268 @@
+//! The plugin's life with the kubelet: serve on a socket in the device plugin directory, then Register on
+//! `kubelet.sock` (with backoff); when `kubelet.sock` is recreated (a kubelet restart wipes the directory) or
+//! the plugin's own socket vanishes, serve again and re-register; on shutdown, stop and remove the socket.
+
+use crate::api::device_plugin_server::DevicePluginServer;
+use crate::api::registration_client::RegistrationClient;
+use crate::api::{DevicePluginOptions, RegisterRequest};
+use crate::node::TileNode;
+use crate::service::DevicePluginService;
+use crate::transport::{TransportError, unix_channel};
+use notify::{RecursiveMode, Watcher};
+use std::future::Future;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::UnixListener;
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::UnixListenerStream;
+
+/// Version of the device plugin API this plugin speaks.
+pub const API_VERSION: &str = "v1beta1";
+/// File name of the kubelet's registration socket.
+pub const KUBELET_SOCKET: &str = "kubelet.sock";
+
+/// Errors that stop the plugin.
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    #[error(
+        "cannot create the device plugin directory {path}: {source} (check --device-plugin-dir)"
+    )]
+    CreateDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "cannot listen on {path}: {source} (is another plugin running? check --device-plugin-dir)"
+    )]
+    Listen {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Errors of one registration attempt.
+#[derive(Debug, thiserror::Error)]
+pub enum RegisterError {
+    #[error(transparent)]
+    Dial(#[from] TransportError),
+    #[error("kubelet refused the registration: {0}")]
+    Refused(tonic::Status),
+    #[error("registration timed out after {0:?}")]
+    Timeout(Duration),
+}
+
+/// Timing of registration retries and of the fallback directory check.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    pub first_retry: Duration,
+    pub max_retry: Duration,
+    pub register_timeout: Duration,
+    /// How often the directory is checked even without a change notification.
+    pub recheck: Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Timing {
+            first_retry: Duration::from_millis(100),
+            max_retry: Duration::from_secs(5),
+            register_timeout: Duration::from_secs(5),
+            recheck: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Calls `Register` on the kubelet socket once.
+pub async fn register_once(
+    kubelet_socket: &Path,
+    request: RegisterRequest,
+    timeout: Duration,
+) -> Result<(), RegisterError> {
+    let attempt = async {
+        let channel = unix_channel(kubelet_socket).await?;
+        RegistrationClient::new(channel)
+            .register(request)
+            .await
+            .map_err(RegisterError::Refused)?;
+        Ok(())
+    };
+    tokio::time::timeout(timeout, attempt)
+        .await
+        .map_err(|_| RegisterError::Timeout(timeout))?
+}
+
+/// Runs the plugin in `dir` until `shutdown` completes; then removes its socket.
+pub async fn run_plugin(
+    dir: PathBuf,
+    node: Arc<TileNode>,
+    timing: Timing,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), PluginError> {
+    tokio::pin!(shutdown);
+    let socket_name = node.mode().socket_name();
+    let socket_path = dir.join(socket_name);
+    let kubelet_path = dir.join(KUBELET_SOCKET);
+    loop {
+        std::fs::create_dir_all(&dir).map_err(|source| PluginError::CreateDir {
+            path: dir.clone(),
+            source,
+        })?;
+        // Watch the directory for kubelet.sock appearing or being replaced (inotify where available).
+        let (events_tx, mut events) = mpsc::unbounded_channel::<()>();
+        let mut watcher =
+            notify::recommended_watcher(move |_event: notify::Result<notify::Event>| {
+                let _ = events_tx.send(());
+            })
+            .ok();
+        if let Some(w) = watcher.as_mut()
+            && let Err(e) = w.watch(&dir, RecursiveMode::NonRecursive)
+        {
+            tracing::warn!(error = %e, "cannot watch the device plugin directory; checking it periodically");
+        }
+
+        let server = Served::start(&socket_path, node.clone())?;
+        tracing::info!(socket = %socket_path.display(), resource = node.mode().resource_name(), "serving");
+
+        // Register, retrying with backoff; any change in the directory triggers an immediate retry.
+        let mut delay = timing.first_retry;
+        let registered_kubelet = loop {
+            if !server.socket_is_ours() {
+                break None;
+            }
+            let kubelet_id = inode(&kubelet_path);
+            if kubelet_id.is_some() {
+                let request = RegisterRequest {
+                    version: API_VERSION.to_string(),
+                    endpoint: socket_name.to_string(),
+                    resource_name: node.mode().resource_name().to_string(),
+                    options: Some(DevicePluginOptions {
+                        pre_start_required: false,
+                        get_preferred_allocation_available: true,
+                    }),
+                };
+                match register_once(&kubelet_path, request, timing.register_timeout).await {
+                    Ok(()) => {
+                        tracing::info!(kubelet = %kubelet_path.display(), "registered with the kubelet");
+                        break kubelet_id;
+                    }
+                    Err(e) => tracing::warn!(error = %e, retry_in = ?delay, "registration failed"),
+                }
+            }
+            tokio::select! {
+                _ = &mut shutdown => {
+                    server.stop().await;
+                    return Ok(());
+                }
+                _ = events.recv() => {}
+                _ = tokio::time::sleep(delay) => {
+                    delay = (delay * 2).min(timing.max_retry);
+                }
+            }
+        };
+
+        // Registered (or our socket vanished): wait until the kubelet restarts or our socket is removed.
+        if registered_kubelet.is_some() {
+            loop {
+                tokio::select! {
+                    _ = &mut shutdown => {
+                        server.stop().await;
+                        return Ok(());
+                    }
+                    _ = events.recv() => {}
+                    _ = tokio::time::sleep(timing.recheck) => {}
+                }
+                let kubelet_now = inode(&kubelet_path);
+                if !server.socket_is_ours() {
+                    tracing::info!("plugin socket removed; serving again");
+                    break;
+                }
+                if kubelet_now.is_some() && kubelet_now != registered_kubelet {
+                    tracing::info!(
+                        "kubelet.sock recreated (kubelet restart); serving again and re-registering"
+                    );
+                    break;
+                }
+            }
+        }
+        server.stop().await;
+    }
+}
+
+/// A running gRPC server on the plugin's socket.
+struct Served {
+    path: PathBuf,
+    inode: Option<FileId>,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Served {
+    fn start(path: &Path, node: Arc<TileNode>) -> Result<Served, PluginError> {
+        match std::fs::remove_file(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => {
+                return Err(PluginError::Listen {
+                    path: path.to_path_buf(),
+                    source,
+                });
+            }
+        }
+        let listener = UnixListener::bind(path).map_err(|source| PluginError::Listen {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let (stop, stop_rx) = watch::channel(false);
+        let service = DevicePluginService::new(node, stop_rx.clone());
+        let mut server_stop = stop_rx;
+        let task = tokio::spawn(async move {
+            let result = tonic::transport::Server::builder()
+                .add_service(DevicePluginServer::new(service))
+                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
+                    let _ = server_stop.wait_for(|s| *s).await;
+                })
+                .await;
+            if let Err(e) = result {
+                tracing::error!(error = %e, "device plugin server failed");
+            }
+        });
+        Ok(Served {
+            path: path.to_path_buf(),
+            inode: inode(path),
+            stop,
+            task,
+        })
+    }
+
+    fn socket_is_ours(&self) -> bool {
+        self.inode.is_some() && inode(&self.path) == self.inode
+    }
+
+    /// Ends the streams, waits briefly for a graceful stop, and removes the socket if it is still ours.
+    async fn stop(self) {
+        let _ = self.stop.send(true);
+        let ours = self.socket_is_ours();
+        let mut task = self.task;
+        if tokio::time::timeout(Duration::from_secs(2), &mut task)
+            .await
+            .is_err()
+        {
+            task.abort();
+        }
+        if ours {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Identity of a file: inode and change time, which tell a recreated socket from the old one even when
+/// the file system reuses the inode number.
+type FileId = (u64, u64, i64, i64);
+
+fn inode(path: &Path) -> Option<FileId> {
+    std::fs::metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino(), m.ctime(), m.ctime_nsec()))
+}
