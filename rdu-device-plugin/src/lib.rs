@@ -4,6 +4,7 @@ pub mod affinity;
 pub mod checkpoint;
 pub mod config;
 pub mod health;
+pub mod kubelet_double;
 pub mod local;
 pub mod metrics;
 pub mod node;

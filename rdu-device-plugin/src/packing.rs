@@ -20,8 +20,8 @@ pub enum PackingError {
 ///
 /// The rule, in order: tiles next to the must-include tiles on their RDUs; then, while one RDU cannot hold
 /// the rest, the RDU with the most free tiles (so the fewest RDUs are used); then the RDU that holds the rest
-/// most tightly, preferring one with a contiguous run and the lowest index on ties (this keeps whole RDUs
-/// free for larger requests); within it the lowest contiguous run of tiles.
+/// most tightly (this keeps whole RDUs free for larger requests), on ties one with a contiguous run, then the
+/// lowest index; within it the lowest contiguous run of tiles, else the lowest free tiles.
 pub fn pack(
     topology: &Topology,
     available: &[TileIndex],
@@ -107,7 +107,7 @@ pub fn pack(
             .filter(|&r| !rdu_used[r] && rdu_free[r].len() >= remaining)
             .min_by_key(|&r| {
                 let no_run = lowest_run(&rdu_free[r], remaining).is_none();
-                (no_run, rdu_free[r].len(), r)
+                (rdu_free[r].len(), no_run, r)
             });
         if let Some(rdu) = fit {
             let tiles = &rdu_free[rdu];
@@ -189,10 +189,14 @@ mod tests {
         let avail = vec![1, 3, 4, 5, 6, 8, 12, 13, 14, 15];
         // 3 tiles fit in RDU1 (exactly, contiguous) rather than breaking the whole RDU3.
         assert_eq!(pack(&t, &avail, &[], 3), Ok(vec![4, 5, 6]));
-        // 2 tiles: RDU0 has exactly 2 but not contiguous; RDU1 has a contiguous run: prefer contiguous.
-        assert_eq!(pack(&t, &avail, &[], 2), Ok(vec![4, 5]));
+        // 2 tiles: RDU0 has exactly 2 (not contiguous): the tightest fit wins over contiguity.
+        assert_eq!(pack(&t, &avail, &[], 2), Ok(vec![1, 3]));
+        // 1 tile: the tightest fit is RDU2.
+        assert_eq!(pack(&t, &avail, &[], 1), Ok(vec![8]));
+        // Among equally tight RDUs, one with a contiguous run wins.
+        assert_eq!(pack(&t, &[0, 2, 5, 6], &[], 2), Ok(vec![5, 6]));
         // 6 tiles need two RDUs: all of RDU3, then the tightest fit for 2 more.
-        assert_eq!(pack(&t, &avail, &[], 6), Ok(vec![4, 5, 12, 13, 14, 15]));
+        assert_eq!(pack(&t, &avail, &[], 6), Ok(vec![1, 3, 12, 13, 14, 15]));
         // Everything.
         assert_eq!(pack(&t, &avail, &[], 10), Ok(avail.clone()));
     }
