@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 /// Format version written in the file.
 pub const CHECKPOINT_VERSION: u32 = 1;
@@ -98,6 +99,100 @@ pub fn save(path: &Path, checkpoint: &Checkpoint) -> Result<(), CheckpointError>
     std::fs::rename(&tmp, path).map_err(write_error)
 }
 
+/// Builds the checkpoint to write; run on the writer thread so the caller only pays for a cheap copy.
+pub type SnapshotFn = Box<dyn FnOnce() -> Checkpoint + Send>;
+
+#[derive(Default)]
+struct WriterState {
+    pending: Option<SnapshotFn>,
+    writing: bool,
+    stop: bool,
+}
+
+type Shared = Arc<(Mutex<WriterState>, Condvar)>;
+
+/// Writes checkpoints on a background thread, newest first: a burst of allocations costs one write, and
+/// Allocate never waits for the disk. Dropping the writer writes what is pending, then stops.
+pub struct CheckpointWriter {
+    shared: Shared,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+fn lock(shared: &Shared) -> MutexGuard<'_, WriterState> {
+    shared
+        .0
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl CheckpointWriter {
+    pub fn new(path: PathBuf) -> CheckpointWriter {
+        let shared: Shared = Arc::default();
+        let worker = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("rdu-checkpoint".into())
+            .spawn(move || write_loop(&path, &worker))
+            .inspect_err(
+                |e| tracing::warn!(error = %e, "no checkpoint writer thread; checkpoints disabled"),
+            )
+            .ok();
+        CheckpointWriter { shared, thread }
+    }
+
+    /// Replaces any not yet written checkpoint with this one.
+    pub fn submit(&self, snapshot: SnapshotFn) {
+        lock(&self.shared).pending = Some(snapshot);
+        self.shared.1.notify_all();
+    }
+
+    /// Waits until everything submitted so far is on disk.
+    pub fn flush(&self) {
+        if self.thread.is_none() {
+            return;
+        }
+        let mut state = lock(&self.shared);
+        while state.pending.is_some() || state.writing {
+            state = self
+                .shared
+                .1
+                .wait(state)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
+    }
+}
+
+impl Drop for CheckpointWriter {
+    fn drop(&mut self) {
+        lock(&self.shared).stop = true;
+        self.shared.1.notify_all();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn write_loop(path: &Path, shared: &Shared) {
+    loop {
+        let mut state = lock(shared);
+        while state.pending.is_none() && !state.stop {
+            state = shared
+                .1
+                .wait(state)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
+        let Some(snapshot) = state.pending.take() else {
+            return;
+        };
+        state.writing = true;
+        drop(state);
+        if let Err(e) = save(path, &snapshot()) {
+            tracing::warn!(error = %e, "allocation state not checkpointed");
+        }
+        lock(shared).writing = false;
+        shared.1.notify_all();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -122,6 +217,29 @@ mod tests {
         assert!(load(&path).unwrap().is_none());
         save(&path, &sample()).unwrap();
         assert_eq!(load(&path).unwrap(), Some(sample()));
+    }
+
+    #[test]
+    fn the_writer_writes_the_newest_checkpoint_and_flushes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cp.json");
+        let writer = CheckpointWriter::new(path.clone());
+        for tiles in 1..=3u32 {
+            let mut cp = sample();
+            cp.tiles_per_rdu = tiles;
+            writer.submit(Box::new(move || cp));
+        }
+        writer.flush();
+        assert_eq!(load(&path).unwrap().map(|c| c.tiles_per_rdu), Some(3));
+        let mut last = sample();
+        last.rdus_per_node = 2;
+        writer.submit(Box::new(move || last));
+        drop(writer);
+        assert_eq!(
+            load(&path).unwrap().map(|c| c.rdus_per_node),
+            Some(2),
+            "drop writes what is pending"
+        );
     }
 
     #[test]

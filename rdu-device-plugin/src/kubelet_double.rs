@@ -7,6 +7,8 @@ use crate::api::{Empty, RegisterRequest};
 use crate::plugin::{API_VERSION, KUBELET_SOCKET};
 use crate::transport::{TransportError, unix_channel};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::net::UnixListener;
 use tokio::sync::{mpsc, oneshot};
@@ -28,12 +30,23 @@ pub enum KubeletDoubleError {
 
 struct Recorder {
     registrations: mpsc::UnboundedSender<RegisterRequest>,
+    /// Registrations still to refuse with UNAVAILABLE (a kubelet that is not ready yet).
+    refuse: AtomicUsize,
+    attempts: Arc<AtomicUsize>,
 }
 
 #[tonic::async_trait]
 impl Registration for Recorder {
     async fn register(&self, request: Request<RegisterRequest>) -> Result<Response<Empty>, Status> {
         let request = request.into_inner();
+        self.attempts.fetch_add(1, Ordering::SeqCst);
+        if self
+            .refuse
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(Status::unavailable("kubelet not ready"));
+        }
         // The kubelet refuses versions it does not support; so does the double.
         if request.version != API_VERSION {
             return Err(Status::invalid_argument(format!(
@@ -50,6 +63,7 @@ impl Registration for Recorder {
 pub struct KubeletDouble {
     dir: PathBuf,
     registrations: mpsc::UnboundedReceiver<RegisterRequest>,
+    attempts: Arc<AtomicUsize>,
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -57,6 +71,11 @@ pub struct KubeletDouble {
 impl KubeletDouble {
     /// Creates `<dir>/kubelet.sock` and serves `Registration` on it.
     pub fn start(dir: &Path) -> Result<KubeletDouble, KubeletDoubleError> {
+        KubeletDouble::start_refusing(dir, 0)
+    }
+
+    /// Like [`KubeletDouble::start`], but refuses the first `refuse` registrations with UNAVAILABLE.
+    pub fn start_refusing(dir: &Path, refuse: usize) -> Result<KubeletDouble, KubeletDoubleError> {
         let path = dir.join(KUBELET_SOCKET);
         let _ = std::fs::remove_file(&path);
         let listener = UnixListener::bind(&path).map_err(|source| KubeletDoubleError::Listen {
@@ -64,10 +83,16 @@ impl KubeletDouble {
             source,
         })?;
         let (tx, registrations) = mpsc::unbounded_channel();
+        let attempts = Arc::new(AtomicUsize::new(0));
+        let recorder = Recorder {
+            registrations: tx,
+            refuse: AtomicUsize::new(refuse),
+            attempts: attempts.clone(),
+        };
         let (stop, stop_rx) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             let _ = tonic::transport::Server::builder()
-                .add_service(RegistrationServer::new(Recorder { registrations: tx }))
+                .add_service(RegistrationServer::new(recorder))
                 .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
                     let _ = stop_rx.await;
                 })
@@ -76,6 +101,7 @@ impl KubeletDouble {
         Ok(KubeletDouble {
             dir: dir.to_path_buf(),
             registrations,
+            attempts,
             stop: Some(stop),
             task,
         })
@@ -87,6 +113,11 @@ impl KubeletDouble {
             .await
             .ok()
             .flatten()
+    }
+
+    /// Register calls received so far, refused ones included.
+    pub fn attempts(&self) -> usize {
+        self.attempts.load(Ordering::SeqCst)
     }
 
     /// Dials the plugin's socket named in its registration, as the kubelet does.

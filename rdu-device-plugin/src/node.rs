@@ -2,7 +2,9 @@
 //! ListAndWatch streams, and the plain-Rust operations behind every gRPC call.
 
 use crate::affinity::container_env;
-use crate::checkpoint::{self, CHECKPOINT_VERSION, Checkpoint, CheckpointEntry, CheckpointError};
+use crate::checkpoint::{
+    self, CHECKPOINT_VERSION, Checkpoint, CheckpointEntry, CheckpointError, CheckpointWriter,
+};
 use crate::metrics::PluginMetrics;
 use crate::packing::{PackingError, pack};
 use crate::tilestat::{NodeStatus, TileState, TileStatus};
@@ -70,7 +72,7 @@ pub struct TileNode {
     topology: Topology,
     mode: ResourceMode,
     node_name: Option<String>,
-    checkpoint_path: Option<PathBuf>,
+    checkpoint: Option<CheckpointWriter>,
     inner: Mutex<Inner>,
     devices: watch::Sender<Arc<Vec<DeviceHealth>>>,
     metrics: Arc<PluginMetrics>,
@@ -101,7 +103,7 @@ impl TileNode {
             topology,
             mode,
             node_name,
-            checkpoint_path,
+            checkpoint: checkpoint_path.map(CheckpointWriter::new),
             inner: Mutex::new(inner),
             devices,
             metrics: Arc::new(PluginMetrics::new()),
@@ -315,12 +317,18 @@ impl TileNode {
     }
 
     fn save_checkpoint(&self, inner: &Inner) {
-        let Some(path) = &self.checkpoint_path else {
+        let Some(writer) = &self.checkpoint else {
             return;
         };
-        let snapshot = snapshot(&self.topology, inner);
-        if let Err(e) = checkpoint::save(path, &snapshot) {
-            tracing::warn!(error = %e, "allocation state not checkpointed");
+        let topology = self.topology;
+        let allocated = inner.allocated.clone();
+        writer.submit(Box::new(move || snapshot(&topology, &allocated)));
+    }
+
+    /// Waits until the allocation checkpoint reflects every allocation made so far.
+    pub fn flush_checkpoint(&self) {
+        if let Some(writer) = &self.checkpoint {
+            writer.flush();
         }
     }
 
@@ -391,9 +399,9 @@ fn device_list(topology: &Topology, mode: ResourceMode, inner: &Inner) -> Vec<De
     }
 }
 
-fn snapshot(topology: &Topology, inner: &Inner) -> Checkpoint {
+fn snapshot(topology: &Topology, allocated: &[Option<Allocation>]) -> Checkpoint {
     let mut groups: BTreeMap<u64, CheckpointEntry> = BTreeMap::new();
-    for (t, allocation) in inner.allocated.iter().enumerate() {
+    for (t, allocation) in allocated.iter().enumerate() {
         if let Some(a) = allocation {
             let entry = groups.entry(a.group).or_insert_with(|| CheckpointEntry {
                 tiles: Vec::new(),

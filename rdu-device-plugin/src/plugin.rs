@@ -59,17 +59,18 @@ pub struct Timing {
     pub first_retry: Duration,
     pub max_retry: Duration,
     pub register_timeout: Duration,
-    /// How often the directory is checked even without a change notification.
+    /// How often the directory is checked even without a change notification (inotify can be unavailable,
+    /// e.g. when the user's inotify instances are used up).
     pub recheck: Duration,
 }
 
 impl Default for Timing {
     fn default() -> Self {
         Timing {
-            first_retry: Duration::from_millis(100),
+            first_retry: Duration::from_millis(10),
             max_retry: Duration::from_secs(5),
             register_timeout: Duration::from_secs(5),
-            recheck: Duration::from_secs(1),
+            recheck: Duration::from_millis(200),
         }
     }
 }
@@ -110,10 +111,18 @@ pub async fn run_plugin(
             source,
         })?;
         // Watch the directory for kubelet.sock appearing or being replaced (inotify where available).
-        let (events_tx, mut events) = mpsc::unbounded_channel::<()>();
+        // Each event says whether it created kubelet.sock: a recreated socket can carry the same inode and
+        // (coarse) change time as the old one, so the event is the surest sign of a kubelet restart.
+        let (events_tx, mut events) = mpsc::unbounded_channel::<bool>();
         let mut watcher =
-            notify::recommended_watcher(move |_event: notify::Result<notify::Event>| {
-                let _ = events_tx.send(());
+            notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+                let kubelet_created = matches!(&event, Ok(e) if matches!(e.kind, notify::EventKind::Create(_))
+                && e.paths.iter().any(|p| p.file_name().is_some_and(|n| n == KUBELET_SOCKET)));
+            tracing::debug!(?event, "device plugin directory event");
+            let _ = events_tx.send(kubelet_created);
+            })
+            .inspect_err(|e| {
+                tracing::warn!(error = %e, "cannot watch the device plugin directory; checking it periodically");
             })
             .ok();
         if let Some(w) = watcher.as_mut()
@@ -125,69 +134,105 @@ pub async fn run_plugin(
         let server = Served::start(&socket_path, node.clone())?;
         tracing::info!(socket = %socket_path.display(), resource = node.mode().resource_name(), "serving");
 
-        // Register, retrying with backoff; any change in the directory triggers an immediate retry.
+        // Register, retrying with backoff while the same kubelet.sock refuses; a new kubelet.sock (or any
+        // change in the directory) is tried at once.
         let mut delay = timing.first_retry;
+        let mut refused_by: Option<(FileId, tokio::time::Instant)> = None;
         let registered_kubelet = loop {
+            // Events so far are accounted for by looking at the directory now; any event queued from
+            // here on (while Register is in flight) is newer than the kubelet we register with.
+            while events.try_recv().is_ok() {}
             if !server.socket_is_ours() {
                 break None;
             }
-            let kubelet_id = inode(&kubelet_path);
-            if kubelet_id.is_some() {
-                let request = RegisterRequest {
-                    version: API_VERSION.to_string(),
-                    endpoint: socket_name.to_string(),
-                    resource_name: node.mode().resource_name().to_string(),
-                    options: Some(DevicePluginOptions {
-                        pre_start_required: false,
-                        get_preferred_allocation_available: true,
-                    }),
-                };
-                match register_once(&kubelet_path, request, timing.register_timeout).await {
-                    Ok(()) => {
-                        tracing::info!(kubelet = %kubelet_path.display(), "registered with the kubelet");
-                        break kubelet_id;
+            if let Some(kubelet_id) = inode(&kubelet_path) {
+                let due = match refused_by {
+                    Some((id, retry_at)) if id == kubelet_id => {
+                        tokio::time::Instant::now() >= retry_at
                     }
-                    Err(e) => tracing::warn!(error = %e, retry_in = ?delay, "registration failed"),
+                    Some(_) => {
+                        delay = timing.first_retry;
+                        true
+                    }
+                    None => true,
+                };
+                if due {
+                    let request = RegisterRequest {
+                        version: API_VERSION.to_string(),
+                        endpoint: socket_name.to_string(),
+                        resource_name: node.mode().resource_name().to_string(),
+                        options: Some(DevicePluginOptions {
+                            pre_start_required: false,
+                            get_preferred_allocation_available: true,
+                        }),
+                    };
+                    match register_once(&kubelet_path, request, timing.register_timeout).await {
+                        Ok(()) => {
+                            tracing::info!(kubelet = %kubelet_path.display(), "registered with the kubelet");
+                            break Some(kubelet_id);
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, retry_in = ?delay, "registration failed");
+                            refused_by = Some((kubelet_id, tokio::time::Instant::now() + delay));
+                            delay = (delay * 2).min(timing.max_retry);
+                        }
+                    }
                 }
             }
+            let wait = match refused_by {
+                Some((_, retry_at)) => retry_at
+                    .saturating_duration_since(tokio::time::Instant::now())
+                    .min(timing.recheck),
+                None => timing.recheck,
+            };
             tokio::select! {
                 _ = &mut shutdown => {
-                    server.stop().await;
+                    finish(server, &node).await;
                     return Ok(());
                 }
-                _ = events.recv() => {}
-                _ = tokio::time::sleep(delay) => {
-                    delay = (delay * 2).min(timing.max_retry);
-                }
+                // Something changed in the directory: try again now rather than after the backoff.
+                _ = events.recv() => refused_by = None,
+                _ = tokio::time::sleep(wait) => {}
             }
         };
 
         // Registered (or our socket vanished): wait until the kubelet restarts or our socket is removed.
         if registered_kubelet.is_some() {
             loop {
-                tokio::select! {
-                    _ = &mut shutdown => {
-                        server.stop().await;
-                        return Ok(());
-                    }
-                    _ = events.recv() => {}
-                    _ = tokio::time::sleep(timing.recheck) => {}
-                }
-                let kubelet_now = inode(&kubelet_path);
                 if !server.socket_is_ours() {
                     tracing::info!("plugin socket removed; serving again");
                     break;
                 }
+                let kubelet_now = inode(&kubelet_path);
                 if kubelet_now.is_some() && kubelet_now != registered_kubelet {
                     tracing::info!(
                         "kubelet.sock recreated (kubelet restart); serving again and re-registering"
                     );
                     break;
                 }
+                tokio::select! {
+                    _ = &mut shutdown => {
+                        finish(server, &node).await;
+                        return Ok(());
+                    }
+                    event = events.recv() => if event == Some(true) {
+                        tracing::info!("kubelet.sock created (kubelet restart); serving again and re-registering");
+                        break;
+                    },
+                    _ = tokio::time::sleep(timing.recheck) => {}
+                }
             }
         }
         server.stop().await;
     }
+}
+
+/// Shutdown: stop serving, remove the socket, and wait for the allocation checkpoint to be written.
+async fn finish(server: Served, node: &Arc<TileNode>) {
+    server.stop().await;
+    let node = node.clone();
+    let _ = tokio::task::spawn_blocking(move || node.flush_checkpoint()).await;
+    tracing::info!("device plugin stopped");
 }
 
 /// A running gRPC server on the plugin's socket.

@@ -260,6 +260,17 @@ async fn waits_for_kubelet_sock_then_registers() {
 }
 
 #[tokio::test]
+async fn retries_registration_while_the_kubelet_refuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut kubelet = KubeletDouble::start_refusing(dir.path(), 3).unwrap();
+    let plugin = RunningPlugin::start(dir.path(), node(8, 4, ResourceMode::Tile, None));
+    let registration = registered(&mut kubelet).await;
+    assert_eq!(registration.resource_name, "rdu.dev/tile");
+    assert_eq!(kubelet.attempts(), 4, "three refusals, then success");
+    plugin.shutdown().await;
+}
+
+#[tokio::test]
 async fn re_registers_after_a_kubelet_restart_wipes_the_directory() {
     let dir = tempfile::tempdir().unwrap();
     let mut kubelet = KubeletDouble::start(dir.path()).unwrap();
