@@ -1,4 +1,4 @@
-//! Generates the kubelet device plugin API (v1beta1) client and server with a vendored protoc.
+//! Generates the kubelet device plugin API (v1beta1) and pod-resources API (v1) code with a vendored protoc.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protoc = protoc_bin_vendored::protoc_bin_path()?;
@@ -8,6 +8,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         &["../proto/deviceplugin/v1beta1/api.proto"],
         &["../proto/deviceplugin/v1beta1"],
     )?;
-    println!("cargo:rerun-if-changed=../proto/deviceplugin/v1beta1/api.proto");
+    tonic_prost_build::configure().compile_protos(
+        &["../proto/deviceplugin/podresources/v1/api.proto"],
+        &["../proto/deviceplugin/podresources/v1"],
+    )?;
+    println!("cargo:rerun-if-changed=../proto/deviceplugin");
     Ok(())
 }

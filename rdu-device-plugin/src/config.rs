@@ -1,5 +1,6 @@
 //! Configuration: command-line flags over an optional YAML file over defaults.
 
+use crate::podresources::DEFAULT_POD_RESOURCES_SOCKET;
 use crate::topology::{ResourceMode, Topology, TopologyError};
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -41,7 +42,7 @@ pub enum ConfigError {
 )]
 pub struct Flags {
     /// YAML config file (camelCase keys: devicePluginDir, rdusPerNode, tilesPerRdu, resourceMode, nodeName,
-    /// healthFile, statusAddr, checkpointFile).
+    /// healthFile, statusAddr, checkpointFile, podResourcesSocket).
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Directory of kubelet.sock and the plugin's socket [default: /var/lib/kubelet/device-plugins].
@@ -68,6 +69,10 @@ pub struct Flags {
     /// Allocation checkpoint file [default: /var/lib/rdu-device-plugin/allocations.json].
     #[arg(long)]
     pub checkpoint_file: Option<PathBuf>,
+    /// The kubelet's pod-resources socket, read for pod and rank of each tile, or `off`
+    /// [default: /var/lib/kubelet/pod-resources/kubelet.sock].
+    #[arg(long)]
+    pub pod_resources_socket: Option<PathBuf>,
 }
 
 /// The YAML config file.
@@ -82,6 +87,7 @@ pub struct FileConfig {
     pub health_file: Option<PathBuf>,
     pub status_addr: Option<String>,
     pub checkpoint_file: Option<PathBuf>,
+    pub pod_resources_socket: Option<PathBuf>,
 }
 
 /// The resolved configuration.
@@ -94,6 +100,8 @@ pub struct PluginConfig {
     pub health_file: Option<PathBuf>,
     pub status_addr: Option<SocketAddr>,
     pub checkpoint_file: PathBuf,
+    /// `None` when reading pod resources is off.
+    pub pod_resources_socket: Option<PathBuf>,
 }
 
 impl FileConfig {
@@ -158,6 +166,14 @@ impl PluginConfig {
                 .clone()
                 .or(file.checkpoint_file)
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_CHECKPOINT_FILE)),
+            pod_resources_socket: Some(
+                flags
+                    .pod_resources_socket
+                    .clone()
+                    .or(file.pod_resources_socket)
+                    .unwrap_or_else(|| PathBuf::from(DEFAULT_POD_RESOURCES_SOCKET)),
+            )
+            .filter(|p| p.as_os_str() != "off"),
         })
     }
 }
@@ -177,6 +193,10 @@ mod tests {
         assert_eq!(config.topology, Topology::new(8, 4).unwrap());
         assert_eq!(config.resource_mode, ResourceMode::Tile);
         assert_eq!(config.status_addr, Some("0.0.0.0:9464".parse().unwrap()));
+        assert_eq!(
+            config.pod_resources_socket,
+            Some(PathBuf::from(DEFAULT_POD_RESOURCES_SOCKET))
+        );
     }
 
     #[test]
@@ -194,12 +214,15 @@ mod tests {
             path.to_str().unwrap(),
             "--rdus-per-node",
             "2",
+            "--pod-resources-socket",
+            "off",
         ])
         .unwrap();
         let config = PluginConfig::resolve(&flags).unwrap();
         assert_eq!(config.topology, Topology::new(2, 8).unwrap());
         assert_eq!(config.resource_mode, ResourceMode::Rdu);
         assert_eq!(config.status_addr, None);
+        assert_eq!(config.pod_resources_socket, None);
     }
 
     #[test]

@@ -1,10 +1,17 @@
 //! A kubelet double for tests and benchmarks: serves `Registration` on `<dir>/kubelet.sock`, records every
-//! registration, and dials a registered plugin the way the kubelet does.
+//! registration, and dials a registered plugin the way the kubelet does; and a pod-resources API double.
 
 use crate::api::device_plugin_client::DevicePluginClient;
 use crate::api::registration_server::{Registration, RegistrationServer};
 use crate::api::{Empty, RegisterRequest};
 use crate::plugin::{API_VERSION, KUBELET_SOCKET};
+use crate::podresources_api::pod_resources_lister_server::{
+    PodResourcesLister, PodResourcesListerServer,
+};
+use crate::podresources_api::{
+    ContainerDevices, ContainerResources, ListPodResourcesRequest, ListPodResourcesResponse,
+    PodResources,
+};
 use crate::transport::{TransportError, unix_channel};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -141,6 +148,80 @@ impl KubeletDouble {
         {
             task.abort();
         }
+    }
+}
+
+/// The kubelet's pod-resources API: answers `List` with whatever pods are set.
+pub struct PodResourcesDouble {
+    pods: Arc<std::sync::Mutex<Vec<PodResources>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+struct PodLister {
+    pods: Arc<std::sync::Mutex<Vec<PodResources>>>,
+}
+
+#[tonic::async_trait]
+impl PodResourcesLister for PodLister {
+    async fn list(
+        &self,
+        _request: Request<ListPodResourcesRequest>,
+    ) -> Result<Response<ListPodResourcesResponse>, Status> {
+        let pods = self
+            .pods
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone();
+        Ok(Response::new(ListPodResourcesResponse {
+            pod_resources: pods,
+        }))
+    }
+}
+
+impl PodResourcesDouble {
+    /// Serves `List` on the unix socket `path`.
+    pub fn start(path: &Path) -> Result<PodResourcesDouble, KubeletDoubleError> {
+        let listener = UnixListener::bind(path).map_err(|source| KubeletDoubleError::Listen {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let pods = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let lister = PodLister { pods: pods.clone() };
+        let task = tokio::spawn(async move {
+            let _ = tonic::transport::Server::builder()
+                .add_service(PodResourcesListerServer::new(lister))
+                .serve_with_incoming(UnixListenerStream::new(listener))
+                .await;
+        });
+        Ok(PodResourcesDouble { pods, task })
+    }
+
+    /// Sets the pods `List` returns: `(namespace, name, resource, device IDs)`.
+    pub fn set_pods(&self, pods: &[(&str, &str, &str, &[&str])]) {
+        let list = pods
+            .iter()
+            .map(|(namespace, name, resource, ids)| PodResources {
+                name: name.to_string(),
+                namespace: namespace.to_string(),
+                containers: vec![ContainerResources {
+                    name: "worker".to_string(),
+                    devices: vec![ContainerDevices {
+                        resource_name: resource.to_string(),
+                        device_ids: ids.iter().map(|s| s.to_string()).collect(),
+                    }],
+                }],
+            })
+            .collect();
+        *self
+            .pods
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = list;
+    }
+}
+
+impl Drop for PodResourcesDouble {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 

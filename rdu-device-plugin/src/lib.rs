@@ -10,6 +10,7 @@ pub mod metrics;
 pub mod node;
 pub mod packing;
 pub mod plugin;
+pub mod podresources;
 pub mod service;
 pub mod status;
 pub mod tilestat;
@@ -20,4 +21,11 @@ pub mod transport;
 pub mod api {
     #![allow(clippy::all, missing_docs)]
     tonic::include_proto!("v1beta1");
+}
+
+/// The part of the kubelet pod-resources API v1 the plugin reads
+/// (generated from `proto/deviceplugin/podresources/v1/api.proto`).
+pub mod podresources_api {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("v1");
 }

@@ -6,10 +6,17 @@ use rdu_device_plugin::config::{Flags, PluginConfig};
 use rdu_device_plugin::health::watch_health_file;
 use rdu_device_plugin::node::TileNode;
 use rdu_device_plugin::plugin::{Timing, run_plugin};
+use rdu_device_plugin::podresources::spawn_pod_resources_poller;
 use rdu_device_plugin::status::serve_status;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
+
+/// How often the kubelet's pod resources are read.
+const POD_RESOURCES_INTERVAL: Duration = Duration::from_secs(5);
+/// How long a freshly allocated tile stays allocated without a pod listing it.
+const POD_RESOURCES_GRACE: Duration = Duration::from_secs(60);
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -47,6 +54,15 @@ async fn main() -> anyhow::Result<()> {
         Some(path) => Some(watch_health_file(node.clone(), path.clone())?),
         None => None,
     };
+
+    let _pod_resources = config.pod_resources_socket.clone().map(|socket| {
+        spawn_pod_resources_poller(
+            node.clone(),
+            socket,
+            POD_RESOURCES_INTERVAL,
+            POD_RESOURCES_GRACE,
+        )
+    });
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let status_task = match config.status_addr {

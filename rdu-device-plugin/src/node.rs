@@ -7,12 +7,13 @@ use crate::checkpoint::{
 };
 use crate::metrics::PluginMetrics;
 use crate::packing::{PackingError, pack};
+use crate::podresources::PodDevices;
 use crate::tilestat::{NodeStatus, TileState, TileStatus};
 use crate::topology::{ResourceMode, TileIndex, Topology, TopologyError};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 /// Errors of node operations; each names the device or field at fault.
@@ -59,6 +60,7 @@ pub struct ContainerAllocation {
 struct Allocation {
     group: u64,
     owner: Owner,
+    since: Instant,
 }
 
 struct Inner {
@@ -257,6 +259,55 @@ impl TileNode {
         self.mark_allocated(&mut inner, &tiles, owner);
     }
 
+    /// Makes the allocations match the kubelet's pod resources: tiles a pod holds are allocated to it;
+    /// tiles no pod holds are freed, unless allocated less than `grace` ago (the kubelet records an
+    /// allocation only after Allocate returns). Returns whether anything changed.
+    pub fn reconcile_with_pods(&self, pods: &[PodDevices], grace: Duration) -> bool {
+        let total = self.topology.total_tiles() as usize;
+        let mut held: Vec<Option<(usize, &PodDevices)>> = vec![None; total];
+        for (index, pod) in pods.iter().enumerate() {
+            for id in &pod.device_ids {
+                if let Ok(tiles) = self.topology.parse_device(self.mode, id) {
+                    for t in tiles {
+                        held[t as usize] = Some((index, pod));
+                    }
+                }
+            }
+        }
+        let mut inner = self.lock();
+        let base = inner.next_group;
+        let mut changed = false;
+        for (t, holder) in held.iter().enumerate() {
+            match (holder, &inner.allocated[t]) {
+                (Some((index, pod)), current) => {
+                    let owner = Owner {
+                        pod: Some(pod.pod.clone()),
+                        rank: pod.rank,
+                    };
+                    if current.as_ref().map(|a| &a.owner) != Some(&owner) {
+                        inner.allocated[t] = Some(Allocation {
+                            group: base + *index as u64,
+                            owner,
+                            since: Instant::now(),
+                        });
+                        changed = true;
+                    }
+                }
+                (None, Some(a)) if a.since.elapsed() >= grace => {
+                    inner.allocated[t] = None;
+                    changed = true;
+                }
+                (None, _) => {}
+            }
+        }
+        inner.next_group = base + pods.len() as u64;
+        if changed {
+            self.update_gauges(&inner);
+            self.save_checkpoint(&inner);
+        }
+        changed
+    }
+
     /// The sntilestat view of the node.
     pub fn status(&self) -> NodeStatus {
         let inner = self.lock();
@@ -310,6 +361,7 @@ impl TileNode {
             inner.allocated[t as usize] = Some(Allocation {
                 group,
                 owner: owner.clone(),
+                since: Instant::now(),
             });
         }
         self.update_gauges(inner);
@@ -443,6 +495,7 @@ fn restore(topology: &Topology, inner: &mut Inner, saved: &Checkpoint) {
                                 pod: entry.pod.clone(),
                                 rank: entry.rank,
                             },
+                            since: Instant::now(),
                         });
                     }
                 }
@@ -551,6 +604,34 @@ mod tests {
             Err(NodeError::BadSize(0))
         ));
         assert!(n.preferred(&ids(&["nope"]), &[], 1).is_err());
+    }
+
+    #[test]
+    fn reconciling_with_pods_sets_owners_and_frees_ended_pods() {
+        let n = node(8, 4, ResourceMode::Tile);
+        n.allocate(&ids(&["rdu0-tile0", "rdu0-tile1"])).unwrap();
+        n.allocate(&ids(&["rdu1-tile0"])).unwrap();
+        let pods = vec![PodDevices {
+            pod: "ns/job-worker-4".into(),
+            rank: Some(4),
+            device_ids: ids(&["rdu0-tile0", "rdu0-tile1"]),
+        }];
+        // Within the grace period the tile no pod lists yet is kept.
+        assert!(n.reconcile_with_pods(&pods, Duration::from_secs(3600)));
+        let status = n.status();
+        assert_eq!(status.tiles_allocated, 3);
+        assert_eq!(status.tiles[0].pod.as_deref(), Some("ns/job-worker-4"));
+        assert_eq!(status.tiles[1].rank, Some(4));
+        assert!(
+            !n.reconcile_with_pods(&pods, Duration::from_secs(3600)),
+            "no change"
+        );
+        // Past the grace period it is freed: its pod is gone.
+        assert!(n.reconcile_with_pods(&pods, Duration::ZERO));
+        assert_eq!(n.status().tiles_allocated, 2);
+        // The pod ends: everything is free.
+        assert!(n.reconcile_with_pods(&[], Duration::ZERO));
+        assert_eq!(n.status().tiles_allocated, 0);
     }
 
     #[test]

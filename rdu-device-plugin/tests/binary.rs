@@ -29,6 +29,11 @@ async fn binary_registers_serves_status_and_exits_cleanly_on_sigterm() {
             "--checkpoint-file",
             state.path().join("alloc.json").to_str().unwrap(),
         ])
+        .args(["--pod-resources-socket", "off"])
+        .args([
+            "--health-file",
+            state.path().join("unhealthy").to_str().unwrap(),
+        ])
         .env("RUST_LOG", "info")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -58,6 +63,22 @@ async fn binary_registers_serves_status_and_exits_cleanly_on_sigterm() {
     };
     assert_eq!(status.node.as_deref(), Some("sim-node-1"));
     assert_eq!(status.tiles_total, 32);
+    assert_eq!(status.tiles_healthy, 32);
+
+    // Fault injection through the health file shows in the status.
+    std::fs::write(state.path().join("unhealthy"), "rdu2\n").unwrap();
+    let started = Instant::now();
+    loop {
+        let status = fetch(&url).await.unwrap();
+        if status.tiles_healthy == 24 {
+            break;
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "health file not applied: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
     let kill = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])

@@ -7,9 +7,10 @@ use rdu_device_plugin::api::{
     ListAndWatchResponse, PreferredAllocationRequest, RegisterRequest,
 };
 use rdu_device_plugin::health::watch_health_file;
-use rdu_device_plugin::kubelet_double::KubeletDouble;
+use rdu_device_plugin::kubelet_double::{KubeletDouble, PodResourcesDouble};
 use rdu_device_plugin::node::TileNode;
 use rdu_device_plugin::plugin::{Timing, run_plugin};
+use rdu_device_plugin::podresources::spawn_pod_resources_poller;
 use rdu_device_plugin::topology::{ResourceMode, Topology};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -95,6 +96,25 @@ async fn until_list(
     })
     .await
     .expect("the expected device list arrives within the deadline")
+}
+
+/// Polls the node's status until `wanted` holds.
+async fn until_status(
+    node: &TileNode,
+    wanted: impl Fn(&rdu_device_plugin::tilestat::NodeStatus) -> bool,
+) -> rdu_device_plugin::tilestat::NodeStatus {
+    let started = std::time::Instant::now();
+    loop {
+        let status = node.status();
+        if wanted(&status) {
+            return status;
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "status never matched: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 fn health_of<'a>(list: &'a ListAndWatchResponse, id: &str) -> &'a str {
@@ -472,6 +492,47 @@ async fn fragmented_nodes_get_packed_preferred_allocations() {
     let six = preferred(&mut client, &available, &[], 6).await;
     assert_eq!(rdus_of(&six).len(), 2, "{six:?}");
     assert!(tile_ids(&topo, 12..16).iter().all(|id| six.contains(id)));
+    plugin.shutdown().await;
+}
+
+#[tokio::test]
+async fn pod_resources_name_the_pod_and_rank_and_free_ended_pods() {
+    let dir = tempfile::tempdir().unwrap();
+    let pod_resources_dir = tempfile::tempdir().unwrap();
+    let pod_resources_socket = pod_resources_dir.path().join("kubelet.sock");
+    let lister = PodResourcesDouble::start(&pod_resources_socket).unwrap();
+    let mut kubelet = KubeletDouble::start(dir.path()).unwrap();
+    let plugin = RunningPlugin::start(dir.path(), node(8, 4, ResourceMode::Tile, None));
+    let registration = registered(&mut kubelet).await;
+    let mut client = kubelet.dial_plugin(&registration).await.unwrap();
+    allocate(&mut client, &[strings(&["rdu1-tile0", "rdu1-tile1"])])
+        .await
+        .unwrap();
+    lister.set_pods(&[
+        (
+            "ml",
+            "mnist-worker-3",
+            "rdu.dev/tile",
+            &["rdu1-tile0", "rdu1-tile1"],
+        ),
+        ("ml", "other", "example.com/gpu", &["gpu0"]),
+    ]);
+    let _poller = spawn_pod_resources_poller(
+        plugin.node.clone(),
+        pod_resources_socket,
+        Duration::from_millis(20),
+        Duration::ZERO,
+    );
+    let status = until_status(&plugin.node, |s| {
+        s.tiles[4].pod.is_some() && s.tiles[5].pod.is_some()
+    })
+    .await;
+    assert_eq!(status.tiles[4].pod.as_deref(), Some("ml/mnist-worker-3"));
+    assert_eq!(status.tiles[5].rank, Some(3));
+    assert_eq!(status.tiles_allocated, 2);
+    // The pod ends: the kubelet no longer lists it and its tiles are free again.
+    lister.set_pods(&[]);
+    until_status(&plugin.node, |s| s.tiles_allocated == 0).await;
     plugin.shutdown().await;
 }
 

@@ -1,0 +1,133 @@
+//! Who uses which tile, from the kubelet's pod-resources API (`List` on
+//! /var/lib/kubelet/pod-resources/kubelet.sock): fills in pod and rank in the tile status, and frees tiles
+//! of pods that are gone (the device plugin API never tells a plugin about frees).
+
+use crate::node::TileNode;
+use crate::podresources_api::ListPodResourcesRequest;
+use crate::podresources_api::pod_resources_lister_client::PodResourcesListerClient;
+use crate::transport::{TransportError, unix_channel};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Default socket of the kubelet's pod-resources API.
+pub const DEFAULT_POD_RESOURCES_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
+/// How long `List` may take.
+const LIST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Errors reading the pod-resources API.
+#[derive(Debug, thiserror::Error)]
+pub enum PodResourcesError {
+    #[error(transparent)]
+    Dial(#[from] TransportError),
+    #[error("pod-resources List failed: {0}")]
+    List(tonic::Status),
+    #[error("pod-resources List timed out after {LIST_TIMEOUT:?}")]
+    Timeout,
+}
+
+/// The devices of one resource held by one pod (all its containers).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodDevices {
+    /// `namespace/name`.
+    pub pod: String,
+    /// The RduJob rank, from the pod name `<job>-worker-<rank>`.
+    pub rank: Option<u32>,
+    pub device_ids: Vec<String>,
+}
+
+/// The rank in a pod name of the form `<job>-worker-<rank>`.
+pub fn rank_from_pod_name(name: &str) -> Option<u32> {
+    let (_, rank) = name.rsplit_once("-worker-")?;
+    if rank.is_empty() || !rank.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    rank.parse().ok()
+}
+
+/// Lists the pods holding devices of `resource_name`.
+pub async fn list_pod_devices(
+    socket: &Path,
+    resource_name: &str,
+) -> Result<Vec<PodDevices>, PodResourcesError> {
+    let call = async {
+        let channel = unix_channel(socket).await?;
+        let response = PodResourcesListerClient::new(channel)
+            .list(ListPodResourcesRequest {})
+            .await
+            .map_err(PodResourcesError::List)?;
+        Ok::<_, PodResourcesError>(response.into_inner())
+    };
+    let response = tokio::time::timeout(LIST_TIMEOUT, call)
+        .await
+        .map_err(|_| PodResourcesError::Timeout)??;
+    Ok(response
+        .pod_resources
+        .into_iter()
+        .filter_map(|pod| {
+            let device_ids: Vec<String> = pod
+                .containers
+                .iter()
+                .flat_map(|c| c.devices.iter())
+                .filter(|d| d.resource_name == resource_name)
+                .flat_map(|d| d.device_ids.iter().cloned())
+                .collect();
+            (!device_ids.is_empty()).then(|| PodDevices {
+                rank: rank_from_pod_name(&pod.name),
+                pod: format!("{}/{}", pod.namespace, pod.name),
+                device_ids,
+            })
+        })
+        .collect())
+}
+
+/// Polls the pod-resources API every `interval` and reconciles the node's allocations with it; tiles
+/// allocated less than `grace` ago are kept even when no pod lists them yet.
+pub fn spawn_pod_resources_poller(
+    node: Arc<TileNode>,
+    socket: PathBuf,
+    interval: Duration,
+    grace: Duration,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut warned = false;
+        loop {
+            ticker.tick().await;
+            if !socket.exists() {
+                continue;
+            }
+            match list_pod_devices(&socket, node.mode().resource_name()).await {
+                Ok(pods) => {
+                    warned = false;
+                    if node.reconcile_with_pods(&pods, grace) {
+                        tracing::info!(
+                            pods = pods.len(),
+                            "allocations reconciled with the kubelet's pod resources"
+                        );
+                    }
+                }
+                Err(e) if !warned => {
+                    warned = true;
+                    tracing::warn!(socket = %socket.display(), error = %e, "cannot read pod resources; pod and rank unknown");
+                }
+                Err(e) => tracing::debug!(error = %e, "pod resources still unavailable"),
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranks_come_from_worker_pod_names() {
+        assert_eq!(rank_from_pod_name("mnist-worker-3"), Some(3));
+        assert_eq!(rank_from_pod_name("a-worker-b-worker-12"), Some(12));
+        assert_eq!(rank_from_pod_name("mnist-worker-"), None);
+        assert_eq!(rank_from_pod_name("mnist-worker-x1"), None);
+        assert_eq!(rank_from_pod_name("nginx"), None);
+    }
+}
