@@ -156,8 +156,7 @@ mod tests {
     #[test]
     fn applying_a_missing_file_means_all_healthy() {
         let dir = tempfile::tempdir().unwrap();
-        let node =
-            TileNode::new(Topology::new(2, 2).unwrap(), ResourceMode::Tile, None, None).unwrap();
+        let node = TileNode::in_memory(Topology::new(2, 2).unwrap(), ResourceMode::Tile, None);
         let path = dir.path().join("health");
         std::fs::write(&path, "rdu1-tile1\n").unwrap();
         assert!(apply_health_file(&node, &path));
@@ -169,9 +168,11 @@ mod tests {
 
     #[test]
     fn a_path_without_parent_is_refused() {
-        let node = Arc::new(
-            TileNode::new(Topology::new(1, 1).unwrap(), ResourceMode::Tile, None, None).unwrap(),
-        );
+        let node = Arc::new(TileNode::in_memory(
+            Topology::new(1, 1).unwrap(),
+            ResourceMode::Tile,
+            None,
+        ));
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();

@@ -1,7 +1,9 @@
 //! Local mode's simulated node: the device plugin's own allocator handing out tiles without a kubelet.
 
 use crate::node::{NodeError, TileNode};
-use crate::topology::{ResourceMode, Topology, TopologyError};
+pub use crate::tilestat::NodeStatus;
+pub use crate::topology::TopologyError;
+use crate::topology::{ResourceMode, Topology};
 use std::collections::BTreeMap;
 
 /// Why local mode could not get tiles.
@@ -38,13 +40,9 @@ pub struct SimulatedNode {
 impl SimulatedNode {
     pub fn new(rdus_per_node: u32, tiles_per_rdu: u32) -> Result<SimulatedNode, TopologyError> {
         let topology = Topology::new(rdus_per_node, tiles_per_rdu)?;
-        let node =
-            TileNode::new(topology, ResourceMode::Tile, None, None).map_err(|e| match e {
-                NodeError::UnknownDevice(t) => t,
-                // Without a checkpoint file the node cannot fail otherwise.
-                other => TopologyError::UnknownMode(other.to_string()),
-            })?;
-        Ok(SimulatedNode { node })
+        Ok(SimulatedNode {
+            node: TileNode::in_memory(topology, ResourceMode::Tile, None),
+        })
     }
 
     /// Picks `tiles` free healthy tiles (the same packing as GetPreferredAllocation) and marks them allocated,
@@ -79,7 +77,7 @@ impl SimulatedNode {
     }
 
     /// The sntilestat view of the simulated node.
-    pub fn status(&self) -> crate::tilestat::NodeStatus {
+    pub fn status(&self) -> NodeStatus {
         self.node.status()
     }
 }

@@ -89,23 +89,51 @@ impl TileNode {
         node_name: Option<String>,
         checkpoint_path: Option<PathBuf>,
     ) -> Result<TileNode, NodeError> {
+        let saved = match &checkpoint_path {
+            Some(path) => checkpoint::load(path)?,
+            None => None,
+        };
+        let node = TileNode::build(
+            topology,
+            mode,
+            node_name,
+            checkpoint_path.map(CheckpointWriter::new),
+            saved.as_ref(),
+        );
+        Ok(node)
+    }
+
+    /// A node with every tile healthy and free and no checkpoint (local mode, tests).
+    pub fn in_memory(
+        topology: Topology,
+        mode: ResourceMode,
+        node_name: Option<String>,
+    ) -> TileNode {
+        TileNode::build(topology, mode, node_name, None, None)
+    }
+
+    fn build(
+        topology: Topology,
+        mode: ResourceMode,
+        node_name: Option<String>,
+        checkpoint: Option<CheckpointWriter>,
+        saved: Option<&Checkpoint>,
+    ) -> TileNode {
         let total = topology.total_tiles() as usize;
         let mut inner = Inner {
             unhealthy: vec![false; total],
             allocated: vec![None; total],
             next_group: 0,
         };
-        if let Some(path) = &checkpoint_path
-            && let Some(saved) = checkpoint::load(path)?
-        {
-            restore(&topology, &mut inner, &saved);
+        if let Some(saved) = saved {
+            restore(&topology, &mut inner, saved);
         }
         let (devices, _) = watch::channel(Arc::new(device_list(&topology, mode, &inner)));
         let node = TileNode {
             topology,
             mode,
             node_name,
-            checkpoint: checkpoint_path.map(CheckpointWriter::new),
+            checkpoint,
             inner: Mutex::new(inner),
             devices,
             metrics: Arc::new(PluginMetrics::new()),
@@ -114,7 +142,7 @@ impl TileNode {
             .tiles_total
             .set(i64::from(topology.total_tiles()));
         node.update_gauges(&node.lock());
-        Ok(node)
+        node
     }
 
     pub fn topology(&self) -> Topology {
@@ -188,28 +216,53 @@ impl TileNode {
     /// checkpoints, and returns the env. Tiles already recorded as allocated are re-assigned (the kubelet
     /// only re-allocates devices it has freed; it never tells the plugin about frees).
     pub fn allocate(&self, device_ids: &[String]) -> Result<ContainerAllocation, NodeError> {
+        let mut allocations =
+            self.allocate_containers(std::slice::from_ref(&device_ids.to_vec()))?;
+        allocations.pop().ok_or(NodeError::EmptyRequest)
+    }
+
+    /// Allocate for every container of one request: all are checked before any is allocated, so a
+    /// refused request leaves nothing half-allocated.
+    pub fn allocate_containers(
+        &self,
+        containers: &[Vec<String>],
+    ) -> Result<Vec<ContainerAllocation>, NodeError> {
         let started = Instant::now();
-        if device_ids.is_empty() {
-            return Err(NodeError::EmptyRequest);
+        let mut per_container = Vec::with_capacity(containers.len());
+        for device_ids in containers {
+            if device_ids.is_empty() {
+                return Err(NodeError::EmptyRequest);
+            }
+            let mut tiles = Vec::with_capacity(device_ids.len());
+            for id in device_ids {
+                tiles.extend(self.topology.parse_device(self.mode, id)?);
+            }
+            tiles.sort_unstable();
+            tiles.dedup();
+            per_container.push(tiles);
         }
-        let mut tiles = Vec::with_capacity(device_ids.len());
-        for id in device_ids {
-            tiles.extend(self.topology.parse_device(self.mode, id)?);
-        }
-        tiles.sort_unstable();
-        tiles.dedup();
         let mut inner = self.lock();
-        for id in device_ids {
-            let unit = self.unit_index(id)?;
-            if !self.unit_healthy(&inner, unit) {
-                return Err(NodeError::Unhealthy { id: id.clone() });
+        for device_ids in containers {
+            for id in device_ids {
+                let unit = self.unit_index(id)?;
+                if !self.unit_healthy(&inner, unit) {
+                    return Err(NodeError::Unhealthy { id: id.clone() });
+                }
             }
         }
-        self.mark_allocated(&mut inner, &tiles, Owner::default());
+        for tiles in &per_container {
+            self.mark_allocated(&mut inner, tiles, Owner::default());
+        }
         drop(inner);
-        let env = container_env(&self.topology, &tiles);
+        let allocations = per_container
+            .into_iter()
+            .map(|tiles| ContainerAllocation {
+                env: container_env(&self.topology, &tiles),
+                tiles,
+            })
+            .collect();
         self.metrics.observe_allocate(started.elapsed());
-        Ok(ContainerAllocation { tiles, env })
+        Ok(allocations)
     }
 
     /// Local mode: picks `count` free healthy devices with the same packing as GetPreferredAllocation and
@@ -510,7 +563,7 @@ mod tests {
     use super::*;
 
     fn node(r: u32, t: u32, mode: ResourceMode) -> TileNode {
-        TileNode::new(Topology::new(r, t).unwrap(), mode, None, None).unwrap()
+        TileNode::in_memory(Topology::new(r, t).unwrap(), mode, None)
     }
 
     fn ids(list: &[&str]) -> Vec<String> {
@@ -541,6 +594,17 @@ mod tests {
             "a refused request allocates nothing"
         );
         assert!(matches!(n.allocate(&[]), Err(NodeError::EmptyRequest)));
+        // One bad container refuses the whole request.
+        let err = n
+            .allocate_containers(&[ids(&["rdu2-tile0"]), ids(&["rdu0-tile1"])])
+            .unwrap_err();
+        assert!(matches!(err, NodeError::Unhealthy { .. }));
+        assert_eq!(n.status().tiles_allocated, 0);
+        let both = n
+            .allocate_containers(&[ids(&["rdu2-tile0"]), ids(&["rdu3-tile0", "rdu3-tile1"])])
+            .unwrap();
+        assert_eq!(both[0].env["SF_RNT_TILE_AFFINITY"], "0x100");
+        assert_eq!(both[1].env["SF_RNT_TILE_AFFINITY"], "0x3000");
     }
 
     #[test]

@@ -8,7 +8,6 @@ use crate::api::{
     PreferredAllocationResponse,
 };
 use crate::node::{ContainerAllocation, DeviceHealth, NodeError, TileNode};
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
@@ -30,8 +29,8 @@ pub trait DeviceBackend: Send + Sync + 'static {
         must_include: &[String],
         size: i64,
     ) -> Result<Vec<String>, NodeError>;
-    /// Allocates the devices of one container.
-    fn allocate(&self, device_ids: &[String]) -> Result<ContainerAllocation, NodeError>;
+    /// Allocates the devices of every container of one request (all or nothing).
+    fn allocate(&self, containers: &[Vec<String>]) -> Result<Vec<ContainerAllocation>, NodeError>;
 }
 
 impl DeviceBackend for TileNode {
@@ -46,8 +45,8 @@ impl DeviceBackend for TileNode {
     ) -> Result<Vec<String>, NodeError> {
         TileNode::preferred(self, available, must_include, size)
     }
-    fn allocate(&self, device_ids: &[String]) -> Result<ContainerAllocation, NodeError> {
-        TileNode::allocate(self, device_ids)
+    fn allocate(&self, containers: &[Vec<String>]) -> Result<Vec<ContainerAllocation>, NodeError> {
+        TileNode::allocate_containers(self, containers)
     }
 }
 
@@ -151,19 +150,24 @@ impl<B: DeviceBackend> DevicePlugin for DevicePluginService<B> {
         &self,
         request: Request<AllocateRequest>,
     ) -> Result<Response<AllocateResponse>, Status> {
-        let mut container_responses = Vec::new();
-        for container in request.into_inner().container_requests {
-            let allocation = self.backend.allocate(&container.devices_ids).map_err(|e| {
-                tracing::warn!(devices = ?container.devices_ids, error = %e, "Allocate refused");
-                to_status(e)
-            })?;
-            tracing::info!(devices = ?container.devices_ids, "allocated");
-            container_responses.push(ContainerAllocateResponse {
+        let containers: Vec<Vec<String>> = request
+            .into_inner()
+            .container_requests
+            .into_iter()
+            .map(|c| c.devices_ids)
+            .collect();
+        let allocations = self.backend.allocate(&containers).map_err(|e| {
+            tracing::warn!(devices = ?containers, error = %e, "Allocate refused");
+            to_status(e)
+        })?;
+        tracing::info!(devices = ?containers, "allocated");
+        let container_responses = allocations
+            .into_iter()
+            .map(|allocation| ContainerAllocateResponse {
                 envs: allocation.env.into_iter().collect(),
-                annotations: BTreeMap::<String, String>::new().into_iter().collect(),
                 ..Default::default()
-            });
-        }
+            })
+            .collect();
         Ok(Response::new(AllocateResponse {
             container_responses,
         }))
@@ -190,9 +194,11 @@ mod tests {
         DevicePluginService<TileNode>,
         watch::Sender<bool>,
     ) {
-        let node = Arc::new(
-            TileNode::new(Topology::new(8, 4).unwrap(), ResourceMode::Tile, None, None).unwrap(),
-        );
+        let node = Arc::new(TileNode::in_memory(
+            Topology::new(8, 4).unwrap(),
+            ResourceMode::Tile,
+            None,
+        ));
         let (stop_tx, stop_rx) = watch::channel(false);
         (
             node.clone(),

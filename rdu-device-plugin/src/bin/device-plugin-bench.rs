@@ -91,7 +91,7 @@ async fn registration_latency(rounds: usize) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let plugin = start_plugin(
         dir.path(),
-        TileNode::new(Topology::new(8, 4)?, ResourceMode::Tile, None, None)?,
+        TileNode::in_memory(Topology::new(8, 4)?, ResourceMode::Tile, None),
     );
     let socket = dir.path().join(ResourceMode::Tile.socket_name());
     let mut wiped = Vec::new();
@@ -157,7 +157,7 @@ async fn health_latency(rounds: usize) -> anyhow::Result<()> {
     let health_file = health_dir.path().join("unhealthy");
     let plugin = start_plugin(
         dir.path(),
-        TileNode::new(Topology::new(8, 4)?, ResourceMode::Tile, None, None)?,
+        TileNode::in_memory(Topology::new(8, 4)?, ResourceMode::Tile, None),
     );
     let _watch = watch_health_file(plugin.node.clone(), health_file.clone())?;
     let (_kubelet, mut client) = dial(dir.path()).await?;
