@@ -1,4 +1,12 @@
 //! Simulated RDU node topology, tile allocation and the kubelet device plugin server.
+//!
+//! - [`topology`], [`packing`], [`affinity`]: pure code: device IDs, the packing rule of
+//!   GetPreferredAllocation, the `SF_RNT_TILE_AFFINITY` mask.
+//! - [`node`]: the shared node state (health, allocations, checkpoint, metrics) behind every call;
+//!   [`local::SimulatedNode`] wraps it for local mode.
+//! - [`service`] (gRPC adapter), [`plugin`] (serve, register, re-register, shutdown), [`health`] (health
+//!   file), [`podresources`] (pod and rank per tile), [`status`] + [`tilestat`] (the sntilestat endpoint).
+//! - [`kubelet_double`]: a kubelet for tests and benchmarks.
 
 pub mod affinity;
 pub mod checkpoint;
