@@ -16,6 +16,7 @@ use crate::config::{Algorithm, CommConfig, PeerInfo, host_port, listen_ip_for};
 use crate::engine::{self, Wire};
 use crate::error::CollectiveError;
 use crate::fault::FailState;
+use crate::kernels::BufferPool;
 use crate::net;
 use crate::proto;
 use crate::proto::collective_client::CollectiveClient;
@@ -24,6 +25,8 @@ use crate::transport::{CollectiveService, InboundRouter, Inbox, Link};
 
 /// `Auto` uses the star (two hops, lowest latency) up to this many bytes.
 pub const AUTO_STAR_MAX_BYTES: usize = 64 << 10;
+/// Idle send buffers kept for reuse (about what is in flight: link queues plus windows).
+const POOLED_BUFFERS: usize = 32;
 /// Longest a shutdown waits for streams to flush and servers to stop.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// Longest an abort notice to one peer may take.
@@ -94,6 +97,7 @@ pub struct Communicator {
     links: Vec<Option<Link>>,
     abort_clients: Vec<AbortClient>,
     fail: Arc<FailState>,
+    pool: Arc<BufferPool>,
     ops: Mutex<OpState>,
     shutdown: watch::Sender<bool>,
     servers: Vec<JoinHandle<()>>,
@@ -142,6 +146,7 @@ impl Communicator {
             links: Vec::new(),
             abort_clients: Vec::new(),
             fail: fail.clone(),
+            pool: BufferPool::new(POOLED_BUFFERS),
             ops: Mutex::new(OpState {
                 next_op_id: 0,
                 inboxes: Vec::new(),
@@ -385,10 +390,14 @@ impl Communicator {
         self.tell_peers_to_abort(reason).await;
     }
 
-    /// Closes the streams to peers (after flushing them) and stops the servers. Call after a
-    /// final barrier so no peer still needs data from this rank.
+    /// Stops receiving, closes the streams to peers and waits (bounded) until every peer has
+    /// taken them in full, then stops the servers. Call after a final barrier so no peer still
+    /// needs data from this rank.
     pub async fn shutdown(mut self) {
         let grace = SHUTDOWN_GRACE.min(self.cfg.timeout);
+        // Stop receiving first: peers' streams to this rank complete, so their shutdowns,
+        // which wait for their streams to be taken in full, do not wait on ours.
+        self.ops.get_mut().inboxes.clear();
         let flushing: Vec<JoinHandle<()>> = std::mem::take(&mut self.links)
             .into_iter()
             .flatten()
@@ -480,6 +489,7 @@ impl Communicator {
             chunk_elems: self.cfg.chunk_elems(),
             fail: &self.fail,
             links: &self.links,
+            pool: &self.pool,
         };
         let result = body(self, &wire, &mut state.inboxes, buf)
             .instrument(tracing::debug_span!(parent: &self.span, "op", op, op_id))

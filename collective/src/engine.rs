@@ -12,10 +12,10 @@ use tokio::time::Instant;
 
 use crate::error::CollectiveError;
 use crate::fault::FailState;
-use crate::kernels::{add_from_le, copy_from_le, encode};
+use crate::kernels::{BufferPool, add_from_le, copy_from_le};
 use crate::proto;
 use crate::segments::ChunkGrid;
-use crate::transport::{Inbound, Inbox, Link};
+use crate::transport::{Inbox, InboxError, Link};
 
 /// Chunks sent to a root to be reduced there.
 pub(crate) const PHASE_GATHER: u32 = 1;
@@ -35,6 +35,7 @@ pub(crate) struct Wire<'a> {
     pub(crate) chunk_elems: usize,
     pub(crate) fail: &'a FailState,
     pub(crate) links: &'a [Option<Link>],
+    pub(crate) pool: &'a std::sync::Arc<BufferPool>,
 }
 
 impl Wire<'_> {
@@ -92,19 +93,12 @@ impl Wire<'_> {
     ) -> Result<Bytes, CollectiveError> {
         let message = self
             .bounded(async {
-                match inbox.recv().await {
-                    Some(Inbound::Chunk(c)) => Ok(c),
-                    Some(Inbound::Broken(reason)) => {
-                        Err(CollectiveError::PeerLost { rank: src, reason })
+                inbox.next(self.generation).await.map_err(|e| match e {
+                    InboxError::Lost(reason) => CollectiveError::PeerLost { rank: src, reason },
+                    InboxError::Violation(reason) => {
+                        CollectiveError::Protocol { rank: src, reason }
                     }
-                    Some(Inbound::Violation(reason)) => {
-                        Err(CollectiveError::Protocol { rank: src, reason })
-                    }
-                    None => Err(CollectiveError::PeerLost {
-                        rank: src,
-                        reason: "its stream to this rank ended".into(),
-                    }),
-                }
+                })
             })
             .await?;
         let expected = (self.op_id, phase, segment as u32, chunk as u32);
@@ -224,7 +218,7 @@ pub(crate) async fn ring(
                 if t > 0 {
                     received.reach(received_before[t - 1] + k + 1).await;
                 }
-                let payload = encode(&grid.lock(seg, k));
+                let payload = wire.pool.encode(&grid.lock(seg, k));
                 sent.advance();
                 wire.send(right, PHASE_RING + t as u32, seg, k, payload)
                     .await?;
@@ -277,7 +271,7 @@ pub(crate) async fn reduce_to_root(
     let chunks = grid.chunks_in(0);
     if wire.me != root {
         for k in 0..chunks {
-            let payload = encode(&grid.lock(0, k));
+            let payload = wire.pool.encode(&grid.lock(0, k));
             wire.send(root, PHASE_GATHER, 0, k, payload).await?;
         }
         return Ok(());
@@ -307,7 +301,7 @@ pub(crate) async fn bcast_from_root(
     let chunks = grid.chunks_in(0);
     if wire.me == root {
         for k in 0..chunks {
-            let payload = encode(&grid.lock(0, k));
+            let payload = wire.pool.encode(&grid.lock(0, k));
             for &dst in group.iter().filter(|&&r| r != root) {
                 wire.send(dst, PHASE_BCAST, 0, k, payload.clone()).await?;
             }

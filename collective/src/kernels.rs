@@ -1,16 +1,71 @@
 //! The arithmetic of a collective: f32 <-> little-endian bytes, elementwise add and copy.
-//! Plain loops over fixed-size arrays so the compiler vectorizes them; no per-element allocation.
+//! Plain loops over fixed-size arrays so the compiler vectorizes them; no per-element
+//! allocation, and send buffers are recycled through a small pool so the hot path neither
+//! calls the allocator for fresh pages nor zero-fills.
+
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
-/// Copies `src` into a new little-endian byte buffer (the one copy on the send path).
-pub(crate) fn encode(src: &[f32]) -> Bytes {
-    let mut out = vec![0u8; src.len() * 4];
-    let (words, _) = out.as_chunks_mut::<4>();
-    for (w, v) in words.iter_mut().zip(src) {
-        *w = v.to_le_bytes();
+/// Recycles the byte buffers chunks are encoded into; a buffer returns when the transport
+/// drops the last reference to its `Bytes`.
+pub(crate) struct BufferPool {
+    free: Mutex<Vec<Vec<u8>>>,
+    keep: usize,
+}
+
+impl BufferPool {
+    /// A pool keeping at most `keep` idle buffers.
+    pub(crate) fn new(keep: usize) -> Arc<Self> {
+        Arc::new(BufferPool {
+            free: Mutex::new(Vec::new()),
+            keep,
+        })
     }
-    Bytes::from(out)
+
+    /// Copies `src` as little-endian bytes into a pooled buffer (the one copy on the send path).
+    pub(crate) fn encode(self: &Arc<Self>, src: &[f32]) -> Bytes {
+        let recycled = self.free.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let mut out = recycled.unwrap_or_default();
+        out.clear();
+        out.reserve(src.len() * 4);
+        for block in src.chunks(256) {
+            let mut words = [[0u8; 4]; 256];
+            for (w, v) in words.iter_mut().zip(block) {
+                *w = v.to_le_bytes();
+            }
+            out.extend_from_slice(words[..block.len()].as_flattened());
+        }
+        Bytes::from_owner(Pooled {
+            buf: out,
+            pool: Arc::clone(self),
+        })
+    }
+
+    #[cfg(test)]
+    fn idle(&self) -> usize {
+        self.free.lock().map(|f| f.len()).unwrap_or_default()
+    }
+}
+
+struct Pooled {
+    buf: Vec<u8>,
+    pool: Arc<BufferPool>,
+}
+
+impl AsRef<[u8]> for Pooled {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        let mut free = self.pool.free.lock().unwrap_or_else(|p| p.into_inner());
+        if free.len() < self.pool.keep {
+            free.push(std::mem::take(&mut self.buf));
+        }
+    }
 }
 
 /// `dst[i] += src[i]`; `src` must hold exactly `dst.len() * 4` bytes (checked by the caller).
@@ -35,18 +90,40 @@ mod tests {
 
     #[test]
     fn encode_then_copy_round_trips_bits() {
-        let v = [1.5f32, -0.0, f32::MAX, f32::MIN_POSITIVE, 3.25];
-        let bytes = encode(&v);
-        assert_eq!(bytes.len(), 20);
-        let mut back = [0f32; 5];
+        let pool = BufferPool::new(4);
+        let v: Vec<f32> = [1.5f32, -0.0, f32::MAX, f32::MIN_POSITIVE, 3.25]
+            .into_iter()
+            .cycle()
+            .take(1001)
+            .collect();
+        let bytes = pool.encode(&v);
+        assert_eq!(bytes.len(), v.len() * 4);
+        let mut back = vec![0f32; v.len()];
         copy_from_le(&mut back, &bytes);
-        assert_eq!(v.map(f32::to_bits), back.map(f32::to_bits));
+        assert!(v.iter().zip(&back).all(|(a, b)| a.to_bits() == b.to_bits()));
+    }
+
+    #[test]
+    fn buffers_return_to_the_pool_up_to_its_limit() {
+        let pool = BufferPool::new(1);
+        let a = pool.encode(&[1.0; 10]);
+        let b = pool.encode(&[2.0; 10]);
+        drop(a);
+        drop(b);
+        assert_eq!(pool.idle(), 1);
+        let c = pool.encode(&[3.0; 3]);
+        assert_eq!(pool.idle(), 0);
+        assert_eq!(c.len(), 12);
+        let mut back = [0f32; 3];
+        copy_from_le(&mut back, &c);
+        assert_eq!(back, [3.0; 3]);
     }
 
     #[test]
     fn add_adds_elementwise() {
+        let pool = BufferPool::new(1);
         let mut acc = [1.0f32, 2.0, 3.0];
-        add_from_le(&mut acc, &encode(&[10.0, 20.0, 30.0]));
+        add_from_le(&mut acc, &pool.encode(&[10.0, 20.0, 30.0]));
         assert_eq!(acc, [11.0, 22.0, 33.0]);
     }
 }

@@ -11,7 +11,8 @@ use tonic::transport::{Channel, Endpoint, Server};
 
 use crate::error::CollectiveError;
 
-/// Per-stream HTTP/2 window: a few chunks in flight per link.
+/// Per-stream HTTP/2 window. 16 MiB measured best with 1 MiB chunks on loopback
+/// (`allreduce-bench`, 2 ranks, against 4 MiB windows and 512 KiB / 2 MiB chunks).
 pub(crate) const STREAM_WINDOW: u32 = 16 << 20;
 /// Per-connection HTTP/2 window (one connection per directed pair of ranks).
 pub(crate) const CONNECTION_WINDOW: u32 = 32 << 20;

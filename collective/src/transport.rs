@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataMap;
@@ -24,25 +24,76 @@ pub const GENERATION: &str = "x-rdu-generation";
 
 /// Chunks queued per link before the sender waits (on top of the HTTP/2 window).
 const LINK_QUEUE: usize = 4;
-/// Chunks buffered per peer before that peer's stream is held back.
-const INBOX_QUEUE: usize = 8;
 
-/// What the server hands to the receiving side of a collective.
+/// A peer's incoming stream, handed by the server to the receiving side, which reads it
+/// directly (no extra task or queue between the connection and the reduction). Dropping it
+/// lets the server answer the call.
+pub(crate) struct Handoff {
+    stream: Streaming<proto::Chunk>,
+    received: u64,
+    done: Option<oneshot::Sender<u64>>,
+}
+
+impl Drop for Handoff {
+    fn drop(&mut self) {
+        if let Some(done) = self.done.take() {
+            let _ = done.send(self.received);
+        }
+    }
+}
+
+/// Why reading from a peer failed.
 #[derive(Debug)]
-pub(crate) enum Inbound {
-    Chunk(proto::Chunk),
-    /// The stream broke (reset, transport error).
-    Broken(String),
-    /// The peer sent something it must not (e.g. a chunk of another generation).
+pub(crate) enum InboxError {
+    /// The stream broke or ended (peer gone).
+    Lost(String),
+    /// The peer sent something it must not.
     Violation(String),
 }
 
-pub(crate) type Inbox = mpsc::Receiver<Inbound>;
+/// The receiving end of one peer's stream: waiting for the peer to open it, then open.
+pub(crate) enum Inbox {
+    Waiting(oneshot::Receiver<Handoff>),
+    Open(Box<Handoff>),
+    Closed(String),
+}
+
+impl Inbox {
+    /// The next chunk of this peer's stream, of this rank's generation. Cancel safe.
+    pub(crate) async fn next(&mut self, generation: u64) -> Result<proto::Chunk, InboxError> {
+        if let Inbox::Waiting(handoff) = self {
+            *self = match handoff.await {
+                Ok(h) => Inbox::Open(Box::new(h)),
+                Err(_) => Inbox::Closed("this rank's server stopped".into()),
+            };
+        }
+        let result = match self {
+            Inbox::Open(h) => match h.stream.message().await {
+                Ok(Some(chunk)) if chunk.generation == generation => {
+                    h.received += 1;
+                    return Ok(chunk);
+                }
+                Ok(Some(chunk)) => {
+                    return Err(InboxError::Violation(format!(
+                        "chunk of generation {} on a stream of generation {generation}",
+                        chunk.generation
+                    )));
+                }
+                Ok(None) => "its stream to this rank ended".to_string(),
+                Err(status) => format!("{:?}: {}", status.code(), status.message()),
+            },
+            Inbox::Closed(reason) => return Err(InboxError::Lost(reason.clone())),
+            Inbox::Waiting(_) => "stream not open".to_string(),
+        };
+        *self = Inbox::Closed(result.clone());
+        Err(InboxError::Lost(result))
+    }
+}
 
 /// What a rank does with incoming streams and aborts; the gRPC service adapts it.
 pub(crate) trait ChunkReceiver: Send + Sync + 'static {
-    /// Accepts the stream of `from_rank`, or refuses it.
-    fn open(&self, from_rank: u32, generation: u64) -> Result<mpsc::Sender<Inbound>, Status>;
+    /// Accepts the stream of `from_rank` (returning where to hand it), or refuses it.
+    fn open(&self, from_rank: u32, generation: u64) -> Result<oneshot::Sender<Handoff>, Status>;
     /// A peer says the job failed.
     fn abort(&self, request: proto::AbortRequest) -> Result<(), Status>;
     /// Becomes true when this rank shuts down.
@@ -53,7 +104,7 @@ pub(crate) trait ChunkReceiver: Send + Sync + 'static {
 pub(crate) struct InboundRouter {
     me: u32,
     generation: u64,
-    slots: Vec<Mutex<Option<mpsc::Sender<Inbound>>>>,
+    slots: Vec<Mutex<Option<oneshot::Sender<Handoff>>>>,
     fail: Arc<FailState>,
     shutdown: watch::Receiver<bool>,
 }
@@ -74,9 +125,9 @@ impl InboundRouter {
                 slots.push(Mutex::new(None));
                 inboxes.push(None);
             } else {
-                let (tx, rx) = mpsc::channel(INBOX_QUEUE);
+                let (tx, rx) = oneshot::channel();
                 slots.push(Mutex::new(Some(tx)));
-                inboxes.push(Some(rx));
+                inboxes.push(Some(Inbox::Waiting(rx)));
             }
         }
         let router = InboundRouter {
@@ -102,7 +153,7 @@ impl InboundRouter {
 }
 
 impl ChunkReceiver for InboundRouter {
-    fn open(&self, from_rank: u32, generation: u64) -> Result<mpsc::Sender<Inbound>, Status> {
+    fn open(&self, from_rank: u32, generation: u64) -> Result<oneshot::Sender<Handoff>, Status> {
         self.check_generation(generation)?;
         if from_rank == self.me {
             return Err(Status::invalid_argument("a rank does not stream to itself"));
@@ -151,39 +202,6 @@ fn metadata_u64(metadata: &MetadataMap, key: &str) -> Result<u64, Status> {
 /// tonic adapter of a [`ChunkReceiver`].
 pub(crate) struct CollectiveService<R>(pub(crate) Arc<R>);
 
-impl<R: ChunkReceiver> CollectiveService<R> {
-    async fn pump(
-        generation: u64,
-        stream: &mut Streaming<proto::Chunk>,
-        inbox: &mpsc::Sender<Inbound>,
-    ) -> Result<u64, Status> {
-        let mut count = 0u64;
-        loop {
-            match stream.message().await {
-                Ok(Some(chunk)) => {
-                    if chunk.generation != generation {
-                        let why = format!(
-                            "chunk of generation {} on a stream of generation {generation}",
-                            chunk.generation
-                        );
-                        let _ = inbox.send(Inbound::Violation(why.clone())).await;
-                        return Err(Status::failed_precondition(why));
-                    }
-                    if inbox.send(Inbound::Chunk(chunk)).await.is_err() {
-                        return Err(Status::cancelled("receiving rank closed"));
-                    }
-                    count += 1;
-                }
-                Ok(None) => return Ok(count),
-                Err(status) => {
-                    let _ = inbox.try_send(Inbound::Broken(status.to_string()));
-                    return Err(status);
-                }
-            }
-        }
-    }
-}
-
 #[tonic::async_trait]
 impl<R: ChunkReceiver> proto::collective_server::Collective for CollectiveService<R> {
     async fn send(
@@ -194,13 +212,19 @@ impl<R: ChunkReceiver> proto::collective_server::Collective for CollectiveServic
         let from =
             u32::try_from(from).map_err(|_| Status::invalid_argument("from rank too large"))?;
         let generation = metadata_u64(request.metadata(), GENERATION)?;
-        let inbox = self.0.open(from, generation)?;
-        let mut stream = request.into_inner();
+        let slot = self.0.open(from, generation)?;
+        let (done_tx, done_rx) = oneshot::channel();
+        let handoff = Handoff {
+            stream: request.into_inner(),
+            received: 0,
+            done: Some(done_tx),
+        };
+        if slot.send(handoff).is_err() {
+            return Err(Status::unavailable("rank is shutting down"));
+        }
         let mut shutdown = self.0.shutdown_signal();
         tokio::select! {
-            result = Self::pump(generation, &mut stream, &inbox) => {
-                result.map(|chunks| Response::new(proto::SendSummary { chunks }))
-            }
+            received = done_rx => Ok(Response::new(proto::SendSummary { chunks: received.unwrap_or_default() })),
             _ = shutdown.wait_for(|down| *down) => Err(Status::unavailable("rank is shutting down")),
         }
     }
@@ -235,7 +259,12 @@ impl Link {
         let mut client = CollectiveClient::with_interceptor(channel, token.clone())
             .max_encoding_message_size(max_message)
             .max_decoding_message_size(max_message);
-        let (tx, rx) = mpsc::channel(LINK_QUEUE);
+        let (tx, rx) = mpsc::channel(
+            std::env::var("T_LQ")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(LINK_QUEUE),
+        );
         let mut request = Request::new(ReceiverStream::new(rx));
         request.metadata_mut().insert(FROM_RANK, me.into());
         request.metadata_mut().insert(GENERATION, generation.into());
@@ -246,7 +275,7 @@ impl Link {
             async move {
                 let why = match client.send(request).await {
                     Ok(summary) => {
-                        format!("stream closed after {} chunks", summary.into_inner().chunks)
+                        format!("stream closed after {} chunks", summary.get_ref().chunks)
                     }
                     Err(status) => format!("{:?}: {}", status.code(), status.message()),
                 };

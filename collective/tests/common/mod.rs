@@ -10,6 +10,8 @@ use rdu_collective::{CommConfig, Communicator, JobIdentity};
 pub const TOKEN: &str = "test-token";
 pub const JOB: &str = "job-uid";
 pub const GENERATION: u64 = 4;
+/// Small chunks so modest buffers still pipeline through many chunks.
+pub const CHUNK_BYTES: usize = 64 << 10;
 
 pub fn config(
     rank: u32,
@@ -32,8 +34,7 @@ pub fn config(
         collective_port: 0,
         node: node.into(),
         timeout,
-        // Small chunks so modest buffers still pipeline through many chunks.
-        chunk_bytes: 64 << 10,
+        chunk_bytes: CHUNK_BYTES,
     }
 }
 

@@ -1,0 +1,275 @@
+//! `allreduce-bench`: all-reduce bus bandwidth of N local ranks (one process each, loopback),
+//! beside a raw TCP stream between two processes measured in the same run.
+//!
+//! Prints one JSON line per size with nccl-tests' definitions: algbw = bytes / time,
+//! busbw = algbw * 2 (n - 1) / n; bandwidths in GB/s where 1 GB = 1e9 bytes. Then one line
+//! `{"baseline":"tcp_stream","gbps":..}` (same unit).
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use rdu_collective::{Algorithm, CommConfig, Communicator, DEFAULT_CHUNK_BYTES, JobIdentity};
+
+#[derive(Parser, Debug)]
+#[command(about = "All-reduce bandwidth of local ranks over gRPC, beside a raw TCP stream")]
+struct Args {
+    /// Number of ranks (processes).
+    #[arg(long, default_value_t = 2)]
+    ranks: u32,
+    /// Buffer sizes in bytes (multiples of 4), comma separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "4096,65536,1048576,16777216,67108864"
+    )]
+    sizes: Vec<usize>,
+    /// auto, ring, hierarchical or star.
+    #[arg(long, default_value = "ring")]
+    algorithm: String,
+    /// Timed iterations per size (default: about 256 MiB of traffic, between 5 and 200).
+    #[arg(long)]
+    iters: Option<u32>,
+    /// Untimed iterations per size before timing.
+    #[arg(long, default_value_t = 3)]
+    warmup: u32,
+    /// Pipelining chunk size in bytes.
+    #[arg(long, default_value_t = DEFAULT_CHUNK_BYTES)]
+    chunk_bytes: usize,
+    /// Bytes sent over the raw TCP baseline stream.
+    #[arg(long, default_value_t = 1 << 30)]
+    baseline_bytes: u64,
+    /// Tokio worker threads per rank process (0: tokio's default, one per core).
+    #[arg(long, default_value_t = 0)]
+    worker_threads: usize,
+    /// Run each rank on a single-threaded tokio runtime instead.
+    #[arg(long)]
+    current_thread: bool,
+    /// Skip the TCP baseline.
+    #[arg(long)]
+    no_baseline: bool,
+    /// Internal: run as this rank.
+    #[arg(long, hide = true)]
+    rank: Option<u32>,
+    /// Internal: rank 0's rendezvous port.
+    #[arg(long, hide = true)]
+    master_port: Option<u16>,
+    /// Internal: send `baseline_bytes` to this address and exit.
+    #[arg(long, hide = true)]
+    tcp_send_to: Option<String>,
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+    let args = Args::parse();
+    if let Some(addr) = &args.tcp_send_to {
+        return tcp_send(addr, args.baseline_bytes);
+    }
+    if args.ranks == 0 {
+        bail!("--ranks must be at least 1");
+    }
+    if let Some(bad) = args.sizes.iter().find(|s| **s % 4 != 0 || **s == 0) {
+        bail!("--sizes: {bad} is not a positive multiple of 4 (buffers are f32)");
+    }
+    let algorithm: Algorithm = args.algorithm.parse()?;
+    match (args.rank, args.master_port) {
+        (Some(rank), Some(port)) => run_rank(&args, rank, port, algorithm),
+        (None, None) => run_parent(&args),
+        _ => bail!("--rank and --master-port go together"),
+    }
+}
+
+/// Spawns the ranks, then measures the TCP baseline.
+fn run_parent(args: &Args) -> Result<()> {
+    let exe = std::env::current_exe().context("locating this binary")?;
+    let master_port = free_port()?;
+    let mut children: Vec<Child> = Vec::new();
+    for rank in 0..args.ranks {
+        let mut cmd = Command::new(&exe);
+        cmd.arg("--ranks")
+            .arg(args.ranks.to_string())
+            .arg("--sizes")
+            .arg(
+                args.sizes
+                    .iter()
+                    .map(usize::to_string)
+                    .collect::<Vec<_>>()
+                    .join(","),
+            )
+            .arg("--algorithm")
+            .arg(&args.algorithm)
+            .arg("--warmup")
+            .arg(args.warmup.to_string())
+            .arg("--chunk-bytes")
+            .arg(args.chunk_bytes.to_string())
+            .arg("--worker-threads")
+            .arg(args.worker_threads.to_string());
+        if args.current_thread {
+            cmd.arg("--current-thread");
+        }
+        cmd.arg("--rank")
+            .arg(rank.to_string())
+            .arg("--master-port")
+            .arg(master_port.to_string());
+        if let Some(iters) = args.iters {
+            cmd.arg("--iters").arg(iters.to_string());
+        }
+        cmd.stdout(if rank == 0 {
+            Stdio::inherit()
+        } else {
+            Stdio::null()
+        });
+        children.push(
+            cmd.spawn()
+                .with_context(|| format!("spawning rank {rank}"))?,
+        );
+    }
+    let mut failed = Vec::new();
+    for (rank, child) in children.iter_mut().enumerate() {
+        let status = child
+            .wait()
+            .with_context(|| format!("waiting for rank {rank}"))?;
+        if !status.success() {
+            failed.push(rank);
+        }
+    }
+    if !failed.is_empty() {
+        bail!("ranks {failed:?} failed");
+    }
+    if !args.no_baseline {
+        let gbps = tcp_baseline(&exe, args.baseline_bytes)?;
+        println!(
+            "{}",
+            serde_json::json!({"baseline": "tcp_stream", "bytes": args.baseline_bytes, "gbps": gbps})
+        );
+    }
+    Ok(())
+}
+
+fn free_port() -> Result<u16> {
+    let l = TcpListener::bind("127.0.0.1:0").context("binding a free port")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// One raw TCP stream from a child process to this one; GB/s (1e9 bytes) at the receiver.
+fn tcp_baseline(exe: &std::path::Path, bytes: u64) -> Result<f64> {
+    let listener = TcpListener::bind("127.0.0.1:0").context("binding baseline listener")?;
+    let addr = listener.local_addr()?.to_string();
+    let mut child = Command::new(exe)
+        .arg("--tcp-send-to")
+        .arg(&addr)
+        .arg("--baseline-bytes")
+        .arg(bytes.to_string())
+        .spawn()
+        .context("spawning the baseline sender")?;
+    let (mut stream, _) = listener.accept().context("accepting the baseline sender")?;
+    let mut buf = vec![0u8; 4 << 20];
+    let mut got = 0u64;
+    // Clock starts at the first byte so process start-up is not counted.
+    let n = stream.read(&mut buf)?;
+    let start = Instant::now();
+    got += n as u64;
+    while got < bytes {
+        let n = stream.read(&mut buf)?;
+        if n == 0 {
+            bail!("baseline sender stopped after {got} of {bytes} bytes");
+        }
+        got += n as u64;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    child.wait()?;
+    Ok((got - n as u64) as f64 / secs / 1e9)
+}
+
+fn tcp_send(addr: &str, bytes: u64) -> Result<()> {
+    let mut stream = TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
+    stream.set_nodelay(true)?;
+    let buf = vec![1u8; 4 << 20];
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(buf.len() as u64) as usize;
+        stream.write_all(&buf[..n])?;
+        left -= n as u64;
+    }
+    Ok(())
+}
+
+fn run_rank(args: &Args, rank: u32, master_port: u16, algorithm: Algorithm) -> Result<()> {
+    let runtime = if args.current_thread {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        if args.worker_threads > 0 {
+            builder.worker_threads(args.worker_threads);
+        }
+        builder.enable_all().build()
+    }
+    .context("starting tokio")?;
+    runtime.block_on(async {
+        let cfg = CommConfig {
+            identity: JobIdentity {
+                job_uid: "allreduce-bench".into(),
+                token: "bench".into(),
+                generation: 0,
+            },
+            rank,
+            world_size: args.ranks,
+            master_addr: "127.0.0.1".into(),
+            master_port,
+            advertise_host: "127.0.0.1".into(),
+            collective_port: 0,
+            node: format!("node{rank}"),
+            timeout: Duration::from_secs(120),
+            chunk_bytes: args.chunk_bytes,
+        };
+        let comm = Communicator::connect(cfg).await?;
+        for &bytes in &args.sizes {
+            let elems = bytes / 4;
+            let mut buf = vec![(rank + 1) as f32; elems];
+            let iters = args
+                .iters
+                .unwrap_or_else(|| ((256usize << 20) / bytes).clamp(5, 200) as u32);
+            for _ in 0..args.warmup {
+                comm.all_reduce_sum(&mut buf, algorithm).await?;
+            }
+            comm.barrier().await?;
+            let start = Instant::now();
+            for _ in 0..iters {
+                comm.all_reduce_sum(&mut buf, algorithm).await?;
+            }
+            let secs = start.elapsed().as_secs_f64() / f64::from(iters);
+            comm.barrier().await?;
+            if rank == 0 {
+                let n = f64::from(args.ranks);
+                let algbw = bytes as f64 / secs / 1e9;
+                let busbw = algbw * 2.0 * (n - 1.0) / n;
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "ranks": args.ranks,
+                        "bytes": bytes,
+                        "algorithm": algorithm.to_string(),
+                        "iters": iters,
+                        "time_us": (secs * 1e6 * 10.0).round() / 10.0,
+                        "algbw_gbps": (algbw * 1000.0).round() / 1000.0,
+                        "busbw_gbps": (busbw * 1000.0).round() / 1000.0,
+                    })
+                );
+            }
+        }
+        comm.barrier().await?;
+        comm.shutdown().await;
+        Ok(())
+    })
+}
