@@ -8,6 +8,7 @@ use notify::{RecursiveMode, Watcher};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -73,6 +74,14 @@ pub fn apply_health_file(node: &TileNode, path: &Path) -> bool {
 pub struct HealthWatcher {
     _watcher: notify::RecommendedWatcher,
     task: JoinHandle<()>,
+    reads: Arc<AtomicU64>,
+}
+
+impl HealthWatcher {
+    /// How many times the file has been read so far.
+    pub fn reads(&self) -> u64 {
+        self.reads.load(Ordering::Relaxed)
+    }
 }
 
 impl Drop for HealthWatcher {
@@ -91,6 +100,14 @@ pub fn watch_health_file(node: Arc<TileNode>, path: PathBuf) -> Result<HealthWat
     let file_name = path.file_name().map(|n| n.to_os_string());
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         let relevant = match &event {
+            // Reading the file ourselves raises open and close-after-read events: reacting to them would
+            // re-read the file forever. Close-after-write is the best sign that a writer is done.
+            Ok(e) if e.kind.is_access() => matches!(
+                e.kind,
+                notify::EventKind::Access(notify::event::AccessKind::Close(
+                    notify::event::AccessMode::Write
+                ))
+            ),
             Ok(e) => {
                 e.paths.is_empty()
                     || e.paths
@@ -99,6 +116,7 @@ pub fn watch_health_file(node: Arc<TileNode>, path: PathBuf) -> Result<HealthWat
             }
             Err(_) => true,
         };
+        tracing::trace!(?event, relevant, "health file directory event");
         if relevant {
             let _ = tx.send(());
         }
@@ -114,6 +132,8 @@ pub fn watch_health_file(node: Arc<TileNode>, path: PathBuf) -> Result<HealthWat
             source,
         })?;
     apply_health_file(&node, &path);
+    let reads = Arc::new(AtomicU64::new(1));
+    let task_reads = reads.clone();
     let task = tokio::spawn(async move {
         let mut fallback = tokio::time::interval(FALLBACK_REREAD);
         fallback.tick().await;
@@ -128,12 +148,14 @@ pub fn watch_health_file(node: Arc<TileNode>, path: PathBuf) -> Result<HealthWat
                 }
                 _ = fallback.tick() => {}
             }
+            task_reads.fetch_add(1, Ordering::Relaxed);
             apply_health_file(&node, &path);
         }
     });
     Ok(HealthWatcher {
         _watcher: watcher,
         task,
+        reads,
     })
 }
 
@@ -164,6 +186,36 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
         assert!(apply_health_file(&node, &path));
         assert!(node.devices().iter().all(|d| d.healthy));
+    }
+
+    #[tokio::test]
+    async fn reading_the_file_does_not_trigger_more_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("health");
+        let node = Arc::new(TileNode::in_memory(
+            Topology::new(2, 2).unwrap(),
+            ResourceMode::Tile,
+            None,
+        ));
+        let watcher = watch_health_file(node.clone(), path.clone()).unwrap();
+        let writes = [("rdu0-tile1\n", 1), ("", 0), ("rdu1\n", 2), ("", 0)];
+        for (round, (text, wanted)) in writes.into_iter().enumerate() {
+            std::fs::write(&path, text).unwrap();
+            let started = std::time::Instant::now();
+            while node.devices().iter().filter(|d| !d.healthy).count() != wanted {
+                assert!(
+                    started.elapsed() < std::time::Duration::from_secs(20),
+                    "round {round}"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            }
+        }
+        // A few reads per write; a read that triggered another read would have made thousands by now.
+        assert!(
+            watcher.reads() < 40,
+            "{} reads for 4 writes",
+            watcher.reads()
+        );
     }
 
     #[test]

@@ -110,16 +110,16 @@ pub async fn run_plugin(
             path: dir.clone(),
             source,
         })?;
-        // Watch the directory for kubelet.sock appearing or being replaced (inotify where available).
-        // Each event says whether it created kubelet.sock: a recreated socket can carry the same inode and
-        // (coarse) change time as the old one, so the event is the surest sign of a kubelet restart.
-        let (events_tx, mut events) = mpsc::unbounded_channel::<bool>();
+        // Watch the directory for kubelet.sock appearing or being replaced (inotify where available). Events
+        // only wake the checks below: they arrive asynchronously, so an event can be about a kubelet.sock
+        // already registered with; the file's identity says whether it is a new one.
+        let (events_tx, mut events) = mpsc::unbounded_channel::<()>();
         let mut watcher =
             notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-                let kubelet_created = matches!(&event, Ok(e) if matches!(e.kind, notify::EventKind::Create(_))
-                && e.paths.iter().any(|p| p.file_name().is_some_and(|n| n == KUBELET_SOCKET)));
-            tracing::debug!(?event, "device plugin directory event");
-            let _ = events_tx.send(kubelet_created);
+                tracing::trace!(?event, "device plugin directory event");
+                if !matches!(&event, Ok(e) if e.kind.is_access()) {
+                    let _ = events_tx.send(());
+                }
             })
             .inspect_err(|e| {
                 tracing::warn!(error = %e, "cannot watch the device plugin directory; checking it periodically");
@@ -198,27 +198,29 @@ pub async fn run_plugin(
 
         // Registered (or our socket vanished): wait until the kubelet restarts or our socket is removed.
         if registered_kubelet.is_some() {
+            // Set once kubelet.sock is seen missing: whatever appears next is a new kubelet.
+            let mut kubelet_went_away = false;
             loop {
                 if !server.socket_is_ours() {
                     tracing::info!("plugin socket removed; serving again");
                     break;
                 }
-                let kubelet_now = inode(&kubelet_path);
-                if kubelet_now.is_some() && kubelet_now != registered_kubelet {
-                    tracing::info!(
-                        "kubelet.sock recreated (kubelet restart); serving again and re-registering"
-                    );
-                    break;
+                match inode(&kubelet_path) {
+                    None => kubelet_went_away = true,
+                    Some(now) if kubelet_went_away || Some(now) != registered_kubelet => {
+                        tracing::info!(
+                            "kubelet.sock recreated (kubelet restart); serving again and re-registering"
+                        );
+                        break;
+                    }
+                    Some(_) => {}
                 }
                 tokio::select! {
                     _ = &mut shutdown => {
                         finish(server, &node).await;
                         return Ok(());
                     }
-                    event = events.recv() => if event == Some(true) {
-                        tracing::info!("kubelet.sock created (kubelet restart); serving again and re-registering");
-                        break;
-                    },
+                    _ = events.recv() => {}
                     _ = tokio::time::sleep(timing.recheck) => {}
                 }
             }

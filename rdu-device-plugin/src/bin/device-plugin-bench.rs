@@ -183,6 +183,7 @@ async fn health_latency(rounds: usize) -> anyhow::Result<()> {
             }
         }
         samples.push(started.elapsed());
+        tracing::debug!(round, elapsed = ?started.elapsed(), "health round");
     }
     report(
         "health_to_list_and_watch_latency",
@@ -285,11 +286,17 @@ async fn main() -> anyhow::Result<()> {
             .with_writer(std::io::stderr)
             .init();
     }
-    registration_latency(100).await?;
-    if std::env::var_os("BENCH_ONLY_REGISTRATION").is_some() {
+    // BENCH_ONLY=registration|health runs one part (for investigating tails).
+    let only = std::env::var("BENCH_ONLY").unwrap_or_default();
+    if only.is_empty() || only == "registration" {
+        registration_latency(100).await?;
+    }
+    if only.is_empty() || only == "health" {
+        health_latency(200).await?;
+    }
+    if !only.is_empty() {
         return Ok(());
     }
-    health_latency(200).await?;
     allocate_latency(32, 32, 2000).await?;
     allocate_latency(128, 8, 2000).await?;
     Ok(())
