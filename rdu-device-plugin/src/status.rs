@@ -50,6 +50,19 @@ mod tests {
     use crate::tilestat::{fetch, fetch_and_render};
     use crate::topology::{ResourceMode, Topology};
 
+    async fn fetch_text(url: &str) -> String {
+        use hyper_util::client::legacy::Client;
+        use hyper_util::rt::TokioExecutor;
+        let client: Client<_, axum::body::Body> =
+            Client::builder(TokioExecutor::new()).build_http();
+        let response = client.get(url.parse().unwrap()).await.unwrap();
+        assert!(response.status().is_success());
+        let body = axum::body::to_bytes(axum::body::Body::new(response.into_body()), 1 << 20)
+            .await
+            .unwrap();
+        String::from_utf8(body.to_vec()).unwrap()
+    }
+
     #[tokio::test]
     async fn serves_status_that_tilestat_renders_and_metrics() {
         let node = Arc::new(
@@ -70,6 +83,11 @@ mod tests {
         }));
         let status = fetch(&format!("http://{addr}/status")).await.unwrap();
         assert_eq!(status, node.status());
+        assert_eq!(
+            fetch(&format!("http://{addr}")).await.unwrap(),
+            status,
+            "bare URL means /status"
+        );
         assert_eq!(status.tiles_allocated, 1);
         let table = fetch_and_render(&format!("http://{addr}/status"))
             .await
@@ -80,6 +98,12 @@ mod tests {
         );
         let err = fetch(&format!("http://{addr}/nope")).await.unwrap_err();
         assert!(err.to_string().contains("404"), "{err}");
+        let metrics = fetch_text(&format!("http://{addr}/metrics")).await;
+        assert!(metrics.contains("rdu_tiles_allocated 1"), "{metrics}");
+        assert!(
+            metrics.contains("rdu_allocate_seconds_count 1"),
+            "{metrics}"
+        );
         let _ = tx.send(());
         server.await.unwrap().unwrap();
     }

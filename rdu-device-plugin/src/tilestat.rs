@@ -2,6 +2,7 @@
 //! and a small HTTP client that fetches it (used by `rdujob tilestat`).
 
 use axum::body::Body;
+use axum::http::uri::PathAndQuery;
 use axum::http::{Request, StatusCode, Uri};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -121,14 +122,21 @@ pub async fn fetch_and_render(url: &str) -> Result<String, TileStatError> {
     Ok(render_table(&status))
 }
 
-/// GETs and decodes the status endpoint at `url`.
+/// GETs and decodes the status endpoint at `url`; a URL without a path (`http://node:9464`) means
+/// its `/status`.
 pub async fn fetch(url: &str) -> Result<NodeStatus, TileStatError> {
-    let uri: Uri = url
+    let bad_url = |reason: String| TileStatError::BadUrl {
+        url: url.to_string(),
+        reason,
+    };
+    let mut uri: Uri = url
         .parse()
-        .map_err(|e: axum::http::uri::InvalidUri| TileStatError::BadUrl {
-            url: url.to_string(),
-            reason: e.to_string(),
-        })?;
+        .map_err(|e: axum::http::uri::InvalidUri| bad_url(e.to_string()))?;
+    if matches!(uri.path(), "" | "/") && uri.query().is_none() {
+        let mut parts = uri.into_parts();
+        parts.path_and_query = Some(PathAndQuery::from_static("/status"));
+        uri = Uri::from_parts(parts).map_err(|e| bad_url(e.to_string()))?;
+    }
     if uri.scheme_str() != Some("http") || uri.host().is_none() {
         return Err(TileStatError::BadUrl {
             url: url.to_string(),
