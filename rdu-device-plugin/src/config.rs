@@ -226,6 +226,18 @@ mod tests {
     }
 
     #[test]
+    fn the_shipped_example_config_is_valid() {
+        let file: FileConfig =
+            serde_yaml_ng::from_str(include_str!("../config/device-plugin.yaml")).unwrap();
+        let config = PluginConfig::merge(&Flags::default(), file).unwrap();
+        assert_eq!(config.topology, Topology::new(8, 4).unwrap());
+        assert_eq!(
+            config.health_file,
+            Some(PathBuf::from("/var/run/rdu/unhealthy"))
+        );
+    }
+
+    #[test]
     fn bad_values_name_the_field() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.yaml");

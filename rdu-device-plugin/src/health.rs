@@ -23,9 +23,12 @@ pub enum HealthError {
         "--health-file {path} has no parent directory to watch; give a path like /var/run/rdu/health"
     )]
     NoParent { path: PathBuf },
-    #[error(
-        "cannot watch the directory of --health-file {path}: {source}; create the directory first"
-    )]
+    #[error("cannot create {path}, the directory of --health-file: {source}")]
+    CreateDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot watch the directory of --health-file {path}: {source}")]
     Watch {
         path: PathBuf,
         source: notify::Error,
@@ -96,6 +99,11 @@ pub fn watch_health_file(node: Arc<TileNode>, path: PathBuf) -> Result<HealthWat
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => return Err(HealthError::NoParent { path }),
     };
+    // The directory is watched, so it must exist; the file itself may come later.
+    std::fs::create_dir_all(&parent).map_err(|source| HealthError::CreateDir {
+        path: parent.clone(),
+        source,
+    })?;
     let (tx, mut rx) = mpsc::unbounded_channel::<()>();
     let file_name = path.file_name().map(|n| n.to_os_string());
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
@@ -191,12 +199,13 @@ mod tests {
     #[tokio::test]
     async fn reading_the_file_does_not_trigger_more_reads() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("health");
         let node = Arc::new(TileNode::in_memory(
             Topology::new(2, 2).unwrap(),
             ResourceMode::Tile,
             None,
         ));
+        // The directory is created when missing.
+        let path = dir.path().join("not-yet").join("health");
         let watcher = watch_health_file(node.clone(), path.clone()).unwrap();
         let writes = [("rdu0-tile1\n", 1), ("", 0), ("rdu1\n", 2), ("", 0)];
         for (round, (text, wanted)) in writes.into_iter().enumerate() {
