@@ -114,6 +114,8 @@ pub async fn run_plugin(
         // only wake the checks below: they arrive asynchronously, so an event can be about a kubelet.sock
         // already registered with; the file's identity says whether it is a new one.
         let (events_tx, mut events) = mpsc::unbounded_channel::<()>();
+        // Keeps the channel open when no watcher could be made, so `recv` waits instead of returning None.
+        let _events_open = events_tx.clone();
         let mut watcher =
             notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
                 tracing::trace!(?event, "device plugin directory event");
