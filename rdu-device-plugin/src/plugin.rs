@@ -62,6 +62,8 @@ pub struct Timing {
     /// How often the directory is checked even without a change notification (inotify can be unavailable,
     /// e.g. when the user's inotify instances are used up).
     pub recheck: Duration,
+    /// Watch the directory with inotify (false: rely on `recheck` alone, as when inotify is unavailable).
+    pub watch_directory: bool,
 }
 
 impl Default for Timing {
@@ -71,6 +73,7 @@ impl Default for Timing {
             max_retry: Duration::from_secs(5),
             register_timeout: Duration::from_secs(5),
             recheck: Duration::from_millis(200),
+            watch_directory: true,
         }
     }
 }
@@ -116,7 +119,7 @@ pub async fn run_plugin(
         let (events_tx, mut events) = mpsc::unbounded_channel::<()>();
         // Keeps the channel open when no watcher could be made, so `recv` waits instead of returning None.
         let _events_open = events_tx.clone();
-        let mut watcher =
+        let mut watcher = if timing.watch_directory {
             notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
                 tracing::trace!(?event, "device plugin directory event");
                 if !matches!(&event, Ok(e) if e.kind.is_access()) {
@@ -126,7 +129,10 @@ pub async fn run_plugin(
             .inspect_err(|e| {
                 tracing::warn!(error = %e, "cannot watch the device plugin directory; checking it periodically");
             })
-            .ok();
+            .ok()
+        } else {
+            None
+        };
         if let Some(w) = watcher.as_mut()
             && let Err(e) = w.watch(&dir, RecursiveMode::NonRecursive)
         {

@@ -30,6 +30,7 @@ fn fast_timing() -> Timing {
         max_retry: Duration::from_millis(200),
         register_timeout: Duration::from_secs(5),
         recheck: Duration::from_millis(100),
+        watch_directory: true,
     }
 }
 
@@ -41,16 +42,15 @@ struct RunningPlugin {
 
 impl RunningPlugin {
     fn start(dir: &Path, node: TileNode) -> RunningPlugin {
+        RunningPlugin::start_with(dir, node, fast_timing())
+    }
+
+    fn start_with(dir: &Path, node: TileNode, timing: Timing) -> RunningPlugin {
         let node = Arc::new(node);
         let (stop, stop_rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(run_plugin(
-            dir.to_path_buf(),
-            node.clone(),
-            fast_timing(),
-            async {
-                let _ = stop_rx.await;
-            },
-        ));
+        let task = tokio::spawn(run_plugin(dir.to_path_buf(), node.clone(), timing, async {
+            let _ = stop_rx.await;
+        }));
         RunningPlugin { node, stop, task }
     }
 
@@ -322,6 +322,35 @@ async fn re_registers_after_a_kubelet_restart_wipes_the_directory() {
             .unwrap();
         assert_eq!(list.devices.len(), 32);
     }
+    plugin.shutdown().await;
+}
+
+#[tokio::test]
+async fn without_inotify_the_periodic_check_still_registers_and_re_registers() {
+    let dir = tempfile::tempdir().unwrap();
+    let timing = Timing {
+        watch_directory: false,
+        recheck: Duration::from_millis(20),
+        ..fast_timing()
+    };
+    let plugin =
+        RunningPlugin::start_with(dir.path(), node(2, 2, ResourceMode::Tile, None), timing);
+    let mut kubelet = KubeletDouble::start(dir.path()).unwrap();
+    registered(&mut kubelet).await;
+    kubelet.stop().await;
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let _ = std::fs::remove_file(entry.unwrap().path());
+    }
+    let mut kubelet = KubeletDouble::start(dir.path()).unwrap();
+    let registration = registered(&mut kubelet).await;
+    let mut client = kubelet.dial_plugin(&registration).await.unwrap();
+    let list = list_and_watch(&mut client)
+        .await
+        .message()
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(list.devices.len(), 4);
     plugin.shutdown().await;
 }
 
