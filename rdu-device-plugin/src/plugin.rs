@@ -146,6 +146,7 @@ pub async fn run_plugin(
         // change in the directory) is tried at once.
         let mut delay = timing.first_retry;
         let mut refused_by: Option<(FileId, tokio::time::Instant)> = None;
+        let mut said_waiting = false;
         let registered_kubelet = loop {
             // Events so far are accounted for by looking at the directory now; any event queued from
             // here on (while Register is in flight) is newer than the kubelet we register with.
@@ -153,7 +154,12 @@ pub async fn run_plugin(
             if !server.socket_is_ours() {
                 break None;
             }
-            if let Some(kubelet_id) = inode(&kubelet_path) {
+            let kubelet_now = inode(&kubelet_path);
+            if kubelet_now.is_none() && !said_waiting {
+                said_waiting = true;
+                tracing::info!(kubelet = %kubelet_path.display(), "waiting for the kubelet's socket");
+            }
+            if let Some(kubelet_id) = kubelet_now {
                 let due = match refused_by {
                     Some((id, retry_at)) if id == kubelet_id => {
                         tokio::time::Instant::now() >= retry_at
