@@ -60,7 +60,8 @@ pub struct Flags {
     /// Node name shown in the status.
     #[arg(long, env = "NODE_NAME")]
     pub node_name: Option<String>,
-    /// File listing unhealthy device IDs or whole RDUs, one per line; watched for changes.
+    /// File listing unhealthy tiles (rdu3-tile1) or whole RDUs (rdu5), one per line with an optional reason
+    /// after the ID (`rdu3-tile1 hung`); watched for changes.
     #[arg(long)]
     pub health_file: Option<PathBuf>,
     /// HTTP status endpoint address, or `off` [default: 0.0.0.0:9464].

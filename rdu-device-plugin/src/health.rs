@@ -5,7 +5,7 @@
 use crate::node::TileNode;
 use crate::topology::{TileIndex, Topology};
 use notify::{RecursiveMode, Watcher};
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,17 +35,25 @@ pub enum HealthError {
     },
 }
 
-/// The tiles a health file marks unhealthy, and a warning for every line it could not use.
-pub fn parse_health(topology: &Topology, text: &str) -> (BTreeSet<TileIndex>, Vec<String>) {
-    let mut unhealthy = BTreeSet::new();
+/// The tiles a health file marks unhealthy (with the reason given after the ID, e.g. `rdu0-tile1 hung`),
+/// and a warning for every line it could not use.
+pub fn parse_health(
+    topology: &Topology,
+    text: &str,
+) -> (BTreeMap<TileIndex, Option<String>>, Vec<String>) {
+    let mut unhealthy = BTreeMap::new();
     let mut warnings = Vec::new();
     for (number, line) in text.lines().enumerate() {
         let entry = line.split('#').next().unwrap_or("").trim();
         if entry.is_empty() {
             continue;
         }
-        match topology.parse_any(entry) {
-            Ok(tiles) => unhealthy.extend(tiles),
+        let (id, reason) = match entry.split_once(char::is_whitespace) {
+            Some((id, reason)) => (id, Some(reason.trim().to_string())),
+            None => (entry, None),
+        };
+        match topology.parse_any(id) {
+            Ok(tiles) => unhealthy.extend(tiles.into_iter().map(|t| (t, reason.clone()))),
             Err(e) => warnings.push(format!("health file line {}: {e}", number + 1)),
         }
     }
@@ -66,7 +74,7 @@ pub fn apply_health_file(node: &TileNode, path: &Path) -> bool {
     for warning in warnings {
         tracing::warn!(path = %path.display(), "{warning}");
     }
-    let changed = node.set_unhealthy(&unhealthy);
+    let changed = node.set_health(&unhealthy);
     if changed {
         tracing::info!(unhealthy_tiles = unhealthy.len(), "device health changed");
     }
@@ -175,9 +183,15 @@ mod tests {
     #[test]
     fn parses_tiles_rdus_comments_and_warns_on_junk() {
         let topo = Topology::new(8, 4).unwrap();
-        let text = "# hung tiles\nrdu0-tile1\n\n  rdu7  # whole RDU failed\nrdu9-tile0\nbanana\n";
-        let (set, warnings) = parse_health(&topo, text);
-        assert_eq!(set, BTreeSet::from([1, 28, 29, 30, 31]));
+        let text =
+            "# hung tiles\nrdu0-tile1 hung\n\n  rdu7  # whole RDU failed\nrdu9-tile0\nbanana\n";
+        let (faults, warnings) = parse_health(&topo, text);
+        assert_eq!(
+            faults.keys().copied().collect::<Vec<_>>(),
+            [1, 28, 29, 30, 31]
+        );
+        assert_eq!(faults[&1].as_deref(), Some("hung"));
+        assert_eq!(faults[&28], None);
         assert_eq!(warnings.len(), 2);
         assert!(warnings[0].contains("line 5") && warnings[0].contains("rdu9-tile0"));
         assert!(warnings[1].contains("banana"));

@@ -65,6 +65,8 @@ struct Allocation {
 
 struct Inner {
     unhealthy: Vec<bool>,
+    /// Why a tile is unhealthy (e.g. `hung`, `failed`), when the health file says.
+    reasons: Vec<Option<String>>,
     allocated: Vec<Option<Allocation>>,
     next_group: u64,
 }
@@ -122,6 +124,7 @@ impl TileNode {
         let total = topology.total_tiles() as usize;
         let mut inner = Inner {
             unhealthy: vec![false; total],
+            reasons: vec![None; total],
             allocated: vec![None; total],
             next_group: 0,
         };
@@ -168,10 +171,19 @@ impl TileNode {
 
     /// Replaces the set of unhealthy tiles; notifies ListAndWatch when the device list changed.
     pub fn set_unhealthy(&self, tiles: &BTreeSet<TileIndex>) -> bool {
+        self.set_health(&tiles.iter().map(|&t| (t, None)).collect())
+    }
+
+    /// Replaces the unhealthy tiles and why each is unhealthy; notifies ListAndWatch and returns true
+    /// when the device list changed (a new reason alone only shows in the status).
+    pub fn set_health(&self, faults: &BTreeMap<TileIndex, Option<String>>) -> bool {
         let mut inner = self.lock();
-        let wanted: Vec<bool> = (0..self.topology.total_tiles())
-            .map(|t| tiles.contains(&t))
+        let total = self.topology.total_tiles();
+        let wanted: Vec<bool> = (0..total).map(|t| faults.contains_key(&t)).collect();
+        let reasons: Vec<Option<String>> = (0..total)
+            .map(|t| faults.get(&t).cloned().flatten())
             .collect();
+        inner.reasons = reasons;
         if wanted == inner.unhealthy {
             return false;
         }
@@ -376,6 +388,7 @@ impl TileNode {
                     } else {
                         TileState::Healthy
                     },
+                    reason: inner.reasons[t as usize].clone(),
                     allocated: allocation.is_some(),
                     pod: allocation.and_then(|a| a.owner.pod.clone()),
                     rank: allocation.and_then(|a| a.owner.rank),
@@ -621,6 +634,17 @@ mod tests {
         );
         assert!(n.set_unhealthy(&BTreeSet::new()));
         assert!(n.devices().iter().all(|d| d.healthy));
+    }
+
+    #[test]
+    fn reasons_show_in_the_status_without_a_device_list_update() {
+        let n = node(2, 2, ResourceMode::Tile);
+        assert!(n.set_health(&BTreeMap::from([(1, Some("hung".to_string()))])));
+        assert_eq!(n.status().tiles[1].reason.as_deref(), Some("hung"));
+        assert!(!n.set_health(&BTreeMap::from([(1, Some("failed".to_string()))])));
+        assert_eq!(n.status().tiles[1].reason.as_deref(), Some("failed"));
+        assert!(n.set_health(&BTreeMap::new()));
+        assert_eq!(n.status().tiles[1].reason, None);
     }
 
     #[test]

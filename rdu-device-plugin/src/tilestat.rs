@@ -46,6 +46,9 @@ pub struct TileStatus {
     pub rdu: u32,
     pub tile: u32,
     pub state: TileState,
+    /// Why the tile is unhealthy (`hung`, `failed`...), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
     pub allocated: bool,
     /// `namespace/name` of the pod using the tile, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -78,14 +81,15 @@ pub fn render_table(status: &NodeStatus) -> String {
     }
     let _ = writeln!(
         out,
-        "{:<24} {:<10} {:<10} {:<40} {:>5}",
+        "{:<24} {:<18} {:<10} {:<40} {:>5}",
         "TILE", "STATE", "ALLOCATED", "POD", "RANK"
     );
     for tile in &status.tiles {
         let path = format!("/RDU_{}/TILE_{}", tile.rdu, tile.tile);
-        let state = match tile.state {
-            TileState::Healthy => "healthy",
-            TileState::Unhealthy => "unhealthy",
+        let state = match (tile.state, &tile.reason) {
+            (TileState::Healthy, _) => "healthy".to_string(),
+            (TileState::Unhealthy, None) => "unhealthy".to_string(),
+            (TileState::Unhealthy, Some(reason)) => format!("unhealthy:{reason}"),
         };
         let allocated = if tile.allocated { "yes" } else { "no" };
         let pod = tile.pod.as_deref().unwrap_or("-");
@@ -95,7 +99,7 @@ pub fn render_table(status: &NodeStatus) -> String {
             .unwrap_or_else(|| "-".to_string());
         let _ = writeln!(
             out,
-            "{path:<24} {state:<10} {allocated:<10} {pod:<40} {rank:>5}"
+            "{path:<24} {state:<18} {allocated:<10} {pod:<40} {rank:>5}"
         );
     }
     let _ = writeln!(
@@ -200,6 +204,7 @@ mod tests {
                     rdu: 0,
                     tile: 0,
                     state: TileState::Healthy,
+                    reason: None,
                     allocated: true,
                     pod: Some("default/mnist-worker-3".into()),
                     rank: Some(3),
@@ -209,6 +214,7 @@ mod tests {
                     rdu: 0,
                     tile: 1,
                     state: TileState::Unhealthy,
+                    reason: Some("hung".into()),
                     allocated: false,
                     pod: None,
                     rank: None,
@@ -226,7 +232,7 @@ mod tests {
         assert!(lines[2].starts_with("/RDU_0/TILE_0"));
         assert!(lines[2].contains("default/mnist-worker-3"));
         assert!(lines[2].trim_end().ends_with('3'));
-        assert!(lines[3].contains("unhealthy"));
+        assert!(lines[3].contains("unhealthy:hung"));
         assert!(lines[4].contains("2 tiles (1 RDUs x 2), 1 healthy, 1 allocated, 0 free"));
     }
 
