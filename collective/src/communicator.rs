@@ -328,10 +328,7 @@ impl Communicator {
                 Box::pin(async move {
                     match plan {
                         Plan::Ring => engine::ring(wire, inboxes, &comm.all_ranks, buf).await,
-                        Plan::Star => {
-                            engine::reduce_to_root(wire, inboxes, &comm.all_ranks, buf).await?;
-                            engine::bcast_from_root(wire, inboxes, &comm.all_ranks, 0, buf).await
-                        }
+                        Plan::Star => engine::star(wire, inboxes, &comm.all_ranks, buf).await,
                         Plan::Hierarchical => comm.hierarchical(wire, inboxes, buf).await,
                     }
                 })
@@ -373,10 +370,8 @@ impl Communicator {
             &mut token,
             |_| Ok(()),
             |comm, wire, inboxes, buf| {
-                Box::pin(async move {
-                    engine::reduce_to_root(wire, inboxes, &comm.all_ranks, buf).await?;
-                    engine::bcast_from_root(wire, inboxes, &comm.all_ranks, 0, buf).await
-                })
+                // Rank 0 answers only after every rank's token arrived.
+                Box::pin(engine::star(wire, inboxes, &comm.all_ranks, buf))
             },
         )
         .await

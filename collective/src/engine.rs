@@ -316,3 +316,61 @@ pub(crate) async fn bcast_from_root(
     }
     Ok(())
 }
+
+/// Star all-reduce over `group` with root `group[0]` ("through the host"), pipelined: the
+/// root adds chunk `k` of every rank in group order and sends the sum of chunk `k` back while
+/// later chunks are still arriving; other ranks send and receive concurrently.
+pub(crate) async fn star(
+    wire: &Wire<'_>,
+    inboxes: &mut [Option<Inbox>],
+    group: &[u32],
+    buf: &mut [f32],
+) -> Result<(), CollectiveError> {
+    let Some(&root) = group.first() else {
+        return Ok(());
+    };
+    position(group, wire.me)?;
+    if group.len() == 1 {
+        return Ok(());
+    }
+    let grid = ChunkGrid::new(buf, 1, wire.chunk_elems);
+    let chunks = grid.chunks_in(0);
+    if wire.me == root {
+        for k in 0..chunks {
+            let elems = grid.lock(0, k).len();
+            for &src in &group[1..] {
+                let inbox = inbox_of(inboxes, src)?;
+                let data = wire.recv(inbox, src, PHASE_GATHER, 0, k, elems).await?;
+                add_from_le(&mut grid.lock(0, k), &data);
+            }
+            let payload = wire.pool.encode(&grid.lock(0, k));
+            for &dst in &group[1..] {
+                wire.send(dst, PHASE_BCAST, 0, k, payload.clone()).await?;
+            }
+        }
+        return Ok(());
+    }
+    let sent = Progress::new();
+    let inbox = inbox_of(inboxes, root)?;
+    let sender = async {
+        for k in 0..chunks {
+            let payload = wire.pool.encode(&grid.lock(0, k));
+            sent.advance();
+            wire.send(root, PHASE_GATHER, 0, k, payload).await?;
+        }
+        Ok::<(), CollectiveError>(())
+    };
+    let receiver = async {
+        for k in 0..chunks {
+            // The sum of chunk k cannot exist before this rank sent chunk k; waiting keeps the
+            // overwrite after the copy even so.
+            sent.reach(k + 1).await;
+            let elems = grid.lock(0, k).len();
+            let data = wire.recv(inbox, root, PHASE_BCAST, 0, k, elems).await?;
+            copy_from_le(&mut grid.lock(0, k), &data);
+        }
+        Ok::<(), CollectiveError>(())
+    };
+    tokio::try_join!(sender, receiver)?;
+    Ok(())
+}

@@ -162,3 +162,33 @@ async fn mismatched_buffer_lengths_are_a_protocol_error_not_a_crash() {
         "{ra:?} {rb:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn barrier_holds_everyone_until_the_last_rank_arrives() {
+    let comms = world(3, |_| "n".into(), TIMEOUT).await;
+    let mut early = Box::pin(futures::future::join(
+        comms[1].barrier(),
+        comms[2].barrier(),
+    ));
+    let finished_alone = tokio::time::timeout(Duration::from_millis(100), &mut early).await;
+    assert!(finished_alone.is_err(), "barrier passed without rank 0");
+    let (late, (a, b)) = tokio::join!(comms[0].barrier(), early);
+    assert!(
+        late.is_ok() && a.is_ok() && b.is_ok(),
+        "{late:?} {a:?} {b:?}"
+    );
+}
+
+/// The worker spawns collectives on a multi-threaded runtime: they must be `Send`.
+#[test]
+fn communicator_and_its_futures_are_send() {
+    fn is_send<T: Send>(_: &T) {}
+    fn is_sync<T: Sync>() {}
+    is_sync::<Communicator>();
+    fn check(c: &Communicator, buf: &mut [f32]) {
+        is_send(&c.all_reduce_sum(buf, Algorithm::Auto));
+        is_send(&c.barrier());
+        is_send(&c.abort("x"));
+    }
+    let _ = check;
+}
