@@ -21,10 +21,9 @@ use crate::net;
 use crate::proto;
 use crate::proto::collective_client::CollectiveClient;
 use crate::rendezvous::{self, RendezvousService, RendezvousTable};
+use crate::topology::{Plan, Topology};
 use crate::transport::{CollectiveService, InboundRouter, Inbox, Link};
 
-/// `Auto` uses the star (two hops, lowest latency) up to this many bytes.
-pub const AUTO_STAR_MAX_BYTES: usize = 64 << 10;
 /// Idle send buffers kept for reuse (about what is in flight: link queues plus windows).
 const POOLED_BUFFERS: usize = 32;
 /// Longest a shutdown waits for streams to flush and servers to stop.
@@ -36,56 +35,10 @@ type AbortClient = CollectiveClient<
     tonic::service::interceptor::InterceptedService<tonic::transport::Channel, AttachToken>,
 >;
 
-/// How ranks group into nodes, for the hierarchical algorithm.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Topology {
-    /// Ranks on this rank's node, ascending; the first is the node leader.
-    pub(crate) node_group: Vec<u32>,
-    /// The leader (lowest rank) of every node, ascending.
-    pub(crate) leaders: Vec<u32>,
-}
-
-impl Topology {
-    pub(crate) fn new(peers: &[PeerInfo], me: u32) -> Self {
-        let my_node = peers
-            .iter()
-            .find(|p| p.rank == me)
-            .map(|p| p.node.as_str())
-            .unwrap_or_default();
-        let node_group = peers
-            .iter()
-            .filter(|p| p.node == my_node)
-            .map(|p| p.rank)
-            .collect();
-        let mut seen = std::collections::BTreeSet::new();
-        let leaders = peers
-            .iter()
-            .filter(|p| seen.insert(p.node.as_str()))
-            .map(|p| p.rank)
-            .collect();
-        Topology {
-            node_group,
-            leaders,
-        }
-    }
-
-    fn multi_rank_nodes(&self, world: usize) -> bool {
-        self.leaders.len() > 1 && self.leaders.len() < world
-    }
-}
-
 /// State used by one collective at a time.
 struct OpState {
     next_op_id: u64,
     inboxes: Vec<Option<Inbox>>,
-}
-
-/// The algorithm actually run, after `Auto` is resolved.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Plan {
-    Ring,
-    Hierarchical,
-    Star,
 }
 
 /// One rank's handle on the job's communication.
@@ -413,15 +366,12 @@ impl Communicator {
     }
 
     fn plan(&self, algorithm: Algorithm, bytes: usize) -> Plan {
-        let world = self.cfg.world_size as usize;
-        match algorithm {
-            Algorithm::Ring => Plan::Ring,
-            Algorithm::Star => Plan::Star,
-            Algorithm::Hierarchical => Plan::Hierarchical,
-            Algorithm::Auto if bytes <= AUTO_STAR_MAX_BYTES => Plan::Star,
-            Algorithm::Auto if self.topology.multi_rank_nodes(world) => Plan::Hierarchical,
-            Algorithm::Auto => Plan::Ring,
-        }
+        Plan::choose(
+            algorithm,
+            bytes,
+            self.cfg.world_size as usize,
+            &self.topology,
+        )
     }
 
     async fn hierarchical(
@@ -521,38 +471,5 @@ impl Communicator {
 impl Drop for Communicator {
     fn drop(&mut self) {
         self.shutdown.send_replace(true);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn peer(rank: u32, node: &str) -> PeerInfo {
-        PeerInfo {
-            rank,
-            address: format!("h:{rank}"),
-            node: node.into(),
-        }
-    }
-
-    #[test]
-    fn topology_groups_ranks_by_node_with_lowest_rank_leading() {
-        let peers = [
-            peer(0, "a"),
-            peer(1, "b"),
-            peer(2, "a"),
-            peer(3, "b"),
-            peer(4, "c"),
-        ];
-        let t = Topology::new(&peers, 3);
-        assert_eq!(t.node_group, vec![1, 3]);
-        assert_eq!(t.leaders, vec![0, 1, 4]);
-        assert!(t.multi_rank_nodes(5));
-        let flat = Topology::new(&[peer(0, "a"), peer(1, "b")], 0);
-        assert!(!flat.multi_rank_nodes(2));
-        let one = Topology::new(&[peer(0, "a"), peer(1, "a")], 1);
-        assert_eq!(one.leaders, vec![0]);
-        assert!(!one.multi_rank_nodes(2));
     }
 }

@@ -15,6 +15,7 @@ mod kernels;
 mod net;
 mod rendezvous;
 mod segments;
+mod topology;
 mod transport;
 
 /// Generated gRPC code of `proto/collective/v1/collective.proto`.
@@ -24,11 +25,12 @@ pub mod proto {
 }
 
 pub use auth::{AUTHORIZATION, AttachToken, RequireToken};
-pub use communicator::{AUTO_STAR_MAX_BYTES, Communicator};
+pub use communicator::Communicator;
 pub use config::{
     Algorithm, CommConfig, DEFAULT_CHUNK_BYTES, JobIdentity, MAX_CHUNK_BYTES, PeerInfo,
 };
 pub use error::CollectiveError;
 pub use rendezvous::{RendezvousHandler, RendezvousService, RendezvousTable};
 pub use segments::{chunk_count, segment_range, segment_ranges};
+pub use topology::AUTO_STAR_MAX_BYTES;
 pub use transport::{FROM_RANK, GENERATION};
