@@ -48,6 +48,9 @@ struct Args {
     /// Run each rank on a single-threaded tokio runtime instead.
     #[arg(long)]
     current_thread: bool,
+    /// Ranks per fake node (node = rank / this); groups ranks for `hierarchical`.
+    #[arg(long, default_value_t = 1)]
+    ranks_per_node: u32,
     /// Leave glibc malloc at its defaults in the rank processes (see `MALLOC_TUNABLES`).
     #[arg(long)]
     default_malloc: bool,
@@ -121,6 +124,8 @@ fn run_parent(args: &Args) -> Result<()> {
             .arg(args.warmup.to_string())
             .arg("--chunk-bytes")
             .arg(args.chunk_bytes.to_string())
+            .arg("--ranks-per-node")
+            .arg(args.ranks_per_node.to_string())
             .arg("--worker-threads")
             .arg(args.worker_threads.to_string());
         if args.current_thread {
@@ -252,7 +257,7 @@ fn run_rank(args: &Args, rank: u32, master_port: u16, algorithm: Algorithm) -> R
             master_port,
             advertise_host: "127.0.0.1".into(),
             collective_port: 0,
-            node: format!("node{rank}"),
+            node: format!("node{}", rank / args.ranks_per_node.max(1)),
             timeout: Duration::from_secs(120),
             chunk_bytes: args.chunk_bytes,
         };
@@ -283,6 +288,7 @@ fn run_rank(args: &Args, rank: u32, master_port: u16, algorithm: Algorithm) -> R
                         "ranks": args.ranks,
                         "bytes": bytes,
                         "algorithm": algorithm.to_string(),
+                        "ranks_per_node": args.ranks_per_node.max(1),
                         "iters": iters,
                         "malloc": malloc_label(),
                         "time_us": (secs * 1e6 * 10.0).round() / 10.0,
