@@ -1,0 +1,2 @@
+//! The rdujob command line.
+fn main() {}

@@ -1,0 +1,98 @@
+//! Names shared by the operator, the worker, the device plugin and local mode: the contracts of DESIGN 4.
+
+/// API group of the RduJob resource.
+pub const GROUP: &str = "rdu.dev";
+/// API version of the RduJob resource.
+pub const VERSION: &str = "v1alpha1";
+
+/// Extended resource a rank requests: one device per RDU tile.
+pub const TILE_RESOURCE: &str = "rdu.dev/tile";
+/// Extended resource of the whole-RDU mode of the device plugin.
+pub const RDU_RESOURCE: &str = "rdu.dev/rdu";
+
+/// Label on every child naming its RduJob.
+pub const LABEL_JOB_NAME: &str = "rdu.dev/job-name";
+/// Label on every rank's pod with its rank.
+pub const LABEL_RANK: &str = "rdu.dev/rank";
+/// Label on every rank's pod with the gang generation (restart count) it belongs to.
+pub const LABEL_GENERATION: &str = "rdu.dev/generation";
+
+/// Port of the rendezvous served by rank 0.
+pub const MASTER_PORT: u16 = 29500;
+/// Port of each rank's collective (all-reduce) server.
+pub const COLLECTIVE_PORT: u16 = 29501;
+
+/// Key of the job token inside the per-job Secret `<job>-token`.
+pub const TOKEN_SECRET_KEY: &str = "token";
+/// Where rank 0 writes the result JSON in a pod.
+pub const TERMINATION_LOG_PATH: &str = "/dev/termination-log";
+
+/// Environment variables set on every rank (DESIGN 4.2) and by the device plugin (DESIGN 4.3).
+pub mod env {
+    pub const RANK: &str = "RANK";
+    pub const WORLD_SIZE: &str = "WORLD_SIZE";
+    pub const LOCAL_RANK: &str = "LOCAL_RANK";
+    pub const MASTER_ADDR: &str = "MASTER_ADDR";
+    pub const MASTER_PORT: &str = "MASTER_PORT";
+    pub const COLLECTIVE_PORT: &str = "RDU_COLLECTIVE_PORT";
+    pub const JOB_NAME: &str = "RDU_JOB_NAME";
+    pub const JOB_NAMESPACE: &str = "RDU_JOB_NAMESPACE";
+    pub const JOB_UID: &str = "RDU_JOB_UID";
+    pub const GENERATION: &str = "RDU_GENERATION";
+    pub const JOB_TOKEN: &str = "RDU_JOB_TOKEN";
+    /// The job's spec as JSON.
+    pub const JOB_SPEC: &str = "RDU_JOB_SPEC";
+    pub const NODE_NAME: &str = "NODE_NAME";
+    pub const POD_IP: &str = "POD_IP";
+    /// Where the worker writes its result JSON (rank 0); defaults to the termination log.
+    pub const RESULT_PATH: &str = "RDU_RESULT_PATH";
+    /// Directory for checkpoints.
+    pub const CHECKPOINT_DIR: &str = "RDU_CHECKPOINT_DIR";
+    /// Tile-affinity mask handed out by the device plugin, as in the seeds.
+    pub const TILE_AFFINITY: &str = "SF_RNT_TILE_AFFINITY";
+    /// Comma-separated tile device IDs handed out by the device plugin.
+    pub const VISIBLE_TILES: &str = "RDU_VISIBLE_TILES";
+}
+
+/// Exit codes of the worker (DESIGN 4.6).
+pub mod exit_code {
+    pub const SUCCESS: i32 = 0;
+    /// Bad configuration or spec: permanent.
+    pub const BAD_CONFIG: i32 = 64;
+    /// Bad data: permanent.
+    pub const BAD_DATA: i32 = 65;
+    /// Transient (peer lost, timeout, rendezvous failed): the gang is restarted.
+    pub const RETRYABLE: i32 = 75;
+}
+
+/// Name of the headless Service of a job.
+pub fn service_name(job: &str) -> String {
+    job.to_string()
+}
+
+/// Name of the Secret holding a job's token.
+pub fn token_secret_name(job: &str) -> String {
+    format!("{job}-token")
+}
+
+/// Name of the pod of one rank.
+pub fn pod_name(job: &str, rank: u32) -> String {
+    format!("{job}-worker-{rank}")
+}
+
+/// Stable DNS name of rank 0, resolvable before readiness through the headless Service.
+pub fn master_addr(job: &str, namespace: &str) -> String {
+    format!("{}.{}.{namespace}.svc", pod_name(job, 0), service_name(job))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn child_names_follow_the_design() {
+        assert_eq!(pod_name("mnist", 3), "mnist-worker-3");
+        assert_eq!(token_secret_name("mnist"), "mnist-token");
+        assert_eq!(master_addr("mnist", "ml"), "mnist-worker-0.mnist.ml.svc");
+    }
+}

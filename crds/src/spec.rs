@@ -1,0 +1,403 @@
+//! The RduJob spec (DESIGN 4.1) with its schema-level and CEL validation.
+
+use k8s_openapi::api::core::v1::PodTemplateSpec;
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+use crate::status::RduJobStatus;
+
+/// A data-parallel training job: `workers` ranks, each on `tilesPerWorker` RDU tiles.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "rdu.dev",
+    version = "v1alpha1",
+    kind = "RduJob",
+    namespaced,
+    shortname = "rj",
+    status = "RduJobStatus",
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.ready"}"#,
+    printcolumn = r#"{"name":"Restarts","type":"integer","jsonPath":".status.restarts"}"#,
+    printcolumn = r#"{"name":"Samples/s","type":"number","jsonPath":".status.result.samplesPerSecond"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[x_kube(validation = Rule::new("!has(self.compile) || self.workers >= self.compile.minWorldSize").message("spec.workers must be at least spec.compile.minWorldSize: raise workers or compile for a smaller world size"))]
+#[x_kube(validation = Rule::new("(has(self.runPolicy) && self.runPolicy.suspend) || (has(oldSelf.runPolicy) && oldSelf.runPolicy.suspend) || (self.workers == oldSelf.workers && self.model == oldSelf.model && self.data == oldSelf.data)").message("spec.workers, spec.model and spec.data are immutable while the job runs: set spec.runPolicy.suspend to true first"))]
+#[serde(rename_all = "camelCase")]
+pub struct RduJobSpec {
+    /// World size: the number of ranks, one pod each.
+    #[x_kube(validation = Rule::new("self >= 1").message("spec.workers must be at least 1"))]
+    pub workers: u32,
+    /// RDU tiles per rank: 1, 2, 4 or 8.
+    #[serde(default = "default_tiles_per_worker")]
+    #[x_kube(validation = Rule::new("self in [1, 2, 4, 8]").message("spec.tilesPerWorker must be 1, 2, 4 or 8"))]
+    pub tiles_per_worker: u32,
+    /// Container image of the worker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// Pull policy of the worker image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<ImagePullPolicy>,
+    /// Pod template merged into every rank's pod (nodeSelector, tolerations, volumes, resources...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::preserve_unknown_object")]
+    pub template: Option<PodTemplateSpec>,
+    /// The model to train.
+    pub model: ModelSpec,
+    /// Where the data comes from and how it is sharded.
+    pub data: DataSpec,
+    /// Epochs or steps, batch size, optimizer.
+    pub training: TrainingSpec,
+    /// How gradients are reduced between ranks.
+    #[serde(default)]
+    pub data_parallel: DataParallelSpec,
+    /// A compiled PEF to run (path inside the worker's filesystem).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pef: Option<String>,
+    /// Compile settings when no PEF is given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compile: Option<CompileSpec>,
+    /// Checkpointing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<CheckpointSpec>,
+    /// Restarts, deadlines, clean-up, suspension, scheduling.
+    #[serde(default)]
+    pub run_policy: RunPolicy,
+}
+
+fn default_tiles_per_worker() -> u32 {
+    1
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+pub enum ImagePullPolicy {
+    Always,
+    IfNotPresent,
+    Never,
+}
+
+impl ImagePullPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ImagePullPolicy::Always => "Always",
+            ImagePullPolicy::IfNotPresent => "IfNotPresent",
+            ImagePullPolicy::Never => "Never",
+        }
+    }
+}
+
+/// The model: a feed-forward network followed by a softmax-regression layer.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelSpec {
+    /// Model architecture.
+    pub name: ModelName,
+    /// Widths of the hidden ReLU layers (empty: plain logistic regression).
+    #[serde(default)]
+    #[schemars(length(max = 16))]
+    #[x_kube(validation = Rule::new("self.all(h, h >= 1)").message("spec.model.hiddenSizes entries must be at least 1"))]
+    pub hidden_sizes: Vec<u32>,
+    /// Input features; taken from the data when omitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_size: Option<u32>,
+    /// Number of classes; taken from the data when omitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub classes: Option<u32>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+pub enum ModelName {
+    /// Hidden ReLU layers, then softmax regression (the seeds' MNIST tutorial model).
+    #[serde(rename = "ffn-logreg")]
+    FfnLogreg,
+}
+
+/// Training data and its sharding (DistributedSampler semantics).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.source == 'synthetic' || has(self.path)").message("spec.data.path is required for csv and idx sources"))]
+#[x_kube(validation = Rule::new("self.source != 'idx' || has(self.labelsPath)").message("spec.data.labelsPath is required for the idx source"))]
+pub struct DataSpec {
+    /// Where samples come from.
+    pub source: DataSource,
+    /// csv: the file (features then label per row, optionally gzipped); idx: the images file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// idx: the labels file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels_path: Option<String>,
+    /// A separate test set (csv file or idx images); else `testFraction` of the data is held out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test_path: Option<String>,
+    /// idx: the test labels file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test_labels_path: Option<String>,
+    /// Fraction of the data held out for testing when no test files are given.
+    #[serde(default = "default_test_fraction")]
+    #[x_kube(validation = Rule::new("self >= 0.0 && self < 1.0").message("spec.data.testFraction must be in [0, 1)"))]
+    pub test_fraction: f64,
+    /// synthetic: number of samples to generate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1").message("spec.data.samples must be at least 1"))]
+    pub samples: Option<u32>,
+    /// Shuffle the training set each epoch (the same permutation on every rank).
+    #[serde(default = "default_true")]
+    pub shuffle: bool,
+    /// Drop the tail that does not divide evenly between ranks instead of padding it.
+    #[serde(default)]
+    pub drop_last: bool,
+    /// Seed of the shuffles, the split and the initial weights.
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+}
+
+fn default_test_fraction() -> f64 {
+    0.2
+}
+
+fn default_true() -> bool {
+    true
+}
+
+fn default_seed() -> u64 {
+    42
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum DataSource {
+    /// Deterministic, learnable generated data.
+    Synthetic,
+    /// MNIST's own file format, gzipped or not.
+    Idx,
+    /// Rows of features then the label, gzipped or not.
+    Csv,
+}
+
+/// Length of training, batch and optimizer.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.epochs) || has(self.steps)").message("spec.training needs epochs or steps"))]
+pub struct TrainingSpec {
+    /// Passes over the training set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1").message("spec.training.epochs must be at least 1"))]
+    pub epochs: Option<u32>,
+    /// Global optimizer steps (overrides epochs when both are set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1").message("spec.training.steps must be at least 1"))]
+    pub steps: Option<u64>,
+    /// Samples per rank per step; the global batch is batchSize × workers.
+    #[x_kube(validation = Rule::new("self >= 1").message("spec.training.batchSize must be at least 1"))]
+    pub batch_size: u32,
+    /// Step size of the optimizer.
+    #[x_kube(validation = Rule::new("self > 0.0").message("spec.training.learningRate must be greater than 0"))]
+    pub learning_rate: f64,
+    /// Optimizer.
+    #[serde(default)]
+    pub optimizer: OptimizerName,
+    /// Momentum of SGD.
+    #[serde(default = "default_momentum")]
+    #[x_kube(validation = Rule::new("self >= 0.0 && self < 1.0").message("spec.training.momentum must be in [0, 1)"))]
+    pub momentum: f64,
+    /// Where the loss is computed.
+    #[serde(default)]
+    pub loss_on: LossOn,
+}
+
+fn default_momentum() -> f64 {
+    0.9
+}
+
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerName {
+    /// Stochastic gradient descent with momentum.
+    #[default]
+    Sgd,
+    /// Adam.
+    Adam,
+}
+
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum LossOn {
+    #[default]
+    Device,
+    Host,
+}
+
+/// Gradient reduction between ranks.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DataParallelSpec {
+    /// true: peer-to-peer collectives between the ranks; false: through the host (a star through rank 0).
+    #[serde(default = "default_true")]
+    pub reduce_on_rdu: bool,
+    /// All-reduce algorithm.
+    #[serde(default)]
+    pub algorithm: ReduceAlgorithm,
+    /// Gradient bucket size.
+    #[serde(default = "default_bucket_size_mib", rename = "bucketSizeMiB")]
+    #[x_kube(validation = Rule::new("self >= 1").message("spec.dataParallel.bucketSizeMiB must be at least 1"))]
+    pub bucket_size_mib: u32,
+    /// Bound on the rendezvous and on every collective; a peer silent for longer fails the gang (retryable).
+    #[serde(default = "default_timeout_seconds")]
+    #[x_kube(validation = Rule::new("self >= 1").message("spec.dataParallel.timeoutSeconds must be at least 1"))]
+    pub timeout_seconds: u32,
+}
+
+impl Default for DataParallelSpec {
+    fn default() -> Self {
+        DataParallelSpec {
+            reduce_on_rdu: true,
+            algorithm: ReduceAlgorithm::Auto,
+            bucket_size_mib: default_bucket_size_mib(),
+            timeout_seconds: default_timeout_seconds(),
+        }
+    }
+}
+
+fn default_bucket_size_mib() -> u32 {
+    25
+}
+
+fn default_timeout_seconds() -> u32 {
+    60
+}
+
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum ReduceAlgorithm {
+    #[default]
+    Auto,
+    Ring,
+    Hierarchical,
+    Star,
+}
+
+impl ReduceAlgorithm {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReduceAlgorithm::Auto => "auto",
+            ReduceAlgorithm::Ring => "ring",
+            ReduceAlgorithm::Hierarchical => "hierarchical",
+            ReduceAlgorithm::Star => "star",
+        }
+    }
+}
+
+/// Compile settings (as `model.py compile --data-parallel -ws N`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CompileSpec {
+    /// The smallest world size the compiled artefact runs with.
+    #[serde(default = "default_min_world_size")]
+    #[x_kube(validation = Rule::new("self >= 1").message("spec.compile.minWorldSize must be at least 1"))]
+    pub min_world_size: u32,
+}
+
+fn default_min_world_size() -> u32 {
+    2
+}
+
+/// Checkpointing of the model and optimizer.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckpointSpec {
+    /// Write a checkpoint every this many global steps.
+    #[x_kube(validation = Rule::new("self >= 1").message("spec.checkpoint.intervalSteps must be at least 1"))]
+    pub interval_steps: u64,
+    /// A volume of `template` to write into; an emptyDir when omitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume: Option<String>,
+    /// How many checkpoints to keep.
+    #[serde(default = "default_keep")]
+    #[x_kube(validation = Rule::new("self >= 1").message("spec.checkpoint.keep must be at least 1"))]
+    pub keep: u32,
+}
+
+fn default_keep() -> u32 {
+    2
+}
+
+/// Restarts, deadlines, clean-up, suspension and scheduling (as Kubeflow's RunPolicy).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RunPolicy {
+    /// Which failures restart the gang.
+    #[serde(default)]
+    pub restart_policy: RestartPolicy,
+    /// Gang restarts allowed before the job fails.
+    #[serde(default = "default_backoff_limit")]
+    pub backoff_limit: u32,
+    /// Wall-clock bound on the job from its start; then it fails with DeadlineExceeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1").message("spec.runPolicy.activeDeadlineSeconds must be at least 1"))]
+    pub active_deadline_seconds: Option<u64>,
+    /// Delete the job this long after it finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds_after_finished: Option<u64>,
+    /// Which pods remain after the job finished.
+    #[serde(default)]
+    pub clean_pod_policy: CleanPodPolicy,
+    /// Delete the pods and keep the job; false recreates them.
+    #[serde(default)]
+    pub suspend: bool,
+    /// Scheduler, priority and gang scheduling.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduling_policy: Option<SchedulingPolicy>,
+}
+
+fn default_backoff_limit() -> u32 {
+    3
+}
+
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
+)]
+pub enum RestartPolicy {
+    /// Never restart: any failure fails the job.
+    Never,
+    /// Restart the gang on any failure, up to backoffLimit.
+    OnFailure,
+    /// Restart the gang on retryable exit codes (75, signals); fail on permanent ones (64, 65, other).
+    #[default]
+    ExitCode,
+}
+
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
+)]
+pub enum CleanPodPolicy {
+    /// Delete every pod when the job finishes.
+    All,
+    /// Delete the pods still running when the job finishes.
+    #[default]
+    Running,
+    /// Keep every pod.
+    None,
+}
+
+/// Scheduler and gang scheduling settings.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SchedulingPolicy {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduler_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class_name: Option<String>,
+    /// Queue of the gang scheduler (Volcano).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
+    /// Gang scheduling: pods that must be schedulable together (a PodGroup is created when set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1").message("spec.runPolicy.schedulingPolicy.minAvailable must be at least 1"))]
+    pub min_available: Option<u32>,
+}

@@ -1,0 +1,29 @@
+//! Fails when the committed CRD YAML differs from what the Rust types generate.
+use std::path::PathBuf;
+
+#[test]
+fn committed_crd_yaml_matches_the_types() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let generated = rdu_crds::crd_yaml();
+    for rel in rdu_crds::CRD_YAML_PATHS {
+        let committed = std::fs::read_to_string(root.join(rel)).unwrap_or_default();
+        assert!(
+            committed == generated,
+            "{rel} is stale: run `cargo run -p rdu-crds --bin crdgen` and commit the result"
+        );
+    }
+}
+
+#[test]
+fn crd_carries_cel_rules_with_field_names() {
+    let yaml = rdu_crds::crd_yaml();
+    assert!(yaml.contains("x-kubernetes-validations"));
+    for field in [
+        "spec.workers",
+        "spec.tilesPerWorker",
+        "spec.training.batchSize",
+        "spec.training.learningRate",
+    ] {
+        assert!(yaml.contains(field), "no CEL message names {field}");
+    }
+}

@@ -1,0 +1,1 @@
+//! The RduJob controller: builders, state machine, reconcile pipeline.

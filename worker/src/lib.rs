@@ -1,0 +1,1 @@
+//! The training process of one rank.
