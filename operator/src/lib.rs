@@ -1,1 +1,3 @@
 //! The RduJob controller: builders, state machine, reconcile pipeline.
+
+pub mod builders;
