@@ -1,7 +1,12 @@
 //! Pure builders of an RduJob's children: no client in scope, same input gives the same objects.
 
+pub mod children;
 pub mod env;
 #[cfg(test)]
 pub(crate) mod test_fixtures;
 
+pub use children::{
+    BuildError, POD_GROUP_LABEL, WORKER_CONTAINER, gang_min_available, headless_service,
+    job_labels, job_selector, new_token, pod_group, pod_group_resource, token_secret, worker_pod,
+};
 pub use env::{RankPlacement, job_name, job_namespace, rank_env};

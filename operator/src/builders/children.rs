@@ -1,0 +1,452 @@
+//! Builders of a job's children: the headless Service, the token Secret, one Pod per rank and the gang PodGroup.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Container, ContainerPort, EmptyDirVolumeSource, EnvVar, Pod, PodSpec, ResourceRequirements,
+    Secret, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::Resource;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+use rdu_crds::{RduJob, consts};
+
+use super::env::{RankPlacement, job_name, job_namespace, rank_env};
+
+/// Name of the worker container in every rank's pod (a template container of that name is merged into it).
+pub const WORKER_CONTAINER: &str = "worker";
+/// Label scheduler-plugins' coscheduling uses to tie a pod to its PodGroup.
+pub const POD_GROUP_LABEL: &str = "scheduling.x-k8s.io/pod-group";
+/// Group, version and kind of scheduler-plugins' PodGroup.
+pub const POD_GROUP_GVK: (&str, &str, &str) = ("scheduling.x-k8s.io", "v1alpha1", "PodGroup");
+/// Where checkpoints are written inside the worker container.
+pub const CHECKPOINT_MOUNT: &str = "/var/lib/rdu/checkpoints";
+/// Name of the emptyDir volume used for checkpoints when the spec names none.
+pub const CHECKPOINT_VOLUME: &str = "rdu-checkpoints";
+
+/// Why a job's children cannot be built.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum BuildError {
+    #[error(
+        "metadata.name and metadata.uid are required to own children: apply the job to the API server first"
+    )]
+    NotPersisted,
+    #[error(
+        "no worker image: set spec.image or give a container named \"worker\" an image in spec.template"
+    )]
+    NoImage,
+}
+
+/// Labels every child of a job carries.
+pub fn job_labels(job: &RduJob) -> BTreeMap<String, String> {
+    BTreeMap::from([(
+        consts::LABEL_JOB_NAME.to_string(),
+        job_name(job).to_string(),
+    )])
+}
+
+/// Label selector matching every pod of a job.
+pub fn job_selector(job: &RduJob) -> String {
+    format!("{}={}", consts::LABEL_JOB_NAME, job_name(job))
+}
+
+fn owner(job: &RduJob) -> Result<OwnerReference, BuildError> {
+    job.controller_owner_ref(&())
+        .ok_or(BuildError::NotPersisted)
+}
+
+fn child_meta(job: &RduJob, name: String) -> Result<ObjectMeta, BuildError> {
+    Ok(ObjectMeta {
+        name: Some(name),
+        namespace: Some(job_namespace(job).to_string()),
+        labels: Some(job_labels(job)),
+        owner_references: Some(vec![owner(job)?]),
+        ..Default::default()
+    })
+}
+
+/// The headless Service giving every rank `<pod>.<job>.<ns>.svc`, resolvable before readiness.
+pub fn headless_service(job: &RduJob) -> Result<Service, BuildError> {
+    let port = |name: &str, port: u16| ServicePort {
+        name: Some(name.to_string()),
+        port: i32::from(port),
+        ..Default::default()
+    };
+    Ok(Service {
+        metadata: child_meta(job, consts::service_name(job_name(job)))?,
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".to_string()),
+            publish_not_ready_addresses: Some(true),
+            selector: Some(job_labels(job)),
+            ports: Some(vec![
+                port("rendezvous", consts::MASTER_PORT),
+                port("collective", consts::COLLECTIVE_PORT),
+            ]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+}
+
+/// A fresh random job token: 32 bytes from the thread's CSPRNG, hex encoded.
+pub fn new_token() -> String {
+    let mut bytes = [0u8; 32];
+    rand::fill(&mut bytes);
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The Secret holding the job token that every collective call must carry.
+pub fn token_secret(job: &RduJob, token: &str) -> Result<Secret, BuildError> {
+    Ok(Secret {
+        metadata: child_meta(job, consts::token_secret_name(job_name(job)))?,
+        string_data: Some(BTreeMap::from([(
+            consts::TOKEN_SECRET_KEY.to_string(),
+            token.to_string(),
+        )])),
+        type_: Some("Opaque".to_string()),
+        ..Default::default()
+    })
+}
+
+/// Whether the job asks for gang scheduling.
+pub fn gang_min_available(job: &RduJob) -> Option<u32> {
+    job.spec
+        .run_policy
+        .scheduling_policy
+        .as_ref()
+        .and_then(|s| s.min_available)
+}
+
+/// The API resource of scheduler-plugins' PodGroup.
+pub fn pod_group_resource() -> ApiResource {
+    let (group, version, kind) = POD_GROUP_GVK;
+    ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind))
+}
+
+/// The coscheduling PodGroup of a job: none of its pods binds until `minAvailable` of them fit.
+pub fn pod_group(job: &RduJob, min_available: u32) -> Result<DynamicObject, BuildError> {
+    let mut group = DynamicObject::new(job_name(job), &pod_group_resource());
+    group.metadata = child_meta(job, job_name(job).to_string())?;
+    let timeout = job.spec.data_parallel.timeout_seconds.max(60);
+    group.data = serde_json::json!({
+        "spec": {"minMember": min_available, "scheduleTimeoutSeconds": timeout}
+    });
+    Ok(group)
+}
+
+/// The pod of one rank at one gang generation, with `spec.template` merged in.
+pub fn worker_pod(job: &RduJob, rank: u32, generation: u32) -> Result<Pod, BuildError> {
+    let name = job_name(job);
+    let pod_name = consts::pod_name(name, rank);
+    let template = job.spec.template.clone().unwrap_or_default();
+    let mut meta = child_meta(job, pod_name.clone())?;
+    let mut labels = template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.labels.clone())
+        .unwrap_or_default();
+    labels.extend(job_labels(job));
+    labels.insert(consts::LABEL_RANK.to_string(), rank.to_string());
+    labels.insert(consts::LABEL_GENERATION.to_string(), generation.to_string());
+    if gang_min_available(job).is_some() {
+        labels.insert(POD_GROUP_LABEL.to_string(), name.to_string());
+    }
+    meta.labels = Some(labels);
+    meta.annotations = template.metadata.and_then(|m| m.annotations);
+
+    let mut spec = template.spec.unwrap_or_default();
+    let container = take_worker_container(&mut spec);
+    let worker = worker_container(job, rank, generation, container)?;
+    spec.containers.insert(0, worker);
+    if job
+        .spec
+        .checkpoint
+        .as_ref()
+        .is_some_and(|c| c.volume.is_none())
+    {
+        spec.volumes.get_or_insert_with(Vec::new).push(Volume {
+            name: CHECKPOINT_VOLUME.to_string(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Default::default()
+        });
+    }
+    spec.restart_policy = Some("Never".to_string());
+    spec.hostname = Some(pod_name);
+    spec.subdomain = Some(consts::service_name(name));
+    if let Some(policy) = &job.spec.run_policy.scheduling_policy {
+        if policy.scheduler_name.is_some() {
+            spec.scheduler_name.clone_from(&policy.scheduler_name);
+        }
+        if policy.priority_class_name.is_some() {
+            spec.priority_class_name
+                .clone_from(&policy.priority_class_name);
+        }
+    }
+    Ok(Pod {
+        metadata: meta,
+        spec: Some(spec),
+        status: None,
+    })
+}
+
+/// Removes the template's container named `worker` (or its first container) to merge it into the worker.
+fn take_worker_container(spec: &mut PodSpec) -> Container {
+    let index = spec
+        .containers
+        .iter()
+        .position(|c| c.name == WORKER_CONTAINER)
+        .or(if spec.containers.is_empty() {
+            None
+        } else {
+            Some(0)
+        });
+    index.map(|i| spec.containers.remove(i)).unwrap_or_default()
+}
+
+fn worker_container(
+    job: &RduJob,
+    rank: u32,
+    generation: u32,
+    mut container: Container,
+) -> Result<Container, BuildError> {
+    let spec = &job.spec;
+    container.name = WORKER_CONTAINER.to_string();
+    if spec.image.is_some() {
+        container.image.clone_from(&spec.image);
+    }
+    if container.image.as_deref().unwrap_or_default().is_empty() {
+        return Err(BuildError::NoImage);
+    }
+    if let Some(policy) = spec.image_pull_policy {
+        container.image_pull_policy = Some(policy.as_str().to_string());
+    }
+    if container.command.is_none() && container.args.is_none() {
+        container.args = Some(vec!["run".to_string()]);
+    }
+
+    let master = consts::master_addr(job_name(job), job_namespace(job));
+    let mut env = rank_env(job, rank, generation, &RankPlacement::in_cluster(&master));
+    if let Some(ckpt) = &spec.checkpoint {
+        env.push(EnvVar {
+            name: consts::env::CHECKPOINT_DIR.to_string(),
+            value: Some(CHECKPOINT_MOUNT.to_string()),
+            value_from: None,
+        });
+        let volume = ckpt
+            .volume
+            .clone()
+            .unwrap_or_else(|| CHECKPOINT_VOLUME.to_string());
+        container
+            .volume_mounts
+            .get_or_insert_with(Vec::new)
+            .push(VolumeMount {
+                name: volume,
+                mount_path: CHECKPOINT_MOUNT.to_string(),
+                ..Default::default()
+            });
+    }
+    let user_env = container.env.take().unwrap_or_default();
+    let extra: Vec<EnvVar> = user_env
+        .into_iter()
+        .filter(|u| !env_names_contain(&env, &u.name))
+        .collect();
+    env.extend(extra);
+    container.env = Some(env);
+
+    let tiles = Quantity(spec.tiles_per_worker.to_string());
+    let mut resources: ResourceRequirements = container.resources.take().unwrap_or_default();
+    for list in [&mut resources.requests, &mut resources.limits] {
+        list.get_or_insert_with(BTreeMap::new)
+            .insert(consts::TILE_RESOURCE.to_string(), tiles.clone());
+    }
+    container.resources = Some(resources);
+    container.termination_message_path = Some(consts::TERMINATION_LOG_PATH.to_string());
+
+    let mut ports = container.ports.take().unwrap_or_default();
+    for (name, port) in [
+        ("rendezvous", consts::MASTER_PORT),
+        ("collective", consts::COLLECTIVE_PORT),
+    ] {
+        if !ports.iter().any(|p| p.container_port == i32::from(port)) {
+            ports.push(ContainerPort {
+                name: Some(name.to_string()),
+                container_port: i32::from(port),
+                ..Default::default()
+            });
+        }
+    }
+    container.ports = Some(ports);
+    Ok(container)
+}
+
+fn env_names_contain(env: &[EnvVar], name: &str) -> bool {
+    env.iter().any(|e| e.name == name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::builders::test_fixtures::{job, job_from};
+
+    const TEMPLATED: &str = "apiVersion: rdu.dev/v1alpha1
+kind: RduJob
+metadata: {name: big, namespace: ml, uid: u-1}
+spec:
+  workers: 4
+  tilesPerWorker: 4
+  image: img:2
+  imagePullPolicy: IfNotPresent
+  checkpoint: {intervalSteps: 10}
+  template:
+    metadata:
+      labels: {team: vision}
+      annotations: {note: hi}
+    spec:
+      nodeSelector: {rdu.dev/arch: sn30}
+      tolerations: [{key: rdu, operator: Exists}]
+      securityContext: {runAsUser: 1000}
+      containers:
+      - name: sidecar
+        image: busybox
+      - name: worker
+        env: [{name: EXTRA, value: '1'}, {name: RANK, value: '99'}]
+        resources:
+          requests: {cpu: '2'}
+          limits: {memory: 1Gi}
+  model: {name: ffn-logreg}
+  data: {source: synthetic}
+  training: {steps: 5, batchSize: 8, learningRate: 0.5}
+  runPolicy:
+    schedulingPolicy: {schedulerName: kube-scheduler-x, priorityClassName: high, minAvailable: 4}
+";
+
+    fn worker(pod: &Pod) -> &Container {
+        &pod.spec.as_ref().expect("spec").containers[0]
+    }
+
+    #[test]
+    fn pod_carries_identity_labels_and_owner() {
+        let pod = worker_pod(&job("mnist", Some("ml"), 4), 2, 5).expect("pod");
+        assert_eq!(pod.metadata.name.as_deref(), Some("mnist-worker-2"));
+        assert_eq!(pod.metadata.namespace.as_deref(), Some("ml"));
+        let labels = pod.metadata.labels.as_ref().expect("labels");
+        assert_eq!(labels["rdu.dev/job-name"], "mnist");
+        assert_eq!(labels["rdu.dev/rank"], "2");
+        assert_eq!(labels["rdu.dev/generation"], "5");
+        assert!(!labels.contains_key(POD_GROUP_LABEL));
+        let owner = &pod.metadata.owner_references.as_ref().expect("owner")[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
+            ("RduJob", "uid-mnist", Some(true))
+        );
+        let spec = pod.spec.as_ref().expect("spec");
+        assert_eq!(spec.hostname.as_deref(), Some("mnist-worker-2"));
+        assert_eq!(spec.subdomain.as_deref(), Some("mnist"));
+        assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
+        let c = worker(&pod);
+        assert_eq!(c.image.as_deref(), Some("ghcr.io/rdu/worker:1"));
+        assert_eq!(
+            c.termination_message_path.as_deref(),
+            Some("/dev/termination-log")
+        );
+        let tiles = &c
+            .resources
+            .as_ref()
+            .expect("res")
+            .limits
+            .as_ref()
+            .expect("limits")["rdu.dev/tile"];
+        assert_eq!(tiles.0, "2");
+    }
+
+    #[test]
+    fn template_is_merged_and_operator_fields_win() {
+        let pod = worker_pod(&job_from(TEMPLATED), 1, 0).expect("pod");
+        let spec = pod.spec.as_ref().expect("spec");
+        assert_eq!(
+            spec.node_selector.as_ref().expect("ns")["rdu.dev/arch"],
+            "sn30"
+        );
+        assert_eq!(spec.tolerations.as_ref().map(Vec::len), Some(1));
+        assert_eq!(
+            spec.security_context.as_ref().and_then(|s| s.run_as_user),
+            Some(1000)
+        );
+        assert_eq!(spec.scheduler_name.as_deref(), Some("kube-scheduler-x"));
+        assert_eq!(spec.priority_class_name.as_deref(), Some("high"));
+        let names: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["worker", "sidecar"]);
+        let c = worker(&pod);
+        assert_eq!(c.image_pull_policy.as_deref(), Some("IfNotPresent"));
+        let env = c.env.as_ref().expect("env");
+        let rank: Vec<_> = env.iter().filter(|e| e.name == "RANK").collect();
+        assert_eq!(rank.len(), 1);
+        assert_eq!(rank[0].value.as_deref(), Some("1"));
+        assert!(env.iter().any(|e| e.name == "EXTRA"));
+        assert!(env.iter().any(
+            |e| e.name == "RDU_CHECKPOINT_DIR" && e.value.as_deref() == Some(CHECKPOINT_MOUNT)
+        ));
+        let res = c.resources.as_ref().expect("res");
+        assert_eq!(res.requests.as_ref().expect("req")["cpu"].0, "2");
+        assert_eq!(res.requests.as_ref().expect("req")["rdu.dev/tile"].0, "4");
+        assert_eq!(res.limits.as_ref().expect("lim")["memory"].0, "1Gi");
+        let volumes = spec.volumes.as_ref().expect("volumes");
+        assert!(
+            volumes
+                .iter()
+                .any(|v| v.name == CHECKPOINT_VOLUME && v.empty_dir.is_some())
+        );
+        let labels = pod.metadata.labels.as_ref().expect("labels");
+        assert_eq!(labels["team"], "vision");
+        assert_eq!(labels[POD_GROUP_LABEL], "big");
+        assert_eq!(
+            pod.metadata.annotations.as_ref().expect("ann")["note"],
+            "hi"
+        );
+    }
+
+    #[test]
+    fn missing_image_and_unpersisted_job_are_errors() {
+        let mut j = job("mnist", None, 1);
+        j.spec.image = None;
+        assert_eq!(worker_pod(&j, 0, 0), Err(BuildError::NoImage));
+        let mut j = job("mnist", None, 1);
+        j.metadata.uid = None;
+        assert_eq!(worker_pod(&j, 0, 0), Err(BuildError::NotPersisted));
+        assert_eq!(headless_service(&j), Err(BuildError::NotPersisted));
+    }
+
+    #[test]
+    fn service_is_headless_and_publishes_not_ready() {
+        let svc = headless_service(&job("mnist", Some("ml"), 2)).expect("svc");
+        assert_eq!(svc.metadata.name.as_deref(), Some("mnist"));
+        let spec = svc.spec.expect("spec");
+        assert_eq!(spec.cluster_ip.as_deref(), Some("None"));
+        assert_eq!(spec.publish_not_ready_addresses, Some(true));
+        assert_eq!(spec.selector.expect("sel")["rdu.dev/job-name"], "mnist");
+    }
+
+    #[test]
+    fn tokens_are_random_and_stored_under_the_contract_key() {
+        let (a, b) = (new_token(), new_token());
+        assert_eq!(a.len(), 64);
+        assert_ne!(a, b);
+        let secret = token_secret(&job("mnist", None, 1), &a).expect("secret");
+        assert_eq!(secret.metadata.name.as_deref(), Some("mnist-token"));
+        assert_eq!(secret.string_data.expect("data")["token"], a);
+    }
+
+    #[test]
+    fn pod_group_sets_min_member() {
+        let j = job_from(TEMPLATED);
+        assert_eq!(gang_min_available(&j), Some(4));
+        let group = pod_group(&j, 4).expect("group");
+        assert_eq!(
+            group.types.as_ref().map(|t| t.kind.as_str()),
+            Some("PodGroup")
+        );
+        assert_eq!(group.data["spec"]["minMember"], 4);
+        assert_eq!(group.metadata.name.as_deref(), Some("big"));
+    }
+}
