@@ -1,1 +1,20 @@
-//! Harness for the real control-plane tests: starts etcd and kube-apiserver from KUBEBUILDER_ASSETS.
+//! Harness for the real control-plane tests: starts etcd and kube-apiserver (and, when a test needs them,
+//! kube-scheduler and kube-controller-manager) from `KUBEBUILDER_ASSETS`, the envtest convention, and
+//! gives tests a kubeconfig, a kube client, kubectl, helm and the operator binary.
+//!
+//! Without `KUBEBUILDER_ASSETS` a test skips with a message, unless `RDU_REQUIRE_CONTROL_PLANE=1`
+//! (CI), where the missing binaries are an error.
+
+pub mod assets;
+pub mod control_plane;
+pub mod kubeconfig;
+pub mod pki;
+pub mod poll;
+pub mod ports;
+pub mod process;
+pub mod tools;
+
+pub use assets::{Assets, AssetsError, assets_or_skip};
+pub use control_plane::{Components, ControlPlane, ControlPlaneError};
+pub use poll::{PollError, poll_until};
+pub use tools::{ToolError, helm_template, kubectl_in, operator_binary, workspace_root};

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Builds the control-plane binaries the e2e tests need (etcd, kube-apiserver, kube-scheduler,
+# kube-controller-manager) and helm from their Go modules, into a cache outside the repository:
+#   ${RDU_E2E_CACHE:-$HOME/.cache/rdu-e2e}/k8s-<ver>/bin
+# A stamp file makes a second run a no-op. Prints the bin directory on its last line.
+#
+# k8s.io/kubernetes cannot be `go install`ed (its go.mod replaces the staging modules with local
+# paths), so a throwaway wrapper module requires it and pins every k8s.io/* staging module to
+# v0.<minor>.<patch>. etcd is built from the same module graph (k8s.io/kubernetes already requires
+# go.etcd.io/etcd/server/v3 at the version the apiserver is tested with), in the same `go build`,
+# so shared packages compile once.
+set -euo pipefail
+
+K8S_VERSION="${RDU_E2E_K8S_VERSION:-v1.34.4}"
+HELM_VERSION="${RDU_E2E_HELM_VERSION:-v3.22.0}"
+CACHE="${RDU_E2E_CACHE:-$HOME/.cache/rdu-e2e}"
+ROOT="$CACHE/k8s-${K8S_VERSION#v}"
+BIN="$ROOT/bin"
+STAMP="$BIN/.stamp-${K8S_VERSION}-helm-${HELM_VERSION}"
+STAGING_VERSION="v0.${K8S_VERSION#v1.}"
+
+log() { printf 'build.sh: %s\n' "$*" >&2; }
+
+if [[ -f "$STAMP" ]]; then
+  log "cached: $BIN"
+  echo "$BIN"
+  exit 0
+fi
+
+command -v go >/dev/null || { log "go is not on PATH; install Go >= 1.24"; exit 1; }
+mkdir -p "$BIN"
+export GOFLAGS="${GOFLAGS:-} -mod=mod -trimpath"
+LDFLAGS="-s -w"
+
+# --- kube-apiserver, kube-scheduler, kube-controller-manager and etcd -------------------------
+WRAP="$ROOT/wrapper"
+mkdir -p "$WRAP"
+cd "$WRAP"
+MODFILE_URL_GO="k8s.io/kubernetes@${K8S_VERSION}"
+log "resolving $MODFILE_URL_GO"
+cat > go.mod <<MOD
+module rdu-e2e/k8s-wrapper
+
+go 1.24.0
+
+require k8s.io/kubernetes ${K8S_VERSION}
+MOD
+go mod download -json "k8s.io/kubernetes@${K8S_VERSION}" > kubernetes.json
+KMOD="$(sed -n 's/.*"GoMod": "\(.*\)".*/\1/p' kubernetes.json)"
+[[ -f "$KMOD" ]] || { log "could not download k8s.io/kubernetes ${K8S_VERSION}"; exit 1; }
+# Every `k8s.io/x => ./staging/src/k8s.io/x` becomes `k8s.io/x => k8s.io/x v0.M.P`.
+STAGING="$(sed -n 's#^[[:space:]]*\(k8s\.io/[a-z0-9-]*\) => \./staging/src/.*#\1#p' "$KMOD")"
+[[ -n "$STAGING" ]] || { log "no staging replaces found in $KMOD"; exit 1; }
+{
+  echo
+  echo "replace ("
+  for m in $STAGING; do echo "	$m => $m ${STAGING_VERSION}"; done
+  echo ")"
+} >> go.mod
+log "building kube-apiserver, kube-scheduler, kube-controller-manager, etcd (${K8S_VERSION}); this takes a while"
+# The version the binaries report (kubectl version, /version) is stamped at link time, as Kubernetes'
+# own build does; without it they report v0.0.0-master.
+MINOR="${K8S_VERSION#v1.}"; MINOR="${MINOR%%.*}"
+VERSION_PKG=k8s.io/component-base/version
+K8S_LDFLAGS="$LDFLAGS -X $VERSION_PKG.gitVersion=${K8S_VERSION} -X $VERSION_PKG.gitMajor=1 -X $VERSION_PKG.gitMinor=${MINOR} -X $VERSION_PKG.gitTreeState=clean"
+go build -ldflags="$K8S_LDFLAGS" -o "$BIN/" \
+  k8s.io/kubernetes/cmd/kube-apiserver \
+  k8s.io/kubernetes/cmd/kube-scheduler \
+  k8s.io/kubernetes/cmd/kube-controller-manager \
+  go.etcd.io/etcd/server/v3
+# `go build -o dir` names go.etcd.io/etcd/server/v3 after its last non-version element.
+if [[ -f "$BIN/server" ]]; then mv -f "$BIN/server" "$BIN/etcd"; fi
+"$BIN/etcd" --version >&2
+"$BIN/kube-apiserver" --version >&2
+
+# --- helm ---------------------------------------------------------------------------------------
+log "building helm ${HELM_VERSION}"
+# As helm's Makefile does: stamp its version and the Kubernetes version its client libraries speak
+# (the default .Capabilities.KubeVersion of `helm template`; unstamped it is v1.20).
+HELM_K8S_MINOR="$(go mod download -json "helm.sh/helm/v3@${HELM_VERSION}" \
+  | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p' | xargs sed -n 's#^[[:space:]]*k8s.io/client-go v0\.\([0-9]*\)\..*#\1#p')"
+[[ -n "$HELM_K8S_MINOR" ]] || { log "cannot read helm's k8s.io/client-go version"; exit 1; }
+HELM_LDFLAGS="$LDFLAGS -X helm.sh/helm/v3/internal/version.version=${HELM_VERSION} -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+  HELM_LDFLAGS="$HELM_LDFLAGS -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=${HELM_K8S_MINOR}"
+done
+GOBIN="$BIN" go install -ldflags="$HELM_LDFLAGS" "helm.sh/helm/v3/cmd/helm@${HELM_VERSION}"
+"$BIN/helm" version --short >&2
+
+touch "$STAMP"
+log "done: $BIN"
+echo "$BIN"

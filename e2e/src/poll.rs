@@ -1,0 +1,79 @@
+//! Polling with a deadline: how tests wait for the cluster (never a bare sleep).
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+/// How often a condition is re-checked.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(100);
+
+/// A condition that did not hold in time.
+#[derive(Debug, thiserror::Error)]
+#[error("timed out after {waited:?} waiting for {what}; last seen: {last}")]
+pub struct PollError {
+    pub what: String,
+    pub waited: Duration,
+    pub last: String,
+}
+
+/// Re-runs `check` until it returns `Ok(Some(value))`, or fails after `timeout` with the last `Ok(None)`
+/// reason or error text. `check` returns `Err(description)` for "not yet, and here is what I saw".
+pub async fn poll_until<T, F, Fut>(
+    what: &str,
+    timeout: Duration,
+    mut check: F,
+) -> Result<T, PollError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    let start = Instant::now();
+    loop {
+        let last = match check().await {
+            Ok(value) => return Ok(value),
+            Err(seen) => seen,
+        };
+        if start.elapsed() >= timeout {
+            return Err(PollError {
+                what: what.to_string(),
+                waited: start.elapsed(),
+                last,
+            });
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn returns_the_value_once_the_condition_holds() {
+        let mut calls = 0;
+        let value = poll_until("three calls", Duration::from_secs(10), || {
+            calls += 1;
+            let n = calls;
+            async move {
+                if n >= 3 {
+                    Ok(n)
+                } else {
+                    Err(format!("call {n}"))
+                }
+            }
+        })
+        .await
+        .unwrap();
+        assert_eq!(value, 3);
+    }
+
+    #[tokio::test]
+    async fn reports_the_last_observation_on_timeout() {
+        let err = poll_until::<(), _, _>("never", Duration::ZERO, || async {
+            Err("still no".to_string())
+        })
+        .await
+        .unwrap_err();
+        assert_eq!(err.last, "still no");
+        assert!(err.to_string().contains("waiting for never"));
+    }
+}
