@@ -1,0 +1,214 @@
+//! The env contract of one rank (DESIGN 4.2, COMMON.md): rank, world, rendezvous address, job
+//! identity, the spec as JSON, and the tiles handed out by the device plugin.
+
+use std::path::PathBuf;
+
+use rdu_crds::RduJobSpec;
+use rdu_crds::consts::{TERMINATION_LOG_PATH, env};
+
+use crate::error::WorkerError;
+use crate::spec_check;
+
+/// Everything a rank reads from its environment, checked.
+#[derive(Debug, Clone)]
+pub struct WorkerEnv {
+    pub rank: u32,
+    pub world_size: u32,
+    pub master_addr: String,
+    pub master_port: u16,
+    pub collective_port: u16,
+    pub job_name: String,
+    pub namespace: String,
+    pub job_uid: String,
+    pub generation: u64,
+    pub token: String,
+    pub spec: RduJobSpec,
+    pub node_name: String,
+    pub pod_ip: String,
+    pub result_path: PathBuf,
+    pub checkpoint_dir: Option<PathBuf>,
+    /// This rank's tiles: its compute threads.
+    pub tiles: usize,
+}
+
+impl WorkerEnv {
+    /// Reads the contract through `get` (the process env in production, a map in tests).
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<WorkerEnv, WorkerError> {
+        let required = |name: &str| -> Result<String, WorkerError> {
+            get(name).filter(|v| !v.is_empty()).ok_or_else(|| {
+                WorkerError::config(name, "is not set; the operator or `rdujob run` sets it")
+            })
+        };
+        fn number<T: std::str::FromStr>(name: &str, value: &str) -> Result<T, WorkerError> {
+            value
+                .trim()
+                .parse()
+                .map_err(|_| WorkerError::config(name, format!("{value:?} is not a valid number")))
+        }
+        let spec_json = required(env::JOB_SPEC)?;
+        let spec: RduJobSpec = serde_json::from_str(&spec_json).map_err(|e| {
+            WorkerError::config(env::JOB_SPEC, format!("not a valid RduJob spec: {e}"))
+        })?;
+        if let Err(errors) = spec_check::validate(&spec) {
+            let text: Vec<String> = errors.iter().map(ToString::to_string).collect();
+            return Err(WorkerError::config(env::JOB_SPEC, text.join("; ")));
+        }
+        let rank: u32 = number(env::RANK, &required(env::RANK)?)?;
+        let world_size: u32 = number(env::WORLD_SIZE, &required(env::WORLD_SIZE)?)?;
+        if world_size == 0 || rank >= world_size {
+            return Err(WorkerError::config(
+                env::RANK,
+                format!("rank {rank} is outside the world of {world_size} ranks"),
+            ));
+        }
+        let tiles = tile_count(
+            get(env::TILE_AFFINITY).as_deref(),
+            get(env::VISIBLE_TILES).as_deref(),
+            spec.tiles_per_worker,
+        )?;
+        Ok(WorkerEnv {
+            rank,
+            world_size,
+            master_addr: required(env::MASTER_ADDR)?,
+            master_port: number(env::MASTER_PORT, &required(env::MASTER_PORT)?)?,
+            collective_port: match get(env::COLLECTIVE_PORT) {
+                Some(p) if !p.is_empty() => number(env::COLLECTIVE_PORT, &p)?,
+                _ => rdu_crds::consts::COLLECTIVE_PORT,
+            },
+            job_name: required(env::JOB_NAME)?,
+            namespace: get(env::JOB_NAMESPACE)
+                .filter(|v| !v.is_empty())
+                .unwrap_or_else(|| "default".into()),
+            job_uid: required(env::JOB_UID)?,
+            generation: match get(env::GENERATION) {
+                Some(g) if !g.is_empty() => number(env::GENERATION, &g)?,
+                _ => 0,
+            },
+            token: required(env::JOB_TOKEN)?,
+            spec,
+            node_name: get(env::NODE_NAME)
+                .filter(|v| !v.is_empty())
+                .unwrap_or_else(|| "localhost".into()),
+            pod_ip: get(env::POD_IP)
+                .filter(|v| !v.is_empty())
+                .unwrap_or_else(|| "127.0.0.1".into()),
+            result_path: get(env::RESULT_PATH)
+                .filter(|v| !v.is_empty())
+                .unwrap_or_else(|| TERMINATION_LOG_PATH.into())
+                .into(),
+            checkpoint_dir: get(env::CHECKPOINT_DIR)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from),
+            tiles,
+        })
+    }
+}
+
+/// Tiles from the affinity mask (bits set), else the visible tile IDs, else `tilesPerWorker`.
+fn tile_count(
+    affinity: Option<&str>,
+    visible: Option<&str>,
+    tiles_per_worker: u32,
+) -> Result<usize, WorkerError> {
+    if let Some(mask) = affinity.map(str::trim).filter(|m| !m.is_empty()) {
+        let hex = mask.trim_start_matches("0x").trim_start_matches("0X");
+        let mut bits = 0usize;
+        for c in hex.chars() {
+            let digit = c.to_digit(16).ok_or_else(|| {
+                WorkerError::config(
+                    env::TILE_AFFINITY,
+                    format!("{mask:?} is not a 0x-prefixed hex tile mask"),
+                )
+            })?;
+            bits += digit.count_ones() as usize;
+        }
+        if bits == 0 {
+            return Err(WorkerError::config(
+                env::TILE_AFFINITY,
+                "the mask selects no tile",
+            ));
+        }
+        return Ok(bits);
+    }
+    if let Some(list) = visible.map(str::trim).filter(|l| !l.is_empty()) {
+        return Ok(list
+            .split(',')
+            .filter(|t| !t.trim().is_empty())
+            .count()
+            .max(1));
+    }
+    Ok(tiles_per_worker.max(1) as usize)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    pub(crate) fn vars(spec_yaml: &str) -> HashMap<String, String> {
+        let spec = rdu_crds::parse_manifest(spec_yaml).unwrap().spec;
+        [
+            (env::RANK, "1".to_string()),
+            (env::WORLD_SIZE, "2".into()),
+            (env::MASTER_ADDR, "127.0.0.1".into()),
+            (env::MASTER_PORT, "29500".into()),
+            (env::JOB_NAME, "t".into()),
+            (env::JOB_UID, "uid-1".into()),
+            (env::JOB_TOKEN, "secret".into()),
+            (env::GENERATION, "2".into()),
+            (env::JOB_SPEC, serde_json::to_string(&spec).unwrap()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+
+    fn read(map: &HashMap<String, String>) -> Result<WorkerEnv, WorkerError> {
+        WorkerEnv::from_vars(|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn the_contract_reads_with_defaults() {
+        let map = vars(crate::spec_check::tests::MINIMAL);
+        let e = read(&map).unwrap();
+        assert_eq!((e.rank, e.world_size, e.generation), (1, 2, 2));
+        assert_eq!(e.namespace, "default");
+        assert_eq!(e.pod_ip, "127.0.0.1");
+        assert_eq!(e.result_path, PathBuf::from("/dev/termination-log"));
+        assert_eq!(e.collective_port, 29501);
+        assert_eq!(e.tiles, 1);
+    }
+
+    #[test]
+    fn missing_or_bad_values_name_the_variable() {
+        let base = vars(crate::spec_check::tests::MINIMAL);
+        for (key, value, expected) in [
+            (env::RANK, "", "RANK"),
+            (env::RANK, "2", "RANK"),
+            (env::MASTER_PORT, "http", "MASTER_PORT"),
+            (env::JOB_SPEC, "{", "RDU_JOB_SPEC"),
+            (env::JOB_TOKEN, "", "RDU_JOB_TOKEN"),
+            (env::TILE_AFFINITY, "0xzz", "SF_RNT_TILE_AFFINITY"),
+        ] {
+            let mut map = base.clone();
+            map.insert(key.to_string(), value.to_string());
+            match read(&map) {
+                Err(WorkerError::Config { field, .. }) => {
+                    assert_eq!(field, expected, "{key}={value}")
+                }
+                other => panic!("{key}={value}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn tiles_come_from_the_mask_then_the_list_then_the_spec() {
+        assert_eq!(tile_count(Some("0x0000000f"), Some("a,b"), 1).unwrap(), 4);
+        assert_eq!(
+            tile_count(None, Some("rdu0-tile0,rdu0-tile1"), 1).unwrap(),
+            2
+        );
+        assert_eq!(tile_count(None, None, 8).unwrap(), 8);
+        assert!(tile_count(Some("0x0"), None, 1).is_err());
+    }
+}

@@ -1,0 +1,77 @@
+//! The worker's error type and how each failure maps onto the exit-code contract (DESIGN 4.6).
+
+use rdu_collective::CollectiveError;
+use rdu_crds::consts::exit_code;
+
+use crate::data::DataError;
+
+/// Exit code when the result could not be written (EX_IOERR): neither bad config nor bad data.
+pub const EXIT_IO_ERROR: i32 = 74;
+
+/// Everything that stops one rank.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// The env contract or the job spec is unusable: permanent.
+    #[error("bad config: {field}: {reason}")]
+    Config { field: String, reason: String },
+    /// The training data is missing or malformed: permanent.
+    #[error(transparent)]
+    Data(#[from] DataError),
+    /// Rendezvous or a collective failed.
+    #[error("collective failed: {0}")]
+    Collective(#[from] CollectiveError),
+    /// The result or a checkpoint could not be written.
+    #[error("cannot write {path}: {reason}")]
+    Write { path: String, reason: String },
+}
+
+impl WorkerError {
+    pub fn config(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        WorkerError::Config {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// The process exit code for this failure: 64 config, 65 data, 75 retryable.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            WorkerError::Config { .. } => exit_code::BAD_CONFIG,
+            WorkerError::Data(_) => exit_code::BAD_DATA,
+            WorkerError::Collective(e) if e.is_retryable() => exit_code::RETRYABLE,
+            WorkerError::Collective(_) => exit_code::BAD_CONFIG,
+            WorkerError::Write { .. } => EXIT_IO_ERROR,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn each_kind_of_failure_has_its_exit_code() {
+        assert_eq!(WorkerError::config("RANK", "x").exit_code(), 64);
+        let data = DataError::Missing {
+            file: "a.csv".into(),
+            reason: "no such file".into(),
+        };
+        assert_eq!(WorkerError::from(data).exit_code(), 65);
+        let lost = CollectiveError::PeerLost {
+            rank: 1,
+            reason: "reset".into(),
+        };
+        assert_eq!(WorkerError::from(lost).exit_code(), 75);
+        let timeout = CollectiveError::Timeout {
+            op: "all_reduce",
+            after: Duration::from_secs(1),
+        };
+        assert_eq!(WorkerError::from(timeout).exit_code(), 75);
+        let protocol = CollectiveError::Protocol {
+            rank: 0,
+            reason: "size".into(),
+        };
+        assert_eq!(WorkerError::from(protocol).exit_code(), 64);
+    }
+}

@@ -1,0 +1,32 @@
+//! `rdu-worker`: one rank of an RduJob, configured by the env contract (DESIGN 4.2).
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "rdu-worker", version, about = "One rank of an RduJob")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Train as the rank the environment names (RANK, WORLD_SIZE, MASTER_ADDR, RDU_JOB_SPEC, ...).
+    Run,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+    let code = match cli.command {
+        Command::Run => rdu_worker::run_from_process_env(),
+    };
+    std::process::exit(code);
+}

@@ -1,0 +1,405 @@
+//! `ffn-logreg`: hidden ReLU layers then a softmax-regression layer, with its parameters in one flat
+//! f32 buffer (so the gradient is one contiguous buffer to all-reduce). Forward and backward use
+//! `matrixmultiply::sgemm`; a batch is split across the rank's tiles, one compute thread per tile.
+
+use crate::rng::Rng;
+
+const INIT_STREAM: u64 = 0x1417;
+
+/// Layer widths, input first and classes last; weights are `in × out` row-major, then the bias.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mlp {
+    sizes: Vec<usize>,
+}
+
+/// Sums over a batch: cross-entropy loss, correct predictions, samples.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct BatchStats {
+    pub loss_sum: f64,
+    pub correct: u64,
+    pub samples: u64,
+}
+
+impl BatchStats {
+    pub fn add(&mut self, other: BatchStats) {
+        self.loss_sum += other.loss_sum;
+        self.correct += other.correct;
+        self.samples += other.samples;
+    }
+
+    pub fn mean_loss(&self) -> f64 {
+        self.loss_sum / self.samples.max(1) as f64
+    }
+
+    pub fn accuracy(&self) -> f64 {
+        self.correct as f64 / self.samples.max(1) as f64
+    }
+}
+
+impl Mlp {
+    pub fn new(input: usize, hidden: &[usize], classes: usize) -> Mlp {
+        let mut sizes = vec![input];
+        sizes.extend_from_slice(hidden);
+        sizes.push(classes);
+        Mlp { sizes }
+    }
+
+    pub fn input_size(&self) -> usize {
+        self.sizes[0]
+    }
+
+    pub fn classes(&self) -> usize {
+        self.sizes[self.sizes.len() - 1]
+    }
+
+    /// Layer widths, input first.
+    pub fn sizes(&self) -> &[usize] {
+        &self.sizes
+    }
+
+    pub fn param_count(&self) -> usize {
+        self.sizes.windows(2).map(|w| w[0] * w[1] + w[1]).sum()
+    }
+
+    /// He-normal weights and zero biases, the same on every rank for the same seed.
+    pub fn init(&self, seed: u64) -> Vec<f32> {
+        let mut rng = Rng::derive(seed, INIT_STREAM);
+        let mut params = Vec::with_capacity(self.param_count());
+        for w in self.sizes.windows(2) {
+            let std = (2.0 / w[0] as f64).sqrt();
+            params.extend((0..w[0] * w[1]).map(|_| (rng.normal() * std) as f32));
+            params.extend(std::iter::repeat_n(0.0f32, w[1]));
+        }
+        params
+    }
+
+    /// Offsets of (weights, bias) of every layer in the flat buffer.
+    fn layout(&self) -> Vec<(usize, usize)> {
+        let mut offset = 0;
+        self.sizes
+            .windows(2)
+            .map(|w| {
+                let weights = offset;
+                offset += w[0] * w[1];
+                let bias = offset;
+                offset += w[1];
+                (weights, bias)
+            })
+            .collect()
+    }
+
+    /// Forward pass of `x` (rows of `input_size`); returns every layer's pre-activation output.
+    fn forward(&self, params: &[f32], x: &[f32], rows: usize) -> Vec<Vec<f32>> {
+        let layout = self.layout();
+        let mut outputs: Vec<Vec<f32>> = Vec::with_capacity(layout.len());
+        for (l, &(w_off, b_off)) in layout.iter().enumerate() {
+            let (n_in, n_out) = (self.sizes[l], self.sizes[l + 1]);
+            let input: Vec<f32>;
+            let a: &[f32] = if l == 0 {
+                x
+            } else {
+                input = outputs[l - 1].iter().map(|&z| z.max(0.0)).collect();
+                &input
+            };
+            let mut z = vec![0.0f32; rows * n_out];
+            gemm(
+                (rows, n_in, n_out),
+                (a, n_in, 1),
+                (&params[w_off..w_off + n_in * n_out], n_out, 1),
+                0.0,
+                &mut z,
+            );
+            let bias = &params[b_off..b_off + n_out];
+            for row in z.chunks_exact_mut(n_out) {
+                for (v, b) in row.iter_mut().zip(bias) {
+                    *v += b;
+                }
+            }
+            outputs.push(z);
+        }
+        outputs
+    }
+
+    /// Loss and accuracy of `x`/`y` without gradients.
+    pub fn evaluate(&self, params: &[f32], x: &[f32], y: &[u32]) -> BatchStats {
+        if y.is_empty() {
+            return BatchStats::default();
+        }
+        let outputs = self.forward(params, x, y.len());
+        let logits = outputs.last().map(Vec::as_slice).unwrap_or_default();
+        softmax_stats(logits, y, self.classes(), None)
+    }
+
+    /// Adds `scale ×` the gradient of the summed loss of `x`/`y` to `grad`; returns the batch's stats.
+    pub fn accumulate_grad(
+        &self,
+        params: &[f32],
+        x: &[f32],
+        y: &[u32],
+        scale: f32,
+        grad: &mut [f32],
+    ) -> BatchStats {
+        let rows = y.len();
+        if rows == 0 {
+            return BatchStats::default();
+        }
+        let layout = self.layout();
+        let outputs = self.forward(params, x, rows);
+        let last = layout.len() - 1;
+        let mut dz = vec![0.0f32; rows * self.classes()];
+        let stats = softmax_stats(&outputs[last], y, self.classes(), Some((&mut dz, scale)));
+        for l in (0..layout.len()).rev() {
+            let (w_off, b_off) = layout[l];
+            let (n_in, n_out) = (self.sizes[l], self.sizes[l + 1]);
+            let activation: Vec<f32>;
+            let a: &[f32] = if l == 0 {
+                x
+            } else {
+                activation = outputs[l - 1].iter().map(|&z| z.max(0.0)).collect();
+                &activation
+            };
+            // dW += Aᵀ · dZ
+            gemm(
+                (n_in, rows, n_out),
+                (a, 1, n_in),
+                (&dz, n_out, 1),
+                1.0,
+                &mut grad[w_off..w_off + n_in * n_out],
+            );
+            let db = &mut grad[b_off..b_off + n_out];
+            for row in dz.chunks_exact(n_out) {
+                for (g, d) in db.iter_mut().zip(row) {
+                    *g += d;
+                }
+            }
+            if l == 0 {
+                break;
+            }
+            // dA = dZ · Wᵀ, then through the ReLU of the layer below.
+            let mut da = vec![0.0f32; rows * n_in];
+            gemm(
+                (rows, n_out, n_in),
+                (&dz, n_out, 1),
+                (&params[w_off..w_off + n_in * n_out], 1, n_out),
+                0.0,
+                &mut da,
+            );
+            for (d, &z) in da.iter_mut().zip(&outputs[l - 1]) {
+                if z <= 0.0 {
+                    *d = 0.0;
+                }
+            }
+            dz = da;
+        }
+        stats
+    }
+
+    /// The gradient of the mean loss of the batch into `grad` (overwritten), the rows split in
+    /// contiguous parts over `threads` compute threads and summed in a fixed order.
+    pub fn batch_grad(
+        &self,
+        params: &[f32],
+        x: &[f32],
+        y: &[u32],
+        threads: usize,
+        grad: &mut [f32],
+    ) -> BatchStats {
+        grad.fill(0.0);
+        let rows = y.len();
+        if rows == 0 {
+            return BatchStats::default();
+        }
+        let scale = 1.0 / rows as f32;
+        let parts = threads.clamp(1, rows);
+        if parts == 1 {
+            return self.accumulate_grad(params, x, y, scale, grad);
+        }
+        let per = rows.div_ceil(parts);
+        let dim = self.input_size();
+        let results: Vec<(BatchStats, Vec<f32>)> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..parts)
+                .map(|p| {
+                    let lo = (p * per).min(rows);
+                    let hi = ((p + 1) * per).min(rows);
+                    let (xs, ys) = (&x[lo * dim..hi * dim], &y[lo..hi]);
+                    s.spawn(move || {
+                        let mut g = vec![0.0f32; params.len()];
+                        let st = self.accumulate_grad(params, xs, ys, scale, &mut g);
+                        (st, g)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+                .collect()
+        });
+        let mut stats = BatchStats::default();
+        for (st, g) in results {
+            stats.add(st);
+            for (a, b) in grad.iter_mut().zip(&g) {
+                *a += b;
+            }
+        }
+        stats
+    }
+}
+
+/// Cross-entropy and correct predictions of `logits`; with `grad`, writes `scale × (softmax − onehot)`.
+fn softmax_stats(
+    logits: &[f32],
+    y: &[u32],
+    classes: usize,
+    mut grad: Option<(&mut [f32], f32)>,
+) -> BatchStats {
+    let mut stats = BatchStats {
+        samples: y.len() as u64,
+        ..BatchStats::default()
+    };
+    for (i, (row, &label)) in logits.chunks_exact(classes).zip(y).enumerate() {
+        let label = label as usize;
+        let (mut best, mut max) = (0, f32::NEG_INFINITY);
+        for (c, &v) in row.iter().enumerate() {
+            if v > max {
+                (best, max) = (c, v);
+            }
+        }
+        let sum: f64 = row.iter().map(|&v| ((v - max) as f64).exp()).sum();
+        stats.loss_sum += sum.ln() - (row[label] - max) as f64;
+        stats.correct += u64::from(best == label);
+        if let Some((g, scale)) = grad.as_mut() {
+            let out = &mut g[i * classes..(i + 1) * classes];
+            for (c, (o, &v)) in out.iter_mut().zip(row).enumerate() {
+                let p = (((v - max) as f64).exp() / sum) as f32;
+                *o = *scale * (p - f32::from(u8::from(c == label)));
+            }
+        }
+    }
+    stats
+}
+
+/// `c = a · b + beta × c` for row-major `c` (m × n); `a` and `b` given with (row, column) strides.
+fn gemm(
+    (m, k, n): (usize, usize, usize),
+    (a, rsa, csa): (&[f32], usize, usize),
+    (b, rsb, csb): (&[f32], usize, usize),
+    beta: f32,
+    c: &mut [f32],
+) {
+    assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n);
+    // SAFETY: the assertion above bounds every index sgemm touches for these shapes and strides.
+    unsafe {
+        matrixmultiply::sgemm(
+            m,
+            k,
+            n,
+            1.0,
+            a.as_ptr(),
+            rsa as isize,
+            csa as isize,
+            b.as_ptr(),
+            rsb as isize,
+            csb as isize,
+            beta,
+            c.as_mut_ptr(),
+            n as isize,
+            1,
+        );
+    }
+}
+
+/// FNV-1a over the parameters' f32 bits: equal on ranks whose parameters are bitwise equal.
+pub fn checksum(params: &[f32]) -> u64 {
+    params.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, v| {
+        v.to_bits().to_le_bytes().iter().fold(h, |h, &b| {
+            (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample_batch(model: &Mlp, rows: usize, seed: u64) -> (Vec<f32>, Vec<u32>) {
+        let mut rng = Rng::new(seed);
+        let x = (0..rows * model.input_size())
+            .map(|_| rng.normal() as f32)
+            .collect();
+        let y = (0..rows)
+            .map(|_| rng.below(model.classes()) as u32)
+            .collect();
+        (x, y)
+    }
+
+    #[test]
+    fn gradient_matches_central_finite_differences() {
+        for hidden in [vec![], vec![7], vec![7, 6]] {
+            check_gradient(&Mlp::new(5, &hidden, 4));
+        }
+    }
+
+    fn check_gradient(model: &Mlp) {
+        let params = model.init(3);
+        let (x, y) = sample_batch(model, 9, 5);
+        let mut grad = vec![0.0; params.len()];
+        model.batch_grad(&params, &x, &y, 1, &mut grad);
+        let loss = |p: &[f32]| -> f64 {
+            let s = model.evaluate(p, &x, &y);
+            s.mean_loss()
+        };
+        let eps = 1e-3f32;
+        let mut checked = 0;
+        for i in (0..params.len()).step_by(3) {
+            let mut plus = params.clone();
+            plus[i] += eps;
+            let mut minus = params.clone();
+            minus[i] -= eps;
+            let numeric = (loss(&plus) - loss(&minus)) / (2.0 * eps as f64);
+            let analytic = grad[i] as f64;
+            let tol = 2e-3 + 2e-2 * numeric.abs().max(analytic.abs());
+            assert!(
+                (numeric - analytic).abs() <= tol,
+                "{:?} param {i}: numeric {numeric} analytic {analytic}",
+                model.sizes()
+            );
+            checked += 1;
+        }
+        assert!(checked >= 8);
+        assert!(grad.iter().any(|g| g.abs() > 1e-3));
+    }
+
+    #[test]
+    fn split_over_threads_gives_the_same_gradient() {
+        let model = Mlp::new(8, &[16], 3);
+        let params = model.init(1);
+        let (x, y) = sample_batch(&model, 21, 2);
+        let mut one = vec![0.0; params.len()];
+        let mut four = vec![0.0; params.len()];
+        let s1 = model.batch_grad(&params, &x, &y, 1, &mut one);
+        let s4 = model.batch_grad(&params, &x, &y, 4, &mut four);
+        assert_eq!(s1.samples, s4.samples);
+        assert_eq!(s1.correct, s4.correct);
+        for (a, b) in one.iter().zip(&four) {
+            assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+        }
+    }
+
+    #[test]
+    fn init_is_deterministic_and_sized() {
+        let model = Mlp::new(64, &[32], 10);
+        assert_eq!(model.param_count(), 64 * 32 + 32 + 32 * 10 + 10);
+        assert_eq!(model.init(9), model.init(9));
+        assert_ne!(model.init(9), model.init(10));
+        assert_eq!(checksum(&model.init(9)), checksum(&model.init(9)));
+        assert_ne!(checksum(&model.init(9)), checksum(&model.init(10)));
+    }
+
+    #[test]
+    fn a_perfect_prediction_has_near_zero_loss() {
+        let logits = [10.0f32, -10.0, -10.0, 10.0];
+        let s = softmax_stats(&logits, &[0, 1], 2, None);
+        assert_eq!(s.correct, 2);
+        assert!(s.mean_loss() < 1e-6);
+    }
+}

@@ -1,0 +1,48 @@
+//! The job result rank 0 writes to its termination message (DESIGN 4.6).
+
+use std::path::Path;
+
+use rdu_crds::JobResult;
+
+use crate::error::WorkerError;
+
+/// Writes `result` as one JSON line to `path` (the termination log, or a file for local mode).
+pub fn write_result(path: &Path, result: &JobResult) -> Result<(), WorkerError> {
+    let write_err = |reason: String| WorkerError::Write {
+        path: path.display().to_string(),
+        reason,
+    };
+    let json = serde_json::to_string(result).map_err(|e| write_err(e.to_string()))?;
+    std::fs::write(path, json + "\n").map_err(|e| write_err(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_result_uses_the_contract_field_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("result.json");
+        let result = JobResult {
+            final_loss: 0.5,
+            test_accuracy: 0.9,
+            samples_per_second: 100.0,
+            train_seconds: 2.0,
+            global_steps: 10,
+        };
+        write_result(&path, &result).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        for key in [
+            "finalLoss",
+            "testAccuracy",
+            "samplesPerSecond",
+            "trainSeconds",
+            "globalSteps",
+        ] {
+            assert!(v.get(key).is_some(), "{key} missing in {v}");
+        }
+        assert!(write_result(&dir.path().join("no/such/dir"), &result).is_err());
+    }
+}

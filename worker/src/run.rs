@@ -1,0 +1,104 @@
+//! `rdu-worker run`: read the env contract, load the data, join the job, train, write the result;
+//! every failure becomes its exit code (DESIGN 4.6).
+
+use std::path::Path;
+use std::time::Duration;
+
+use rdu_collective::{CommConfig, Communicator, DEFAULT_CHUNK_BYTES, JobIdentity};
+use rdu_crds::consts::exit_code;
+
+use crate::data;
+use crate::env::WorkerEnv;
+use crate::error::WorkerError;
+use crate::result::write_result;
+use crate::train::{TrainOutcome, train};
+
+/// Runs one rank from the process environment and returns the exit code.
+pub fn run_from_process_env() -> i32 {
+    run(|k| std::env::var(k).ok())
+}
+
+/// Runs one rank from `get`'s variables (working directory = the process's) and returns the exit code.
+pub fn run(get: impl Fn(&str) -> Option<String>) -> i32 {
+    let env = match WorkerEnv::from_vars(get) {
+        Ok(env) => env,
+        Err(e) => {
+            tracing::error!(error = %e, exit_code = e.exit_code(), "cannot start");
+            return e.exit_code();
+        }
+    };
+    let span = tracing::info_span!("worker", rank = env.rank, job = %env.job_name);
+    let _entered = span.enter();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the async runtime");
+            return exit_code::RETRYABLE;
+        }
+    };
+    match runtime.block_on(run_rank(&env)) {
+        Ok(outcome) => {
+            tracing::info!(
+                final_loss = outcome.result.final_loss,
+                test_accuracy = outcome.result.test_accuracy,
+                "rank done"
+            );
+            exit_code::SUCCESS
+        }
+        Err(e) => {
+            tracing::error!(error = %e, exit_code = e.exit_code(), "rank failed");
+            e.exit_code()
+        }
+    }
+}
+
+/// Data, rendezvous, training, result: the rank's pipeline.
+pub async fn run_rank(env: &WorkerEnv) -> Result<TrainOutcome, WorkerError> {
+    let splits = data::load(&env.spec.data, &env.spec.model, Path::new("."))?;
+    let comm = Communicator::connect(comm_config(env)).await?;
+    tracing::info!(
+        world_size = env.world_size,
+        generation = env.generation,
+        peers = comm.peers().len(),
+        "joined the job"
+    );
+    let outcome = match train(env, &comm, &splits).await {
+        Ok(o) => o,
+        Err(e) => {
+            comm.abort(&e.to_string()).await;
+            return Err(e);
+        }
+    };
+    if env.rank == 0 {
+        write_result(&env.result_path, &outcome.result)?;
+    }
+    if comm.world_size() > 1 {
+        comm.barrier().await?;
+    }
+    comm.shutdown().await;
+    Ok(outcome)
+}
+
+/// The communicator's settings from the env contract.
+pub fn comm_config(env: &WorkerEnv) -> CommConfig {
+    CommConfig {
+        identity: JobIdentity {
+            job_uid: env.job_uid.clone(),
+            token: env.token.clone(),
+            generation: env.generation,
+        },
+        rank: env.rank,
+        world_size: env.world_size,
+        master_addr: env.master_addr.clone(),
+        master_port: env.master_port,
+        advertise_host: env.pod_ip.clone(),
+        collective_port: env.collective_port,
+        node: env.node_name.clone(),
+        timeout: Duration::from_secs(u64::from(env.spec.data_parallel.timeout_seconds)),
+        chunk_bytes: DEFAULT_CHUNK_BYTES,
+    }
+}

@@ -1,0 +1,234 @@
+//! The training loop of one rank: its shard of every epoch, forward/backward on its tiles, the
+//! gradient averaged over all ranks, an optimizer step; epoch logs, checkpoints, the final result.
+//!
+//! `training.lossOn` chooses where the logged loss is computed: `device` logs each rank's own shard
+//! loss and accuracy (what a rank sees on its RDU); `host` averages them over all ranks through the
+//! host (a small star all-reduce per epoch) so every rank logs the global figures.
+
+use std::time::Instant;
+
+use rdu_collective::{Algorithm, Communicator};
+use rdu_crds::{DataParallelSpec, JobResult, LossOn, ReduceAlgorithm};
+
+use crate::checkpoint::{self, Checkpoint};
+use crate::data::Splits;
+use crate::env::WorkerEnv;
+use crate::error::WorkerError;
+use crate::model::{BatchStats, Mlp, checksum};
+use crate::optim::Optimizer;
+use crate::sampler::DistributedSampler;
+
+/// What a rank ends with.
+#[derive(Debug, Clone)]
+pub struct TrainOutcome {
+    pub result: JobResult,
+    pub checksum: u64,
+}
+
+/// The all-reduce algorithm of the spec: `reduceOnRdu: false` goes through the host (star via rank 0).
+pub fn algorithm(dp: &DataParallelSpec) -> Algorithm {
+    if !dp.reduce_on_rdu {
+        return Algorithm::Star;
+    }
+    match dp.algorithm {
+        ReduceAlgorithm::Auto => Algorithm::Auto,
+        ReduceAlgorithm::Ring => Algorithm::Ring,
+        ReduceAlgorithm::Hierarchical => Algorithm::Hierarchical,
+        ReduceAlgorithm::Star => Algorithm::Star,
+    }
+}
+
+/// Sums `stats` over all ranks (through rank 0).
+async fn global_stats(comm: &Communicator, stats: BatchStats) -> Result<BatchStats, WorkerError> {
+    let mut buf = [
+        stats.loss_sum as f32,
+        stats.correct as f32,
+        stats.samples as f32,
+    ];
+    if comm.world_size() > 1 {
+        comm.all_reduce_sum(&mut buf, Algorithm::Star).await?;
+    }
+    Ok(BatchStats {
+        loss_sum: buf[0] as f64,
+        correct: buf[1] as u64,
+        samples: buf[2] as u64,
+    })
+}
+
+/// Trains to the end and returns the result every rank agrees on.
+pub async fn train(
+    env: &WorkerEnv,
+    comm: &Communicator,
+    splits: &Splits,
+) -> Result<TrainOutcome, WorkerError> {
+    let spec = &env.spec;
+    let hidden: Vec<usize> = spec
+        .model
+        .hidden_sizes
+        .iter()
+        .map(|&h| h as usize)
+        .collect();
+    let model = Mlp::new(splits.train.dim, &hidden, splits.classes);
+    let sampler = DistributedSampler {
+        dataset_len: splits.train.len(),
+        world_size: env.world_size as usize,
+        rank: env.rank as usize,
+        shuffle: spec.data.shuffle,
+        drop_last: spec.data.drop_last,
+        seed: spec.data.seed,
+    };
+    let per_rank = sampler.num_samples();
+    if per_rank == 0 {
+        return Err(WorkerError::config(
+            "spec.data.dropLast",
+            format!(
+                "{} training samples leave no sample per rank for {} ranks: lower workers or set dropLast false",
+                splits.train.len(),
+                env.world_size
+            ),
+        ));
+    }
+    let batch = spec.training.batch_size as usize;
+    let steps_per_epoch = per_rank.div_ceil(batch) as u64;
+    let total_steps = spec
+        .training
+        .steps
+        .unwrap_or(u64::from(spec.training.epochs.unwrap_or(1)) * steps_per_epoch);
+    let epochs = total_steps.div_ceil(steps_per_epoch);
+    let algorithm = algorithm(&spec.data_parallel);
+    let mut params = model.init(spec.data.seed);
+    let mut optimizer = Optimizer::new(
+        spec.training.optimizer,
+        spec.training.learning_rate,
+        spec.training.momentum,
+        params.len(),
+    );
+    let ckpt_policy = spec.checkpoint.as_ref().zip(env.checkpoint_dir.as_ref());
+    let found = match ckpt_policy {
+        Some((_, dir)) if env.rank == 0 => checkpoint::latest(dir, params.len()),
+        _ => None,
+    };
+    let start_step = if ckpt_policy.is_some() {
+        checkpoint::resume(comm, found, &mut params, &mut optimizer).await?
+    } else {
+        0
+    };
+    tracing::info!(
+        params = params.len(),
+        layers = ?model.sizes(),
+        train_samples = splits.train.len(),
+        test_samples = splits.test.len(),
+        samples_per_rank = per_rank,
+        steps_per_epoch,
+        total_steps,
+        tiles = env.tiles,
+        %algorithm,
+        "training starts"
+    );
+
+    let mut grad = vec![0.0f32; params.len()];
+    let mut x = Vec::with_capacity(batch * model.input_size());
+    let mut y = Vec::with_capacity(batch);
+    let mut step = start_step;
+    let mut last_epoch = BatchStats::default();
+    let mut local_samples = 0u64;
+    let started = Instant::now();
+    for epoch in step / steps_per_epoch..epochs {
+        let epoch_started = Instant::now();
+        let indices = sampler.indices(epoch);
+        let skip = (step - epoch * steps_per_epoch) as usize;
+        let mut stats = BatchStats::default();
+        for chunk in indices.chunks(batch).skip(skip) {
+            if step >= total_steps {
+                break;
+            }
+            x.clear();
+            y.clear();
+            for &i in chunk {
+                x.extend_from_slice(splits.train.row(i));
+                y.push(splits.train.labels[i]);
+            }
+            stats.add(model.batch_grad(&params, &x, &y, env.tiles, &mut grad));
+            comm.all_reduce_mean(&mut grad, algorithm).await?;
+            optimizer.step(&mut params, &grad);
+            step += 1;
+            if let Some((policy, dir)) = ckpt_policy
+                && env.rank == 0
+                && step % policy.interval_steps == 0
+            {
+                let ckpt = Checkpoint {
+                    step,
+                    params: params.clone(),
+                    optimizer_state: optimizer.state().into_iter().map(<[f32]>::to_vec).collect(),
+                };
+                let path = checkpoint::save(dir, &ckpt, policy.keep as usize)?;
+                tracing::debug!(step, path = %path.display(), "checkpoint written");
+            }
+        }
+        local_samples += stats.samples;
+        let logged = match spec.training.loss_on {
+            LossOn::Device => stats,
+            LossOn::Host => global_stats(comm, stats).await?,
+        };
+        let secs = epoch_started.elapsed().as_secs_f64();
+        tracing::info!(
+            epoch = epoch + 1,
+            epochs,
+            loss = format!("{:.4}", logged.mean_loss()),
+            train_accuracy = format!("{:.4}", logged.accuracy()),
+            samples_per_sec = format!("{:.1}", stats.samples as f64 / secs.max(1e-9)),
+            global_steps = step,
+            "epoch done"
+        );
+        last_epoch = stats;
+    }
+    let train_seconds = started.elapsed().as_secs_f64();
+    let local_sps = local_samples as f64 / train_seconds.max(1e-9);
+    tracing::info!(
+        "inner train loop time : {train_seconds:.3} for {} epochs, number of global steps: {step}, e2e samples_per_sec: {local_sps:.1}",
+        epochs.saturating_sub(start_step / steps_per_epoch)
+    );
+    let final_stats = global_stats(comm, last_epoch).await?;
+    let test = if splits.test.is_empty() {
+        tracing::warn!(
+            "no held-out samples (testFraction 0 and no test files): accuracy is on the training set"
+        );
+        model.evaluate(&params, &splits.train.features, &splits.train.labels)
+    } else {
+        model.evaluate(&params, &splits.test.features, &splits.test.labels)
+    };
+    let sum = checksum(&params);
+    tracing::info!(checksum = format!("{sum:016x}"), "parameter checksum");
+    tracing::info!(
+        test_accuracy = format!("{:.4}", test.accuracy()),
+        test_loss = format!("{:.4}", test.mean_loss()),
+        "test"
+    );
+    Ok(TrainOutcome {
+        result: JobResult {
+            final_loss: final_stats.mean_loss(),
+            test_accuracy: test.accuracy(),
+            samples_per_second: local_sps * env.world_size as f64,
+            train_seconds,
+            global_steps: step,
+        },
+        checksum: sum,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdu_crds::ReduceAlgorithm;
+
+    #[test]
+    fn reduce_off_the_rdu_goes_through_the_host() {
+        let mut dp = DataParallelSpec {
+            algorithm: ReduceAlgorithm::Ring,
+            ..DataParallelSpec::default()
+        };
+        assert_eq!(algorithm(&dp), Algorithm::Ring);
+        dp.reduce_on_rdu = false;
+        assert_eq!(algorithm(&dp), Algorithm::Star);
+    }
+}
