@@ -34,6 +34,16 @@ impl RequireToken {
     }
 }
 
+impl RequireToken {
+    /// True when `token` (raw, without `Bearer `) is the job token; for the TCP data path.
+    pub(crate) fn accepts(&self, token: &[u8]) -> bool {
+        let mut presented = Vec::with_capacity(7 + token.len());
+        presented.extend_from_slice(b"Bearer ");
+        presented.extend_from_slice(token);
+        constant_time_eq(&presented, self.expected.as_bytes())
+    }
+}
+
 impl Interceptor for RequireToken {
     fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
         self.check(&request)?;

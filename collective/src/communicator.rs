@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::auth::{AttachToken, RequireToken};
-use crate::config::{Algorithm, CommConfig, PeerInfo, host_port, listen_ip_for};
+use crate::config::{Algorithm, CommConfig, DataPath, PeerInfo, host_port, listen_ip_for};
 use crate::engine::{self, Wire};
 use crate::error::CollectiveError;
 use crate::fault::FailState;
@@ -21,6 +21,7 @@ use crate::net;
 use crate::proto;
 use crate::proto::collective_client::CollectiveClient;
 use crate::rendezvous::{self, RendezvousService, RendezvousTable};
+use crate::tcp::{self, DataPort};
 use crate::topology::{Plan, Topology};
 use crate::transport::{CollectiveService, InboundRouter, Inbox, Link};
 
@@ -39,6 +40,16 @@ type AbortClient = CollectiveClient<
 struct OpState {
     next_op_id: u64,
     inboxes: Vec<Option<Inbox>>,
+}
+
+/// Choices of [`Communicator::connect_with`] beyond the config.
+#[derive(Debug, Default)]
+pub struct ConnectOptions {
+    /// How this rank sends chunks (it accepts both kinds of stream).
+    pub data_path: DataPath,
+    /// Rank 0 only: its rendezvous listener, already bound (lets tests and benches pick a
+    /// free port before starting the other ranks).
+    pub rendezvous_listener: Option<TcpListener>,
 }
 
 /// One rank's handle on the job's communication.
@@ -60,8 +71,9 @@ pub struct Communicator {
 impl Communicator {
     /// Serves `Collective`, serves `Rendezvous` on rank 0 (binding `master_port`), joins, and
     /// dials every peer; bounded by `cfg.timeout`.
+    /// Chunks travel on the TCP data path.
     pub async fn connect(cfg: CommConfig) -> Result<Communicator, CollectiveError> {
-        Self::connect_inner(cfg, None).await
+        Self::connect_with(cfg, ConnectOptions::default()).await
     }
 
     /// Like [`Communicator::connect`] for rank 0, with its rendezvous listener already bound
@@ -70,19 +82,29 @@ impl Communicator {
         cfg: CommConfig,
         listener: TcpListener,
     ) -> Result<Communicator, CollectiveError> {
-        if cfg.rank != 0 {
+        let options = ConnectOptions {
+            rendezvous_listener: Some(listener),
+            ..ConnectOptions::default()
+        };
+        Self::connect_with(cfg, options).await
+    }
+
+    /// [`Communicator::connect`] with a choice of data path and, on rank 0, a bound
+    /// rendezvous listener.
+    pub async fn connect_with(
+        cfg: CommConfig,
+        options: ConnectOptions,
+    ) -> Result<Communicator, CollectiveError> {
+        let ConnectOptions {
+            data_path,
+            rendezvous_listener,
+        } = options;
+        if rendezvous_listener.is_some() && cfg.rank != 0 {
             return Err(CollectiveError::invalid_config(
                 "rank",
                 "only rank 0 serves the rendezvous",
             ));
         }
-        Self::connect_inner(cfg, Some(listener)).await
-    }
-
-    async fn connect_inner(
-        cfg: CommConfig,
-        rendezvous_listener: Option<TcpListener>,
-    ) -> Result<Communicator, CollectiveError> {
         cfg.validate()?;
         let token = AttachToken::new(&cfg.identity.token)?;
         let span = tracing::info_span!("collective", rank = cfg.rank, job = %cfg.identity.job_uid);
@@ -137,10 +159,20 @@ impl Communicator {
             fail.clone(),
             shutdown_rx.clone(),
         );
-        let service =
-            proto::collective_server::CollectiveServer::new(CollectiveService(Arc::new(router)))
-                .max_decoding_message_size(max_message)
-                .max_encoding_message_size(max_message);
+        let router = Arc::new(router);
+        let data_port = DataPort::new(
+            router.clone(),
+            RequireToken::new(&cfg.identity.token),
+            cfg.chunk_elems() * 4,
+            cfg.timeout,
+        );
+        let connections = {
+            let _entered = span.enter();
+            tcp::demux(listener, data_port, shutdown_rx.clone())
+        };
+        let service = proto::collective_server::CollectiveServer::new(CollectiveService(router))
+            .max_decoding_message_size(max_message)
+            .max_encoding_message_size(max_message);
         let guarded = tonic::service::interceptor::InterceptedService::new(
             service,
             RequireToken::new(&cfg.identity.token),
@@ -148,7 +180,7 @@ impl Communicator {
         let mut stop = shutdown_rx.clone();
         let server = net::server()
             .add_service(guarded)
-            .serve_with_incoming_shutdown(net::incoming(listener), async move {
+            .serve_with_incoming_shutdown(connections, async move {
                 let _ = stop.wait_for(|down| *down).await;
             });
         comm.servers.push(tokio::spawn(
@@ -193,36 +225,50 @@ impl Communicator {
             .await?;
         tracing::info!(parent: &span, world_size = cfg.world_size, address = %my_address, "rendezvous complete");
 
-        // Dial every peer concurrently.
-        let dials = peers.iter().filter(|p| p.rank != cfg.rank).map(|p| {
-            let address = p.address.clone();
+        // Open a link to every peer concurrently.
+        let opens = peers.iter().filter(|p| p.rank != cfg.rank).map(|p| {
+            let (token, span) = (&token, &span);
             async move {
-                net::dial_until(&address, deadline, cfg.timeout)
-                    .await
-                    .map_err(|reason| CollectiveError::PeerLost {
-                        rank: p.rank,
-                        reason,
-                    })
-                    .map(|channel| (p.rank, channel))
+                let link = match data_path {
+                    DataPath::Tcp => {
+                        tcp::open_link(
+                            cfg.rank,
+                            p.rank,
+                            cfg.identity.generation,
+                            &p.address,
+                            &cfg.identity.token,
+                            deadline,
+                        )
+                        .instrument(span.clone())
+                        .await?
+                    }
+                    DataPath::Grpc => {
+                        let channel = net::dial_until(&p.address, deadline, cfg.timeout)
+                            .await
+                            .map_err(|reason| CollectiveError::PeerLost {
+                                rank: p.rank,
+                                reason,
+                            })?;
+                        let _entered = span.enter();
+                        Link::open_grpc(
+                            cfg.rank,
+                            p.rank,
+                            cfg.identity.generation,
+                            channel,
+                            token,
+                            max_message,
+                        )
+                    }
+                };
+                Ok::<_, CollectiveError>((p.rank, link))
             }
         });
-        let channels = futures::future::try_join_all(dials).await?;
+        let opened = futures::future::try_join_all(opens).await?;
         let mut links: Vec<Option<Link>> = (0..cfg.world_size).map(|_| None).collect();
         let mut abort_clients = Vec::new();
-        for (rank, channel) in channels {
-            let address = &peers[rank as usize].address;
-            let link = {
-                let _entered = span.enter();
-                Link::open(
-                    cfg.rank,
-                    rank,
-                    cfg.identity.generation,
-                    channel,
-                    &token,
-                    max_message,
-                )?
-            };
+        for (rank, link) in opened {
             links[rank as usize] = Some(link);
+            let address = &peers[rank as usize].address;
             let abort_channel = net::lazy_channel(address, ABORT_GRACE.min(cfg.timeout))
                 .map_err(|reason| CollectiveError::PeerLost { rank, reason })?;
             abort_clients.push(CollectiveClient::with_interceptor(

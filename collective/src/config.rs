@@ -13,6 +13,42 @@ pub const DEFAULT_CHUNK_BYTES: usize = 1 << 20;
 /// Upper bound for `chunk_bytes`; also bounds every message a peer may send us.
 pub const MAX_CHUNK_BYTES: usize = 16 << 20;
 
+/// How chunks travel between ranks. Rendezvous and aborts always use gRPC, and every rank
+/// accepts both kinds of stream on its collective port, so ranks may even differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DataPath {
+    /// One token-authenticated raw TCP stream per directed pair of ranks (the fast path:
+    /// no protobuf or HTTP/2 re-buffering copies).
+    #[default]
+    Tcp,
+    /// One gRPC `Send` stream per directed pair of ranks.
+    Grpc,
+}
+
+impl fmt::Display for DataPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DataPath::Tcp => "tcp",
+            DataPath::Grpc => "grpc",
+        })
+    }
+}
+
+impl FromStr for DataPath {
+    type Err = CollectiveError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "tcp" => Ok(DataPath::Tcp),
+            "grpc" => Ok(DataPath::Grpc),
+            other => Err(CollectiveError::invalid_config(
+                "data_path",
+                format!("{other:?} is not one of tcp, grpc"),
+            )),
+        }
+    }
+}
+
 /// Who this job is: every rank of one generation shares all three values.
 #[derive(Clone, PartialEq, Eq)]
 pub struct JobIdentity {
@@ -206,6 +242,20 @@ mod tests {
             timeout: Duration::from_secs(5),
             chunk_bytes: DEFAULT_CHUNK_BYTES,
         }
+    }
+
+    #[test]
+    fn data_paths_parse_print_and_default_to_tcp() {
+        assert_eq!(DataPath::default(), DataPath::Tcp);
+        for path in [DataPath::Tcp, DataPath::Grpc] {
+            assert_eq!(path.to_string().parse::<DataPath>().ok(), Some(path));
+        }
+        assert_eq!(" GRPC ".parse::<DataPath>().ok(), Some(DataPath::Grpc));
+        let error = "udp".parse::<DataPath>().unwrap_err().to_string();
+        assert!(
+            error.contains("data_path") && error.contains("tcp, grpc"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -25,10 +25,7 @@ impl BufferPool {
 
     /// Copies `src` as little-endian bytes into a pooled buffer (the one copy on the send path).
     pub(crate) fn encode(self: &Arc<Self>, src: &[f32]) -> Bytes {
-        let recycled = self.free.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        let mut out = recycled.unwrap_or_default();
-        out.clear();
-        out.reserve(src.len() * 4);
+        let mut out = self.take(src.len() * 4);
         for block in src.chunks(256) {
             let mut words = [[0u8; 4]; 256];
             for (w, v) in words.iter_mut().zip(block) {
@@ -36,8 +33,22 @@ impl BufferPool {
             }
             out.extend_from_slice(words[..block.len()].as_flattened());
         }
+        self.wrap(out)
+    }
+
+    /// An empty buffer with room for `capacity` bytes, recycled when one is idle.
+    pub(crate) fn take(&self, capacity: usize) -> Vec<u8> {
+        let recycled = self.free.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let mut out = recycled.unwrap_or_default();
+        out.clear();
+        out.reserve(capacity);
+        out
+    }
+
+    /// Shares `buf` as `Bytes`; it returns to the pool when the last reference drops.
+    pub(crate) fn wrap(self: &Arc<Self>, buf: Vec<u8>) -> Bytes {
         Bytes::from_owner(Pooled {
-            buf: out,
+            buf,
             pool: Arc::clone(self),
         })
     }

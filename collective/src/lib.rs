@@ -1,4 +1,5 @@
-//! Rendezvous and collectives between the ranks of one job, over gRPC.
+//! Rendezvous and collectives between the ranks of one job, over gRPC, with chunks on a raw
+//! TCP data path beside it by default ([`DataPath`]).
 //!
 //! A rank builds a [`Communicator`] from a [`CommConfig`]; rank 0 also serves the rendezvous.
 //! `all_reduce_sum`/`all_reduce_mean` run the ring, hierarchical or star algorithm and leave
@@ -11,10 +12,12 @@ mod config;
 mod engine;
 mod error;
 mod fault;
+mod frame;
 mod kernels;
 mod net;
 mod rendezvous;
 mod segments;
+mod tcp;
 mod topology;
 mod transport;
 
@@ -25,9 +28,9 @@ pub mod proto {
 }
 
 pub use auth::{AUTHORIZATION, AttachToken, RequireToken};
-pub use communicator::Communicator;
+pub use communicator::{Communicator, ConnectOptions};
 pub use config::{
-    Algorithm, CommConfig, DEFAULT_CHUNK_BYTES, JobIdentity, MAX_CHUNK_BYTES, PeerInfo,
+    Algorithm, CommConfig, DEFAULT_CHUNK_BYTES, DataPath, JobIdentity, MAX_CHUNK_BYTES, PeerInfo,
 };
 pub use error::CollectiveError;
 pub use rendezvous::{RendezvousHandler, RendezvousService, RendezvousTable};

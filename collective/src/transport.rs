@@ -25,13 +25,41 @@ pub const GENERATION: &str = "x-rdu-generation";
 /// Chunks queued per link before the sender waits (on top of the HTTP/2 window).
 const LINK_QUEUE: usize = 4;
 
-/// A peer's incoming stream, handed by the server to the receiving side, which reads it
-/// directly (no extra task or queue between the connection and the reduction). Dropping it
-/// lets the server answer the call.
+/// A peer's incoming stream, handed by the server to the receiving side. Dropping it lets the
+/// server answer the gRPC call, or closes the TCP data stream.
 pub(crate) struct Handoff {
-    stream: Streaming<proto::Chunk>,
+    source: Source,
     received: u64,
     done: Option<oneshot::Sender<u64>>,
+}
+
+/// Where a peer's chunks come from.
+enum Source {
+    /// A gRPC `Send` stream, read directly by the collective.
+    Grpc(Box<Streaming<proto::Chunk>>),
+    /// Chunks read ahead from a raw TCP data stream by its reader task (see `tcp`).
+    Tcp(mpsc::Receiver<Result<proto::Chunk, InboxError>>),
+}
+
+impl Handoff {
+    /// A TCP data stream whose reader task feeds `chunks`.
+    pub(crate) fn tcp(chunks: mpsc::Receiver<Result<proto::Chunk, InboxError>>) -> Self {
+        Handoff {
+            source: Source::Tcp(chunks),
+            received: 0,
+            done: None,
+        }
+    }
+
+    /// The next message; `Ok(None)` when the peer ended the stream.
+    async fn message(&mut self) -> Result<Option<proto::Chunk>, InboxError> {
+        match &mut self.source {
+            Source::Grpc(stream) => stream.message().await.map_err(|status| {
+                InboxError::Lost(format!("{:?}: {}", status.code(), status.message()))
+            }),
+            Source::Tcp(chunks) => chunks.recv().await.transpose(),
+        }
+    }
 }
 
 impl Drop for Handoff {
@@ -68,7 +96,7 @@ impl Inbox {
             };
         }
         let result = match self {
-            Inbox::Open(h) => match h.stream.message().await {
+            Inbox::Open(h) => match h.message().await {
                 Ok(Some(chunk)) if chunk.generation == generation => {
                     h.received += 1;
                     return Ok(chunk);
@@ -80,7 +108,11 @@ impl Inbox {
                     )));
                 }
                 Ok(None) => "its stream to this rank ended".to_string(),
-                Err(status) => format!("{:?}: {}", status.code(), status.message()),
+                Err(InboxError::Lost(reason)) => reason,
+                Err(violation @ InboxError::Violation(_)) => {
+                    *self = Inbox::Closed("it broke the protocol".into());
+                    return Err(violation);
+                }
             },
             Inbox::Closed(reason) => return Err(InboxError::Lost(reason.clone())),
             Inbox::Waiting(_) => "stream not open".to_string(),
@@ -215,7 +247,7 @@ impl<R: ChunkReceiver> proto::collective_server::Collective for CollectiveServic
         let slot = self.0.open(from, generation)?;
         let (done_tx, done_rx) = oneshot::channel();
         let handoff = Handoff {
-            stream: request.into_inner(),
+            source: Source::Grpc(Box::new(request.into_inner())),
             received: 0,
             done: Some(done_tx),
         };
@@ -247,48 +279,56 @@ pub(crate) struct Link {
 }
 
 impl Link {
-    /// Opens the stream on an already connected channel.
-    pub(crate) fn open(
+    /// A link whose `driver` moves the queued chunks to the peer and returns why the stream
+    /// ended (once the peer took everything, or on failure).
+    pub(crate) fn spawn<F, Fut>(me: u32, peer: u32, driver: F) -> Link
+    where
+        F: FnOnce(mpsc::Receiver<proto::Chunk>) -> Fut,
+        Fut: std::future::Future<Output = String> + Send + 'static,
+    {
+        let (tx, rx) = mpsc::channel(LINK_QUEUE);
+        let closed_reason = Arc::new(Mutex::new(None));
+        let reason_slot = closed_reason.clone();
+        let span = tracing::debug_span!("link", rank = me, peer);
+        let driving = driver(rx);
+        let task = tokio::spawn(
+            async move {
+                let why = driving.await;
+                tracing::debug!(%why, "link ended");
+                *reason_slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+            }
+            .instrument(span),
+        );
+        Link {
+            peer,
+            tx,
+            closed_reason,
+            task,
+        }
+    }
+
+    /// Opens a gRPC `Send` stream on an already connected channel.
+    pub(crate) fn open_grpc(
         me: u32,
         peer: u32,
         generation: u64,
         channel: tonic::transport::Channel,
         token: &AttachToken,
         max_message: usize,
-    ) -> Result<Link, CollectiveError> {
+    ) -> Link {
         let mut client = CollectiveClient::with_interceptor(channel, token.clone())
             .max_encoding_message_size(max_message)
             .max_decoding_message_size(max_message);
-        let (tx, rx) = mpsc::channel(
-            std::env::var("T_LQ")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(LINK_QUEUE),
-        );
-        let mut request = Request::new(ReceiverStream::new(rx));
-        request.metadata_mut().insert(FROM_RANK, me.into());
-        request.metadata_mut().insert(GENERATION, generation.into());
-        let closed_reason = Arc::new(Mutex::new(None));
-        let reason_slot = closed_reason.clone();
-        let span = tracing::debug_span!("link", rank = me, peer);
-        let task = tokio::spawn(
-            async move {
-                let why = match client.send(request).await {
-                    Ok(summary) => {
-                        format!("stream closed after {} chunks", summary.get_ref().chunks)
-                    }
-                    Err(status) => format!("{:?}: {}", status.code(), status.message()),
-                };
-                tracing::debug!(%why, "link ended");
-                *reason_slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+        Link::spawn(me, peer, move |rx| async move {
+            let mut request = Request::new(ReceiverStream::new(rx));
+            request.metadata_mut().insert(FROM_RANK, me.into());
+            request.metadata_mut().insert(GENERATION, generation.into());
+            match client.send(request).await {
+                Ok(summary) => {
+                    format!("stream closed after {} chunks", summary.get_ref().chunks)
+                }
+                Err(status) => format!("{:?}: {}", status.code(), status.message()),
             }
-            .instrument(span),
-        );
-        Ok(Link {
-            peer,
-            tx,
-            closed_reason,
-            task,
         })
     }
 

@@ -1,12 +1,13 @@
-//! All-reduce, broadcast and barrier correctness for 1 to 5 ranks, every algorithm.
+//! All-reduce, broadcast and barrier correctness for 1 to 5 ranks, every algorithm, both data
+//! paths.
 
 mod common;
 
 use std::time::Duration;
 
-use common::{data, reference_sum, world};
+use common::{data, reference_sum, world, world_on};
 use futures::future::join_all;
-use rdu_collective::{Algorithm, CollectiveError, Communicator};
+use rdu_collective::{Algorithm, CollectiveError, Communicator, DataPath};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 const SIZES: [usize; 4] = [1, 7, 1000, 1_000_003];
@@ -49,7 +50,11 @@ fn assert_sum_and_identical(bufs: &[Vec<f32>], len: usize, what: &str) {
 }
 
 async fn check_world(n: u32, node_of: impl Fn(u32) -> String) {
-    let comms = world(n, node_of, TIMEOUT).await;
+    check_comms(world(n, node_of, TIMEOUT).await).await;
+}
+
+async fn check_comms(comms: Vec<Communicator>) {
+    let n = comms.len();
     for algorithm in [
         Algorithm::Ring,
         Algorithm::Star,
@@ -63,6 +68,25 @@ async fn check_world(n: u32, node_of: impl Fn(u32) -> String) {
     }
     join_all(comms.iter().map(Communicator::barrier)).await;
     join_all(comms.into_iter().map(Communicator::shutdown)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_data_path_gives_the_same_results() {
+    let comms = world_on(3, |r| format!("node{}", r % 2), TIMEOUT, |_| DataPath::Grpc).await;
+    check_comms(comms).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ranks_on_different_data_paths_still_agree() {
+    let path_of = |r: u32| {
+        if r.is_multiple_of(2) {
+            DataPath::Tcp
+        } else {
+            DataPath::Grpc
+        }
+    };
+    let comms = world_on(4, |r| format!("node{}", r / 2), TIMEOUT, path_of).await;
+    check_comms(comms).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use rdu_collective::{Algorithm, CommConfig, Communicator, DEFAULT_CHUNK_BYTES, JobIdentity};
+use rdu_collective::{
+    Algorithm, CommConfig, Communicator, ConnectOptions, DEFAULT_CHUNK_BYTES, DataPath, JobIdentity,
+};
 
 #[derive(Parser, Debug)]
 #[command(about = "All-reduce bandwidth of local ranks over gRPC, beside a raw TCP stream")]
@@ -36,6 +38,9 @@ struct Args {
     /// Untimed iterations per size before timing.
     #[arg(long, default_value_t = 3)]
     warmup: u32,
+    /// How chunks travel: tcp (raw TCP streams beside gRPC) or grpc (gRPC Send streams).
+    #[arg(long, default_value = "tcp")]
+    data_path: String,
     /// Pipelining chunk size in bytes.
     #[arg(long, default_value_t = DEFAULT_CHUNK_BYTES)]
     chunk_bytes: usize,
@@ -87,8 +92,9 @@ fn main() -> Result<()> {
         bail!("--sizes: {bad} is not a positive multiple of 4 (buffers are f32)");
     }
     let algorithm: Algorithm = args.algorithm.parse()?;
+    let data_path: DataPath = args.data_path.parse()?;
     match (args.rank, args.master_port) {
-        (Some(rank), Some(port)) => run_rank(&args, rank, port, algorithm),
+        (Some(rank), Some(port)) => run_rank(&args, rank, port, algorithm, data_path),
         (None, None) => run_parent(&args),
         _ => bail!("--rank and --master-port go together"),
     }
@@ -120,6 +126,8 @@ fn run_parent(args: &Args) -> Result<()> {
             )
             .arg("--algorithm")
             .arg(&args.algorithm)
+            .arg("--data-path")
+            .arg(&args.data_path)
             .arg("--warmup")
             .arg(args.warmup.to_string())
             .arg("--chunk-bytes")
@@ -231,7 +239,13 @@ fn tcp_send(addr: &str, bytes: u64) -> Result<()> {
     Ok(())
 }
 
-fn run_rank(args: &Args, rank: u32, master_port: u16, algorithm: Algorithm) -> Result<()> {
+fn run_rank(
+    args: &Args,
+    rank: u32,
+    master_port: u16,
+    algorithm: Algorithm,
+    data_path: DataPath,
+) -> Result<()> {
     let runtime = if args.current_thread {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -261,7 +275,11 @@ fn run_rank(args: &Args, rank: u32, master_port: u16, algorithm: Algorithm) -> R
             timeout: Duration::from_secs(120),
             chunk_bytes: args.chunk_bytes,
         };
-        let comm = Communicator::connect(cfg).await?;
+        let options = ConnectOptions {
+            data_path,
+            ..ConnectOptions::default()
+        };
+        let comm = Communicator::connect_with(cfg, options).await?;
         for &bytes in &args.sizes {
             let elems = bytes / 4;
             let mut buf = vec![(rank + 1) as f32; elems];
@@ -288,6 +306,7 @@ fn run_rank(args: &Args, rank: u32, master_port: u16, algorithm: Algorithm) -> R
                         "ranks": args.ranks,
                         "bytes": bytes,
                         "algorithm": algorithm.to_string(),
+                        "data_path": data_path.to_string(),
                         "ranks_per_node": args.ranks_per_node.max(1),
                         "iters": iters,
                         "malloc": malloc_label(),

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use futures::future::join_all;
-use rdu_collective::{CommConfig, Communicator, JobIdentity};
+use rdu_collective::{CommConfig, Communicator, ConnectOptions, DataPath, JobIdentity};
 
 pub const TOKEN: &str = "test-token";
 pub const JOB: &str = "job-uid";
@@ -53,17 +53,25 @@ pub async fn world(
     node_of: impl Fn(u32) -> String,
     timeout: Duration,
 ) -> Vec<Communicator> {
+    world_on(world, node_of, timeout, |_| DataPath::default()).await
+}
+
+/// Like [`world`], each rank sending chunks on `path_of(rank)`.
+pub async fn world_on(
+    world: u32,
+    node_of: impl Fn(u32) -> String,
+    timeout: Duration,
+    path_of: impl Fn(u32) -> DataPath,
+) -> Vec<Communicator> {
     let (listener, port) = rendezvous_listener().await;
     let mut listener = Some(listener);
     let connects = (0..world).map(|rank| {
         let cfg = config(rank, world, port, &node_of(rank), timeout);
-        let listener = if rank == 0 { listener.take() } else { None };
-        async move {
-            match listener {
-                Some(l) => Communicator::connect_with_rendezvous_listener(cfg, l).await,
-                None => Communicator::connect(cfg).await,
-            }
-        }
+        let options = ConnectOptions {
+            data_path: path_of(rank),
+            rendezvous_listener: if rank == 0 { listener.take() } else { None },
+        };
+        Communicator::connect_with(cfg, options)
     });
     join_all(connects)
         .await

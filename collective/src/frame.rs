@@ -1,0 +1,189 @@
+//! Byte format of the raw TCP data path: a hello naming the sending rank, its generation and
+//! the job token; the receiver's one-line reply; then chunk frames, each a fixed little-endian
+//! header followed by the payload. Pure encoding and decoding, no I/O.
+
+/// First bytes of a data stream. An HTTP/2 connection starts with `PRI * HTTP/2.0`, so the
+/// first byte alone tells the two apart on the shared collective port.
+pub(crate) const MAGIC: &[u8; 8] = b"RDUCHNK1";
+/// Longest job token a hello may carry.
+pub(crate) const MAX_TOKEN: usize = 4096;
+/// Hello bytes before the token: magic, from_rank (u32), generation (u64), token length (u16).
+pub(crate) const HELLO_FIXED: usize = 8 + 4 + 8 + 2;
+/// Reply bytes before its message: status (u8, a gRPC code), message length (u16).
+pub(crate) const REPLY_FIXED: usize = 3;
+/// Chunk header: op_id (u64), phase, segment, chunk, payload length (u32 each).
+pub(crate) const HEADER_LEN: usize = 24;
+
+/// Why bytes from a peer are not a valid hello, reply or header.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub(crate) enum FrameError {
+    #[error("stream does not start with the data-path magic {MAGIC:?}")]
+    BadMagic,
+    #[error("token of {0} bytes is longer than {MAX_TOKEN}")]
+    TokenTooLong(usize),
+    #[error("reply status {0} is not a gRPC code")]
+    BadStatus(u8),
+}
+
+/// The fixed part of a hello.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HelloFixed {
+    pub(crate) from_rank: u32,
+    pub(crate) generation: u64,
+    pub(crate) token_len: usize,
+}
+
+/// The whole hello a sender writes after connecting.
+pub(crate) fn encode_hello(
+    from_rank: u32,
+    generation: u64,
+    token: &str,
+) -> Result<Vec<u8>, FrameError> {
+    let token_len =
+        u16::try_from(token.len()).map_err(|_| FrameError::TokenTooLong(token.len()))?;
+    if usize::from(token_len) > MAX_TOKEN {
+        return Err(FrameError::TokenTooLong(token.len()));
+    }
+    let mut out = Vec::with_capacity(HELLO_FIXED + token.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&from_rank.to_le_bytes());
+    out.extend_from_slice(&generation.to_le_bytes());
+    out.extend_from_slice(&token_len.to_le_bytes());
+    out.extend_from_slice(token.as_bytes());
+    Ok(out)
+}
+
+/// Reads the fixed part of a hello; the token (`token_len` bytes) follows it.
+pub(crate) fn decode_hello(bytes: &[u8; HELLO_FIXED]) -> Result<HelloFixed, FrameError> {
+    if &bytes[..8] != MAGIC {
+        return Err(FrameError::BadMagic);
+    }
+    let token_len = usize::from(u16::from_le_bytes([bytes[20], bytes[21]]));
+    if token_len > MAX_TOKEN {
+        return Err(FrameError::TokenTooLong(token_len));
+    }
+    Ok(HelloFixed {
+        from_rank: u32::from_le_bytes(array(&bytes[8..12])),
+        generation: u64::from_le_bytes(array(&bytes[12..20])),
+        token_len,
+    })
+}
+
+/// The receiver's answer to a hello: `Ok` or a refusal with the same code the gRPC path uses.
+pub(crate) fn encode_reply(code: tonic::Code, message: &str) -> Vec<u8> {
+    let message: String = message.chars().take(1024).collect();
+    let mut out = Vec::with_capacity(REPLY_FIXED + message.len());
+    out.push(code as u8);
+    out.extend_from_slice(&(message.len() as u16).to_le_bytes());
+    out.extend_from_slice(message.as_bytes());
+    out
+}
+
+/// Status and message length of a reply; the message follows.
+pub(crate) fn decode_reply(bytes: &[u8; REPLY_FIXED]) -> Result<(tonic::Code, usize), FrameError> {
+    let code = bytes[0];
+    if code > tonic::Code::Unauthenticated as u8 {
+        return Err(FrameError::BadStatus(code));
+    }
+    let len = usize::from(u16::from_le_bytes([bytes[1], bytes[2]]));
+    Ok((tonic::Code::from(i32::from(code)), len))
+}
+
+/// Where a chunk belongs and how many payload bytes follow the header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ChunkHeader {
+    pub(crate) op_id: u64,
+    pub(crate) phase: u32,
+    pub(crate) segment: u32,
+    pub(crate) chunk: u32,
+    pub(crate) len: u32,
+}
+
+impl ChunkHeader {
+    pub(crate) fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut out = [0u8; HEADER_LEN];
+        out[..8].copy_from_slice(&self.op_id.to_le_bytes());
+        out[8..12].copy_from_slice(&self.phase.to_le_bytes());
+        out[12..16].copy_from_slice(&self.segment.to_le_bytes());
+        out[16..20].copy_from_slice(&self.chunk.to_le_bytes());
+        out[20..24].copy_from_slice(&self.len.to_le_bytes());
+        out
+    }
+
+    pub(crate) fn decode(bytes: &[u8; HEADER_LEN]) -> Self {
+        ChunkHeader {
+            op_id: u64::from_le_bytes(array(&bytes[..8])),
+            phase: u32::from_le_bytes(array(&bytes[8..12])),
+            segment: u32::from_le_bytes(array(&bytes[12..16])),
+            chunk: u32::from_le_bytes(array(&bytes[16..20])),
+            len: u32::from_le_bytes(array(&bytes[20..24])),
+        }
+    }
+}
+
+/// A fixed-size copy of `bytes` (callers slice exactly `N` bytes).
+fn array<const N: usize>(bytes: &[u8]) -> [u8; N] {
+    let mut out = [0u8; N];
+    out.copy_from_slice(bytes);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hello_round_trips_and_is_recognised_by_its_first_byte() {
+        let hello = encode_hello(3, 9, "tok").unwrap();
+        assert_eq!(hello.len(), HELLO_FIXED + 3);
+        assert_ne!(hello[0], b"PRI * HTTP/2.0"[0]);
+        let fixed = decode_hello(hello[..HELLO_FIXED].try_into().unwrap()).unwrap();
+        assert_eq!(
+            fixed,
+            HelloFixed {
+                from_rank: 3,
+                generation: 9,
+                token_len: 3
+            }
+        );
+        assert_eq!(&hello[HELLO_FIXED..], b"tok");
+    }
+
+    #[test]
+    fn hostile_hellos_are_refused() {
+        let mut hello = encode_hello(0, 1, "t").unwrap();
+        hello[0] = b'X';
+        assert_eq!(
+            decode_hello(hello[..HELLO_FIXED].try_into().unwrap()),
+            Err(FrameError::BadMagic)
+        );
+        let mut long = encode_hello(0, 1, "t").unwrap();
+        long[20..22].copy_from_slice(&u16::MAX.to_le_bytes());
+        assert_eq!(
+            decode_hello(long[..HELLO_FIXED].try_into().unwrap()),
+            Err(FrameError::TokenTooLong(usize::from(u16::MAX)))
+        );
+        assert!(encode_hello(0, 1, &"x".repeat(MAX_TOKEN + 1)).is_err());
+    }
+
+    #[test]
+    fn replies_carry_the_code_and_message() {
+        let reply = encode_reply(tonic::Code::FailedPrecondition, "stale");
+        let (code, len) = decode_reply(reply[..REPLY_FIXED].try_into().unwrap()).unwrap();
+        assert_eq!((code, len), (tonic::Code::FailedPrecondition, 5));
+        assert_eq!(&reply[REPLY_FIXED..], b"stale");
+        assert_eq!(decode_reply(&[200, 0, 0]), Err(FrameError::BadStatus(200)));
+    }
+
+    #[test]
+    fn chunk_headers_round_trip() {
+        let header = ChunkHeader {
+            op_id: u64::MAX - 1,
+            phase: 17,
+            segment: 2,
+            chunk: 40_000,
+            len: 1 << 20,
+        };
+        assert_eq!(ChunkHeader::decode(&header.encode()), header);
+    }
+}

@@ -1,0 +1,519 @@
+//! The raw TCP data path beside gRPC: chunks travel on one plain TCP stream per directed pair of
+//! ranks (hello with the job token and generation, then header + payload frames, see `frame`),
+//! on the same port as the `Collective` gRPC server, which still carries aborts and accepts
+//! `Send` streams. Compared with a gRPC stream this skips protobuf's payload copy and tonic's
+//! re-buffering of HTTP/2 frames on both ends: the sender writes the encoded chunk straight to
+//! the socket and the receiver reads it straight into a recycled buffer.
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Buf, BufMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Code, Status};
+use tracing::Instrument;
+
+use crate::auth::RequireToken;
+use crate::error::CollectiveError;
+use crate::frame::{self, ChunkHeader, HEADER_LEN, HELLO_FIXED, REPLY_FIXED};
+use crate::kernels::BufferPool;
+use crate::proto;
+use crate::transport::{ChunkReceiver, Handoff, InboundRouter, InboxError, Link};
+
+/// Chunks a reader task may hold ready before the collective takes them.
+const READ_AHEAD: usize = 2;
+/// gRPC connections waiting for tonic to take them.
+const GRPC_BACKLOG: usize = 16;
+/// Idle receive buffers kept per rank.
+const POOLED_RECEIVE_BUFFERS: usize = 16;
+
+/// The receiving side of the data path: who may open a stream, and into which inbox it goes.
+pub(crate) struct DataPort {
+    router: Arc<InboundRouter>,
+    token: RequireToken,
+    max_payload: usize,
+    handshake_timeout: Duration,
+    pool: Arc<BufferPool>,
+}
+
+impl DataPort {
+    pub(crate) fn new(
+        router: Arc<InboundRouter>,
+        token: RequireToken,
+        max_payload: usize,
+        handshake_timeout: Duration,
+    ) -> Arc<Self> {
+        Arc::new(DataPort {
+            router,
+            token,
+            max_payload,
+            handshake_timeout,
+            pool: BufferPool::new(POOLED_RECEIVE_BUFFERS),
+        })
+    }
+
+    /// Checks the hello of a new data stream; on success the inbox slot to hand it to.
+    async fn admit(
+        &self,
+        stream: &mut TcpStream,
+    ) -> Result<(u32, u64, oneshot::Sender<Handoff>), Status> {
+        let incomplete = |e: io::Error| Status::invalid_argument(format!("incomplete hello: {e}"));
+        let mut fixed = [0u8; HELLO_FIXED];
+        stream.read_exact(&mut fixed).await.map_err(incomplete)?;
+        let hello =
+            frame::decode_hello(&fixed).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let mut token = vec![0u8; hello.token_len];
+        stream.read_exact(&mut token).await.map_err(incomplete)?;
+        if !self.token.accepts(&token) {
+            return Err(Status::unauthenticated("wrong job token"));
+        }
+        let slot = self.router.open(hello.from_rank, hello.generation)?;
+        Ok((hello.from_rank, hello.generation, slot))
+    }
+
+    /// Admits (or refuses, with a reply saying why) one data stream, then reads its chunks.
+    async fn serve(self: Arc<Self>, mut stream: TcpStream) {
+        let admitted = tokio::time::timeout(self.handshake_timeout, self.admit(&mut stream)).await;
+        let (from_rank, generation, slot) = match admitted {
+            Ok(Ok(admitted)) => admitted,
+            Ok(Err(refusal)) => {
+                tracing::warn!(code = ?refusal.code(), reason = refusal.message(), "data stream refused");
+                let reply = frame::encode_reply(refusal.code(), refusal.message());
+                let _ = stream.write_all(&reply).await;
+                return;
+            }
+            Err(_) => {
+                tracing::debug!("no hello within the timeout; connection closed");
+                return;
+            }
+        };
+        if stream
+            .write_all(&frame::encode_reply(Code::Ok, ""))
+            .await
+            .is_err()
+        {
+            return;
+        }
+        let (tx, rx) = mpsc::channel(READ_AHEAD);
+        if slot.send(Handoff::tcp(rx)).is_err() {
+            return;
+        }
+        read_chunks(stream, generation, self.max_payload, &self.pool, tx)
+            .instrument(tracing::debug_span!("data stream", from_rank))
+            .await;
+    }
+}
+
+/// Accepts connections on the collective port until shutdown: data streams (starting with the
+/// data-path magic) go to `port`, everything else to the returned stream for tonic.
+pub(crate) fn demux(
+    listener: TcpListener,
+    port: Arc<DataPort>,
+    mut shutdown: watch::Receiver<bool>,
+) -> ReceiverStream<io::Result<TcpStream>> {
+    let (grpc_tx, grpc_rx) = mpsc::channel(GRPC_BACKLOG);
+    let span = tracing::Span::current();
+    tokio::spawn(
+        async move {
+            loop {
+                let accepted = tokio::select! {
+                    accepted = listener.accept() => accepted,
+                    _ = shutdown.wait_for(|down| *down) => return,
+                };
+                match accepted {
+                    Ok((stream, _)) => {
+                        tokio::spawn(
+                            route(stream, port.clone(), grpc_tx.clone())
+                                .instrument(tracing::Span::current()),
+                        );
+                    }
+                    Err(error) => {
+                        // Typically out of file descriptors: give closing sockets a moment.
+                        tracing::warn!(%error, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            }
+        }
+        .instrument(span),
+    );
+    ReceiverStream::new(grpc_rx)
+}
+
+/// Sends one accepted connection where its first byte says it belongs.
+async fn route(stream: TcpStream, port: Arc<DataPort>, grpc: mpsc::Sender<io::Result<TcpStream>>) {
+    let _ = stream.set_nodelay(true);
+    let mut first = [0u8; 1];
+    match tokio::time::timeout(port.handshake_timeout, stream.peek(&mut first)).await {
+        Ok(Ok(1)) if first[0] == frame::MAGIC[0] => port.serve(stream).await,
+        Ok(Ok(_)) => {
+            let _ = grpc.send(Ok(stream)).await;
+        }
+        Ok(Err(error)) => tracing::debug!(%error, "connection failed before its first byte"),
+        Err(_) => tracing::debug!("connection silent within the timeout; closed"),
+    }
+}
+
+/// Reads chunk frames into `chunks` until the stream ends, breaks the protocol, or the
+/// receiving side drops its inbox.
+async fn read_chunks(
+    mut reader: TcpStream,
+    generation: u64,
+    max_payload: usize,
+    pool: &Arc<BufferPool>,
+    chunks: mpsc::Sender<Result<proto::Chunk, InboxError>>,
+) {
+    loop {
+        let next = tokio::select! {
+            biased;
+            _ = chunks.closed() => return,
+            next = read_chunk(&mut reader, generation, max_payload, pool) => next,
+        };
+        match next {
+            Ok(Some(chunk)) => {
+                if chunks.send(Ok(chunk)).await.is_err() {
+                    return;
+                }
+            }
+            // Dropping the sender tells the inbox the stream ended.
+            Ok(None) => return,
+            Err(error) => {
+                let _ = chunks.send(Err(error)).await;
+                return;
+            }
+        }
+    }
+}
+
+/// One frame; `None` when the peer closed the stream.
+async fn read_chunk(
+    reader: &mut TcpStream,
+    generation: u64,
+    max_payload: usize,
+    pool: &Arc<BufferPool>,
+) -> Result<Option<proto::Chunk>, InboxError> {
+    let mut header = [0u8; HEADER_LEN];
+    match reader.read_exact(&mut header).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(InboxError::Lost(format!("reading its stream: {e}"))),
+    }
+    let header = ChunkHeader::decode(&header);
+    let len = header.len as usize;
+    if len > max_payload {
+        return Err(InboxError::Violation(format!(
+            "chunk of {len} bytes is over the {max_payload}-byte limit"
+        )));
+    }
+    let mut payload = pool.take(len);
+    while payload.len() < len {
+        let want = len - payload.len();
+        let n = reader
+            .read_buf(&mut (&mut payload).limit(want))
+            .await
+            .map_err(|e| InboxError::Lost(format!("reading its stream: {e}")))?;
+        if n == 0 {
+            return Err(InboxError::Lost("its stream ended inside a chunk".into()));
+        }
+    }
+    Ok(Some(proto::Chunk {
+        generation,
+        op_id: header.op_id,
+        phase: header.phase,
+        segment: header.segment,
+        chunk: header.chunk,
+        payload: pool.wrap(payload),
+    }))
+}
+
+/// Connects to `peer`'s data port at `address` and introduces this rank; the link then
+/// streams chunks until closed.
+pub(crate) async fn open_link(
+    me: u32,
+    peer: u32,
+    generation: u64,
+    address: &str,
+    token: &str,
+    deadline: Instant,
+) -> Result<Link, CollectiveError> {
+    let lost = |reason: String| CollectiveError::PeerLost { rank: peer, reason };
+    let hello = frame::encode_hello(me, generation, token)
+        .map_err(|e| CollectiveError::invalid_config("identity.token", e.to_string()))?;
+    let mut stream = connect_until(address, deadline).await.map_err(lost)?;
+    let handshake = async {
+        stream.write_all(&hello).await?;
+        let mut fixed = [0u8; REPLY_FIXED];
+        stream.read_exact(&mut fixed).await?;
+        let (code, len) = frame::decode_reply(&fixed)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        let mut message = vec![0u8; len];
+        stream.read_exact(&mut message).await?;
+        Ok::<_, io::Error>((code, String::from_utf8_lossy(&message).into_owned()))
+    };
+    let (code, message) = tokio::time::timeout_at(deadline, handshake)
+        .await
+        .map_err(|_| {
+            lost(format!(
+                "{address} did not answer the data-stream hello in time"
+            ))
+        })?
+        .map_err(|e| lost(format!("data-stream hello to {address} failed: {e}")))?;
+    match code {
+        Code::Ok => Ok(Link::spawn(me, peer, move |chunks| {
+            write_chunks(stream, chunks)
+        })),
+        Code::Unauthenticated | Code::InvalidArgument | Code::PermissionDenied => {
+            Err(CollectiveError::Protocol {
+                rank: peer,
+                reason: format!("refused this rank's data stream ({code:?}): {message}"),
+            })
+        }
+        _ => Err(lost(format!(
+            "refused this rank's data stream ({code:?}): {message}"
+        ))),
+    }
+}
+
+/// Connects, retrying refused connections until `deadline` (the peer may still be starting).
+async fn connect_until(address: &str, deadline: Instant) -> Result<TcpStream, String> {
+    let mut backoff = Duration::from_millis(10);
+    loop {
+        let error = match tokio::time::timeout_at(deadline, TcpStream::connect(address)).await {
+            Ok(Ok(stream)) => {
+                let _ = stream.set_nodelay(true);
+                return Ok(stream);
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "connect did not finish in time".to_string(),
+        };
+        if Instant::now() + backoff >= deadline {
+            return Err(format!("cannot connect to {address}: {error}"));
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_millis(200));
+    }
+}
+
+/// Writes queued chunks as frames; after the queue closes, ends the stream and waits until the
+/// peer closes its side (it took everything). Returns why the stream ended.
+async fn write_chunks(stream: TcpStream, mut chunks: mpsc::Receiver<proto::Chunk>) -> String {
+    let (mut read_half, mut write_half) = stream.into_split();
+    let mut sent = 0u64;
+    while let Some(chunk) = chunks.recv().await {
+        let Ok(len) = u32::try_from(chunk.payload.len()) else {
+            return format!("chunk of {} bytes is too large", chunk.payload.len());
+        };
+        let header = ChunkHeader {
+            op_id: chunk.op_id,
+            phase: chunk.phase,
+            segment: chunk.segment,
+            chunk: chunk.chunk,
+            len,
+        }
+        .encode();
+        let mut frame = Buf::chain(&header[..], chunk.payload);
+        if let Err(e) = write_half.write_all_buf(&mut frame).await {
+            return format!("sending to the peer failed after {sent} chunks: {e}");
+        }
+        sent += 1;
+    }
+    if let Err(e) = write_half.shutdown().await {
+        return format!("ending the stream failed after {sent} chunks: {e}");
+    }
+    let mut scratch = [0u8; 64];
+    while let Ok(n) = read_half.read(&mut scratch).await {
+        if n == 0 {
+            break;
+        }
+    }
+    format!("stream closed after {sent} chunks")
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use tokio_stream::StreamExt;
+
+    use super::*;
+    use crate::fault::FailState;
+    use crate::transport::Inbox;
+
+    const TOKEN: &str = "secret";
+    const GENERATION: u64 = 7;
+    const MAX_PAYLOAD: usize = 64;
+
+    /// Rank 1 of 3 with its data port listening.
+    struct Harness {
+        address: String,
+        inboxes: Vec<Option<Inbox>>,
+        grpc: ReceiverStream<io::Result<TcpStream>>,
+        _shutdown: watch::Sender<bool>,
+    }
+
+    async fn harness() -> Harness {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let (shutdown, rx) = watch::channel(false);
+        let fail = Arc::new(FailState::new());
+        let (router, inboxes) = InboundRouter::new(1, 3, GENERATION, fail, rx.clone());
+        let port = DataPort::new(
+            Arc::new(router),
+            RequireToken::new(TOKEN),
+            MAX_PAYLOAD,
+            Duration::from_secs(10),
+        );
+        Harness {
+            address,
+            inboxes,
+            grpc: demux(listener, port, rx),
+            _shutdown: shutdown,
+        }
+    }
+
+    /// Says hello as `from` and returns the connection and the reply.
+    async fn hello(address: &str, from: u32, generation: u64, token: &str) -> (TcpStream, Code) {
+        let mut stream = TcpStream::connect(address).await.unwrap();
+        let hello = frame::encode_hello(from, generation, token).unwrap();
+        stream.write_all(&hello).await.unwrap();
+        let mut fixed = [0u8; REPLY_FIXED];
+        stream.read_exact(&mut fixed).await.unwrap();
+        let (code, len) = frame::decode_reply(&fixed).unwrap();
+        let mut message = vec![0u8; len];
+        stream.read_exact(&mut message).await.unwrap();
+        (stream, code)
+    }
+
+    fn frame_bytes(chunk: u32, payload: &[u8]) -> Vec<u8> {
+        let header = ChunkHeader {
+            op_id: 3,
+            phase: 16,
+            segment: 1,
+            chunk,
+            len: payload.len() as u32,
+        };
+        [&header.encode()[..], payload].concat()
+    }
+
+    #[tokio::test]
+    async fn hellos_with_the_wrong_token_generation_or_rank_are_refused() {
+        let h = harness().await;
+        let cases = [
+            (0, GENERATION, "wrong", Code::Unauthenticated),
+            (0, GENERATION - 1, TOKEN, Code::FailedPrecondition),
+            (1, GENERATION, TOKEN, Code::InvalidArgument),
+            (9, GENERATION, TOKEN, Code::InvalidArgument),
+        ];
+        for (from, generation, token, expected) in cases {
+            let (_, code) = hello(&h.address, from, generation, token).await;
+            assert_eq!(code, expected, "from {from} generation {generation}");
+        }
+        // The refusals did not use up rank 0's slot.
+        let (_, code) = hello(&h.address, 0, GENERATION, TOKEN).await;
+        assert_eq!(code, Code::Ok);
+        let (_, code) = hello(&h.address, 0, GENERATION, TOKEN).await;
+        assert_eq!(code, Code::AlreadyExists);
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_is_not_a_hello_is_refused() {
+        let h = harness().await;
+        let mut stream = TcpStream::connect(&h.address).await.unwrap();
+        stream.write_all(b"RUBBISH-AND-MORE-BYTES").await.unwrap();
+        let mut fixed = [0u8; REPLY_FIXED];
+        stream.read_exact(&mut fixed).await.unwrap();
+        assert_eq!(
+            frame::decode_reply(&fixed).unwrap().0,
+            Code::InvalidArgument
+        );
+    }
+
+    #[tokio::test]
+    async fn chunks_arrive_in_order_then_the_end_of_the_stream_is_reported() {
+        let mut h = harness().await;
+        let (mut stream, code) = hello(&h.address, 2, GENERATION, TOKEN).await;
+        assert_eq!(code, Code::Ok);
+        stream.write_all(&frame_bytes(0, b"abcd")).await.unwrap();
+        stream.write_all(&frame_bytes(1, b"")).await.unwrap();
+        stream.shutdown().await.unwrap();
+        let inbox = h.inboxes[2].as_mut().unwrap();
+        let first = inbox.next(GENERATION).await.unwrap();
+        assert_eq!(
+            (first.generation, first.op_id, first.phase, first.segment),
+            (GENERATION, 3, 16, 1)
+        );
+        assert_eq!(
+            (first.chunk, first.payload),
+            (0, Bytes::from_static(b"abcd"))
+        );
+        let second = inbox.next(GENERATION).await.unwrap();
+        assert_eq!((second.chunk, second.payload.len()), (1, 0));
+        assert!(matches!(
+            inbox.next(GENERATION).await,
+            Err(InboxError::Lost(reason)) if reason.contains("ended")
+        ));
+    }
+
+    #[tokio::test]
+    async fn an_oversized_chunk_is_a_violation_not_an_allocation() {
+        let mut h = harness().await;
+        let (mut stream, _) = hello(&h.address, 0, GENERATION, TOKEN).await;
+        let header = ChunkHeader {
+            op_id: 0,
+            phase: 16,
+            segment: 0,
+            chunk: 0,
+            len: u32::MAX,
+        };
+        stream.write_all(&header.encode()).await.unwrap();
+        let inbox = h.inboxes[0].as_mut().unwrap();
+        assert!(matches!(
+            inbox.next(GENERATION).await,
+            Err(InboxError::Violation(reason)) if reason.contains("limit")
+        ));
+    }
+
+    #[tokio::test]
+    async fn other_connections_are_handed_to_grpc_untouched() {
+        let mut h = harness().await;
+        let mut client = TcpStream::connect(&h.address).await.unwrap();
+        client.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+        let mut server = h.grpc.next().await.unwrap().unwrap();
+        let mut preface = [0u8; 16];
+        server.read_exact(&mut preface).await.unwrap();
+        assert_eq!(&preface, b"PRI * HTTP/2.0\r\n");
+    }
+
+    #[tokio::test]
+    async fn links_deliver_chunks_and_report_refusals() {
+        let mut h = harness().await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let refused = open_link(0, 1, GENERATION, &h.address, "wrong", deadline).await;
+        assert!(matches!(
+            refused,
+            Err(ref e @ CollectiveError::Protocol { rank: 1, .. }) if !e.is_retryable()
+        ));
+        let link = open_link(0, 1, GENERATION, &h.address, TOKEN, deadline)
+            .await
+            .unwrap();
+        let chunk = proto::Chunk {
+            generation: GENERATION,
+            op_id: 5,
+            phase: 2,
+            segment: 0,
+            chunk: 4,
+            payload: Bytes::from_static(&[1, 2, 3, 4, 5, 6, 7, 8]),
+        };
+        link.send(chunk.clone()).await.unwrap();
+        let inbox = h.inboxes[0].as_mut().unwrap();
+        assert_eq!(inbox.next(GENERATION).await.unwrap(), chunk);
+        // Closing finishes once the receiver let go of the stream.
+        let closing = link.close();
+        h.inboxes.clear();
+        closing.await.unwrap();
+    }
+}
