@@ -1,2 +1,108 @@
-//! The rdujob command line.
-fn main() {}
+//! The rdujob command line: `run` an RduJob locally (like `mpirun -np N`), `tilestat` a node.
+
+mod error;
+mod gang;
+mod lifecycle;
+mod local;
+mod manifest;
+mod plan;
+mod ports;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+const DEFAULT_TILESTAT_URL: &str = "http://127.0.0.1:9464/status";
+
+#[derive(Parser)]
+#[command(
+    name = "rdujob",
+    version,
+    about = "Run RduJobs locally; show RDU tile status"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the RduJob in FILE on this machine: one process per rank on 127.0.0.1.
+    Run {
+        /// The RduJob YAML (as for `kubectl apply -f`).
+        file: PathBuf,
+        /// Override spec.workers (the world size).
+        #[arg(long)]
+        workers: Option<u32>,
+    },
+    /// Show the tiles of a node as `sntilestat` does (the device plugin's status endpoint).
+    Tilestat {
+        #[arg(default_value = DEFAULT_TILESTAT_URL)]
+        url: String,
+    },
+    /// One rank of a local job (started by `run`; reads the env contract).
+    #[command(hide = true)]
+    Worker,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let code = match cli.command {
+        Command::Worker => {
+            init_worker_logs();
+            rdu_worker::run_from_process_env()
+        }
+        Command::Run { file, workers } => {
+            with_runtime(|| async move { local::run(&file, workers).await })
+        }
+        Command::Tilestat { url } => with_runtime(|| async move {
+            match rdu_device_plugin::tilestat::fetch_and_render(&url).await {
+                Ok(table) => {
+                    print!("{table}");
+                    Ok(0)
+                }
+                Err(e) => {
+                    eprintln!("rdujob tilestat: {e}");
+                    Ok(1)
+                }
+            }
+        }),
+    };
+    std::process::exit(code);
+}
+
+fn with_runtime<F, Fut>(f: F) -> i32
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = Result<i32, error::CliError>>,
+{
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("rdujob: cannot start the async runtime: {e}");
+            return 1;
+        }
+    };
+    match runtime.block_on(f()) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("rdujob: {e}");
+            e.exit_code()
+        }
+    }
+}
+
+/// A rank's logs: plain text on stderr (the parent prefixes each line with the rank).
+fn init_worker_logs() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+}

@@ -1,0 +1,40 @@
+//! The CLI's error type and the exit code of each failure.
+
+use rdu_crds::consts::exit_code;
+
+/// Everything that stops `rdujob` before or around the ranks.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error("cannot read {path}: {reason}")]
+    ReadManifest { path: String, reason: String },
+    #[error("{path}: {source}")]
+    Manifest {
+        path: String,
+        #[source]
+        source: rdu_crds::ManifestError,
+    },
+    #[error("{path}: invalid RduJob:\n  {}", .errors.join("\n  "))]
+    Invalid { path: String, errors: Vec<String> },
+    #[error("tiles: {0}")]
+    Tiles(String),
+    #[error("rank env: {0}")]
+    Env(String),
+    #[error("cannot start rank {rank}: {reason}")]
+    Spawn { rank: u32, reason: String },
+    #[error("{what}: {reason}")]
+    Io { what: String, reason: String },
+}
+
+impl CliError {
+    /// 64 for anything wrong with the job file or its resources, 1 for the machine failing us.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            CliError::ReadManifest { .. }
+            | CliError::Manifest { .. }
+            | CliError::Invalid { .. }
+            | CliError::Tiles(_)
+            | CliError::Env(_) => exit_code::BAD_CONFIG,
+            CliError::Spawn { .. } | CliError::Io { .. } => 1,
+        }
+    }
+}

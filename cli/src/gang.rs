@@ -1,0 +1,171 @@
+//! Runs one generation of the gang: one process per rank (a re-exec of this binary's hidden
+//! `worker` subcommand), their output merged line by line onto stderr with `[rank N] ` prefixes,
+//! Ctrl-C/SIGTERM forwarded, and every rank's exit collected in the order they ended.
+
+use std::path::PathBuf;
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::process::Command;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio::time::{Instant, sleep_until};
+
+use crate::error::CliError;
+use crate::lifecycle::RankExit;
+use crate::plan::RankLaunch;
+
+/// How to start and stop the ranks.
+#[derive(Debug, Clone)]
+pub struct GangOptions {
+    /// This executable, re-run as `worker`.
+    pub exe: PathBuf,
+    /// Working directory of every rank (the job file's directory).
+    pub cwd: PathBuf,
+    /// After the first failure, how long the others get to notice and exit on their own.
+    pub failure_grace: Duration,
+    /// After forwarding a signal, how long the ranks get before they are killed.
+    pub stop_grace: Duration,
+}
+
+/// How the generation ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GangOutcome {
+    /// (rank, exit) in the order the ranks ended.
+    pub exits: Vec<(u32, RankExit)>,
+    /// The signal the user sent us, when we stopped because of one.
+    pub interrupted: Option<i32>,
+}
+
+fn rank_exit(status: ExitStatus) -> RankExit {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(c), _) => RankExit::Code(c),
+        (None, Some(s)) => RankExit::Signal(s),
+        (None, None) => RankExit::Code(1),
+    }
+}
+
+fn send_signal(pid: u32, sig: i32) {
+    // SAFETY: kill(2) with a pid we spawned and have not reaped; no memory is touched.
+    unsafe {
+        libc::kill(pid as libc::pid_t, sig);
+    }
+}
+
+/// Copies `reader`'s lines to stderr with the rank's prefix.
+async fn forward_lines(rank: u32, reader: impl AsyncRead + Unpin) {
+    let mut lines = BufReader::new(reader).lines();
+    loop {
+        match lines.next_line().await {
+            Ok(Some(line)) => eprintln!("[rank {rank}] {line}"),
+            Ok(None) => break,
+            Err(e) => {
+                eprintln!("[rank {rank}] <output unreadable: {e}>");
+                break;
+            }
+        }
+    }
+}
+
+/// Starts every rank and waits for all of them to end.
+pub async fn run(launches: &[RankLaunch], opts: &GangOptions) -> Result<GangOutcome, CliError> {
+    let mut sigint =
+        signal(SignalKind::interrupt()).map_err(io_err("installing the SIGINT handler"))?;
+    let mut sigterm =
+        signal(SignalKind::terminate()).map_err(io_err("installing the SIGTERM handler"))?;
+    let mut logs = JoinSet::new();
+    let (exit_tx, mut exit_rx) = mpsc::unbounded_channel::<(u32, RankExit)>();
+    let mut running: Vec<(u32, u32)> = Vec::new(); // (rank, pid)
+    for launch in launches {
+        let mut child = Command::new(&opts.exe)
+            .arg("worker")
+            .current_dir(&opts.cwd)
+            .envs(launch.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| CliError::Spawn {
+                rank: launch.rank,
+                reason: e.to_string(),
+            })?;
+        let rank = launch.rank;
+        if let Some(out) = child.stdout.take() {
+            logs.spawn(forward_lines(rank, out));
+        }
+        if let Some(err) = child.stderr.take() {
+            logs.spawn(forward_lines(rank, err));
+        }
+        running.push((rank, child.id().unwrap_or_default()));
+        let tx = exit_tx.clone();
+        tokio::spawn(async move {
+            let exit = match child.wait().await {
+                Ok(status) => rank_exit(status),
+                Err(_) => RankExit::Code(1),
+            };
+            let _ = tx.send((rank, exit));
+        });
+    }
+    drop(exit_tx);
+
+    let mut outcome = GangOutcome {
+        exits: Vec::new(),
+        interrupted: None,
+    };
+    let mut kill_at: Option<Instant> = None;
+    while !running.is_empty() {
+        let deadline =
+            kill_at.unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400 * 365));
+        tokio::select! {
+            ended = exit_rx.recv() => {
+                let Some((rank, exit)) = ended else { break };
+                running.retain(|(r, _)| *r != rank);
+                if !exit.is_success() {
+                    eprintln!("[rdujob] rank {rank} ended with {exit}");
+                    if kill_at.is_none() {
+                        kill_at = Some(Instant::now() + opts.failure_grace);
+                    }
+                }
+                outcome.exits.push((rank, exit));
+            }
+            _ = sleep_until(deadline), if kill_at.is_some() => {
+                for &(rank, pid) in &running {
+                    eprintln!("[rdujob] rank {rank} still running after the grace period: killing it");
+                    send_signal(pid, libc::SIGKILL);
+                }
+                kill_at = None;
+            }
+            _ = sigint.recv() => forward(&running, libc::SIGINT, opts, &mut outcome, &mut kill_at),
+            _ = sigterm.recv() => forward(&running, libc::SIGTERM, opts, &mut outcome, &mut kill_at),
+        }
+    }
+    while logs.join_next().await.is_some() {}
+    Ok(outcome)
+}
+
+fn forward(
+    running: &[(u32, u32)],
+    sig: i32,
+    opts: &GangOptions,
+    outcome: &mut GangOutcome,
+    kill_at: &mut Option<Instant>,
+) {
+    eprintln!("[rdujob] signal {sig}: stopping {} rank(s)", running.len());
+    for &(_, pid) in running {
+        send_signal(pid, sig);
+    }
+    outcome.interrupted.get_or_insert(sig);
+    let stop = Instant::now() + opts.stop_grace;
+    *kill_at = Some(kill_at.map_or(stop, |k| k.min(stop)));
+}
+
+fn io_err(what: &'static str) -> impl Fn(std::io::Error) -> CliError {
+    move |e| CliError::Io {
+        what: what.into(),
+        reason: e.to_string(),
+    }
+}

@@ -1,0 +1,224 @@
+//! `rdujob run`: local mode (DESIGN 6). The job file, tiles from a simulated node, one process per
+//! rank on 127.0.0.1, and the operator's lifecycle: restart the gang on a retryable failure up to
+//! `backoffLimit`, else end with the failing rank's code. The result JSON is the last stdout line.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rdu_crds::consts::exit_code;
+use rdu_crds::{JobResult, RduJob};
+use rdu_device_plugin::local::SimulatedNode;
+
+use crate::error::CliError;
+use crate::gang::{self, GangOptions};
+use crate::lifecycle::{Decision, decide};
+use crate::manifest::{self, LocalJob};
+use crate::plan::{LocalContext, plan};
+use crate::ports::free_ports;
+
+/// Tiles per simulated RDU (an SN10-8's RDU has 4).
+const TILES_PER_RDU: u32 = 4;
+/// The simulated node has at least this many RDUs, more when the job needs them.
+const MIN_RDUS: u32 = 8;
+/// Grace after the first failed rank for the others to notice and exit on their own.
+const FAILURE_GRACE_EXTRA: Duration = Duration::from_secs(5);
+/// Grace after a forwarded Ctrl-C/SIGTERM before the ranks are killed.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// Runs the job in `path` to its end; returns the process exit code.
+pub async fn run(path: &Path, workers: Option<u32>) -> Result<i32, CliError> {
+    let LocalJob { mut job, dir } = manifest::load(path, workers)?;
+    let name = job.metadata.name.clone().unwrap_or_default();
+    if job.metadata.uid.is_none() {
+        job.metadata.uid = Some(format!("local-{}", random_hex(8)));
+    }
+    let scratch = tempfile::Builder::new()
+        .prefix(&format!("rdujob-{name}-"))
+        .tempdir()
+        .map_err(|e| CliError::Io {
+            what: "creating a scratch directory".into(),
+            reason: e.to_string(),
+        })?;
+    let checkpoint_dir = job
+        .spec
+        .checkpoint
+        .as_ref()
+        .map(|_| scratch.path().join("checkpoints"));
+    let token = random_hex(16);
+    let node_name = hostname();
+    let policy = job.spec.run_policy.clone();
+    let opts = GangOptions {
+        exe: std::env::current_exe().map_err(|e| CliError::Io {
+            what: "finding this executable".into(),
+            reason: e.to_string(),
+        })?,
+        cwd: dir,
+        failure_grace: Duration::from_secs(u64::from(job.spec.data_parallel.timeout_seconds))
+            + FAILURE_GRACE_EXTRA,
+        stop_grace: STOP_GRACE,
+    };
+    eprintln!(
+        "[rdujob] job {name}: {} rank(s) × {} tile(s), scratch {}",
+        job.spec.workers,
+        job.spec.tiles_per_worker,
+        scratch.path().display()
+    );
+    let mut node = simulated_node(&job)?;
+    for generation in 0u32.. {
+        let result_path = scratch.path().join(format!("result-{generation}.json"));
+        let (tiles, device_ids) = allocate(&mut node, &job)?;
+        let ports = free_ports(job.spec.workers as usize + 1)?;
+        let ctx = LocalContext {
+            token: token.clone(),
+            node_name: node_name.clone(),
+            master_port: ports[0],
+            collective_ports: ports[1..].to_vec(),
+            tiles,
+            result_path: result_path.clone(),
+            checkpoint_dir: checkpoint_dir.clone(),
+        };
+        let launches = plan(&job, generation, &ctx)?;
+        eprintln!(
+            "[rdujob] generation {generation}: starting {} rank(s)",
+            launches.len()
+        );
+        let outcome = gang::run(&launches, &opts).await?;
+        node.release(&device_ids);
+        if let Some(sig) = outcome.interrupted {
+            eprintln!("[rdujob] stopped by signal {sig}");
+            return Ok(128 + sig);
+        }
+        match decide(
+            &outcome.exits,
+            policy.restart_policy,
+            generation,
+            policy.backoff_limit,
+        ) {
+            Decision::Succeeded => {
+                let result = read_result(&result_path)?;
+                let json = serde_json::to_string(&result).map_err(|e| CliError::Io {
+                    what: "encoding the result".into(),
+                    reason: e.to_string(),
+                })?;
+                eprintln!("[rdujob] job {name} succeeded after {generation} restart(s)");
+                println!("{json}");
+                return Ok(exit_code::SUCCESS);
+            }
+            Decision::Restart => {
+                eprintln!(
+                    "[rdujob] restarting the gang: generation {} (restart {} of at most {})",
+                    generation + 1,
+                    generation + 1,
+                    policy.backoff_limit
+                );
+            }
+            Decision::Failed { rank, exit } => {
+                eprintln!(
+                    "[rdujob] job {name} failed: rank {rank} ended with {exit} after {generation} restart(s)"
+                );
+                return Ok(exit.as_exit_code());
+            }
+        }
+    }
+    unreachable_generation()
+}
+
+/// The generation counter is unbounded in form but bounded by `backoffLimit` (a u32) in practice.
+fn unreachable_generation() -> Result<i32, CliError> {
+    Err(CliError::Io {
+        what: "the gang".into(),
+        reason: "ran out of generation numbers".into(),
+    })
+}
+
+fn simulated_node(job: &RduJob) -> Result<SimulatedNode, CliError> {
+    let needed = job.spec.workers.saturating_mul(job.spec.tiles_per_worker);
+    let rdus = needed.div_ceil(TILES_PER_RDU).max(MIN_RDUS);
+    SimulatedNode::new(rdus, TILES_PER_RDU).map_err(|e| CliError::Tiles(e.to_string()))
+}
+
+/// One rank's tile env (SF_RNT_TILE_AFFINITY, RDU_VISIBLE_TILES).
+type TileEnv = BTreeMap<String, String>;
+
+/// Every rank's tile env, and all device IDs to release after the generation.
+fn allocate(
+    node: &mut SimulatedNode,
+    job: &RduJob,
+) -> Result<(Vec<TileEnv>, Vec<String>), CliError> {
+    let mut envs = Vec::new();
+    let mut ids = Vec::new();
+    for _ in 0..job.spec.workers {
+        match node.allocate(job.spec.tiles_per_worker) {
+            Ok(a) => {
+                ids.extend(a.device_ids);
+                envs.push(a.env);
+            }
+            Err(e) => {
+                node.release(&ids);
+                return Err(CliError::Tiles(e.to_string()));
+            }
+        }
+    }
+    Ok((envs, ids))
+}
+
+fn read_result(path: &PathBuf) -> Result<JobResult, CliError> {
+    let text = std::fs::read_to_string(path).map_err(|e| CliError::Io {
+        what: format!("reading rank 0's result {}", path.display()),
+        reason: e.to_string(),
+    })?;
+    serde_json::from_str(text.trim()).map_err(|e| CliError::Io {
+        what: format!("decoding rank 0's result {}", path.display()),
+        reason: e.to_string(),
+    })
+}
+
+/// The machine's name, as NODE_NAME would be in a cluster.
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+/// `bytes` random bytes as hex, from the OS.
+fn random_hex(bytes: usize) -> String {
+    let mut buf = vec![0u8; bytes];
+    let filled = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut buf));
+    if filled.is_err() {
+        // No /dev/urandom: the hasher's per-process random keys still make the token unguessable enough
+        // for a loopback-only job.
+        use std::hash::{BuildHasher, RandomState};
+        for (i, b) in buf.iter_mut().enumerate() {
+            *b = RandomState::new().hash_one(i) as u8;
+        }
+    }
+    buf.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_random_hex() {
+        let a = random_hex(16);
+        assert_eq!(a.len(), 32);
+        assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, random_hex(16));
+    }
+
+    #[test]
+    fn the_node_is_big_enough_for_the_job() {
+        let yaml = "apiVersion: rdu.dev/v1alpha1\nkind: RduJob\nmetadata: {name: t}\nspec:\n  workers: 12\n  tilesPerWorker: 8\n  model: {name: ffn-logreg}\n  data: {source: synthetic}\n  training: {epochs: 1, batchSize: 8, learningRate: 0.1}\n";
+        let job = rdu_crds::parse_manifest(yaml).unwrap();
+        let mut node = simulated_node(&job).unwrap();
+        let (envs, ids) = allocate(&mut node, &job).unwrap();
+        assert_eq!(envs.len(), 12);
+        assert_eq!(ids.len(), 96);
+        assert!(envs.iter().all(|e| e.contains_key("SF_RNT_TILE_AFFINITY")));
+    }
+}

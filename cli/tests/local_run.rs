@@ -1,0 +1,326 @@
+//! `rdujob run` end to end: real rank processes on loopback, results, bad specs, bad data, a killed rank.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const RDUJOB: &str = env!("CARGO_BIN_EXE_rdujob");
+/// Bound on any one job in these tests; reaching it fails the test instead of hanging it.
+const JOB_DEADLINE: Duration = Duration::from_secs(240);
+
+struct Finished {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+fn job_yaml(spec: &str) -> String {
+    format!("apiVersion: rdu.dev/v1alpha1\nkind: RduJob\nmetadata:\n  name: t\nspec:\n{spec}")
+}
+
+const SMALL: &str = "  workers: 3
+  tilesPerWorker: 2
+  model: {name: ffn-logreg, hiddenSizes: [16], inputSize: 8, classes: 3}
+  data: {source: synthetic, samples: 600, seed: 3}
+  training: {epochs: 3, batchSize: 16, learningRate: 0.01, optimizer: adam}
+  dataParallel: {timeoutSeconds: 20}
+";
+
+fn write_job(dir: &Path, spec: &str) -> std::path::PathBuf {
+    let path = dir.join("job.yaml");
+    std::fs::write(&path, job_yaml(spec)).unwrap();
+    path
+}
+
+fn spawn(args: &[&str]) -> Child {
+    Command::new(RDUJOB)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Reads `child`'s stderr lines into a channel as they come.
+fn stream_lines(child: &mut Child) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Waits for the end (bounded by JOB_DEADLINE), collecting the remaining stderr lines.
+fn finish(mut child: Child, lines: mpsc::Receiver<String>, mut seen: Vec<String>) -> Finished {
+    let deadline = Instant::now() + JOB_DEADLINE;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!(
+                "rdujob did not finish within {JOB_DEADLINE:?}:\n{}",
+                seen.join("\n")
+            );
+        }
+        while let Ok(line) = lines.try_recv() {
+            seen.push(line);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    seen.extend(lines.iter());
+    let mut stdout = String::new();
+    std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut stdout).unwrap();
+    Finished {
+        code: status.code(),
+        stdout,
+        stderr: seen.join("\n"),
+    }
+}
+
+fn run(args: &[&str]) -> Finished {
+    let mut child = spawn(args);
+    let lines = stream_lines(&mut child);
+    finish(child, lines, Vec::new())
+}
+
+fn run_job(spec: &str, extra: &[&str]) -> Finished {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_job(dir.path(), spec);
+    let mut args = vec!["run", path.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    run(&args)
+}
+
+fn result_json(f: &Finished) -> serde_json::Value {
+    let last = f.stdout.lines().last().unwrap_or_default();
+    serde_json::from_str(last)
+        .unwrap_or_else(|e| panic!("last stdout line {last:?}: {e}\n{}", f.stderr))
+}
+
+/// Every rank's final parameter checksum, from the merged log.
+fn checksums(stderr: &str) -> Vec<(String, String)> {
+    stderr
+        .lines()
+        .filter(|l| l.contains("parameter checksum"))
+        .map(|l| {
+            let rank = l.split(']').next().unwrap_or_default().to_string();
+            let sum = l.split("checksum=").nth(1).unwrap_or_default().to_string();
+            (rank, sum)
+        })
+        .collect()
+}
+
+#[test]
+fn a_two_rank_synthetic_job_succeeds_with_the_result_json() {
+    let f = run_job(SMALL, &["--workers", "2"]);
+    assert_eq!(f.code, Some(0), "{}", f.stderr);
+    let result = result_json(&f);
+    for key in [
+        "finalLoss",
+        "testAccuracy",
+        "samplesPerSecond",
+        "trainSeconds",
+        "globalSteps",
+    ] {
+        assert!(result.get(key).is_some(), "{key} missing: {result}");
+    }
+    assert!(result["testAccuracy"].as_f64().unwrap() > 0.9, "{result}");
+    // 480 training samples / 2 ranks / 16 per batch = 15 steps per epoch.
+    assert_eq!(result["globalSteps"], 45);
+    assert!(f.stderr.contains("[rank 0] ") && f.stderr.contains("[rank 1] "));
+    assert!(
+        !f.stderr.contains("[rank 2] "),
+        "--workers 2 must override workers: 3"
+    );
+    assert!(
+        f.stderr.contains("inner train loop time : "),
+        "{}",
+        f.stderr
+    );
+    let sums = checksums(&f.stderr);
+    assert_eq!(sums.len(), 2, "{}", f.stderr);
+    assert_eq!(sums[0].1, sums[1].1, "replicas diverged: {sums:?}");
+}
+
+#[test]
+fn reduce_through_the_host_trains_too() {
+    let spec = SMALL.replace(
+        "{timeoutSeconds: 20}",
+        "{timeoutSeconds: 20, reduceOnRdu: false}",
+    );
+    let f = run_job(&spec, &[]);
+    assert_eq!(f.code, Some(0), "{}", f.stderr);
+    assert!(f.stderr.contains("algorithm=star"), "{}", f.stderr);
+    assert!(result_json(&f)["testAccuracy"].as_f64().unwrap() > 0.9);
+    let sums = checksums(&f.stderr);
+    assert_eq!(sums.len(), 3);
+    assert!(sums.iter().all(|s| s.1 == sums[0].1), "{sums:?}");
+}
+
+#[test]
+fn bad_specs_exit_64_naming_the_field() {
+    let cases = [
+        (SMALL.replace("workers: 3", "workers: 0"), "spec.workers"),
+        (
+            SMALL.replace("tilesPerWorker: 2", "tilesPerWorker: 3"),
+            "spec.tilesPerWorker",
+        ),
+        (
+            SMALL.replace(
+                "{source: synthetic, samples: 600, seed: 3}",
+                "{source: csv}",
+            ),
+            "spec.data.path",
+        ),
+        (
+            SMALL.replace("optimizer: adam", "optimizer: rmsprop"),
+            "optimizer",
+        ),
+        (
+            SMALL.replace("learningRate: 0.01", "learningRate: 0"),
+            "spec.training.learningRate",
+        ),
+    ];
+    for (spec, field) in cases {
+        let f = run_job(&spec, &[]);
+        assert_eq!(f.code, Some(64), "{field}: {}", f.stderr);
+        assert!(
+            f.stderr.contains(field),
+            "{field} not named in: {}",
+            f.stderr
+        );
+        assert!(
+            !f.stderr.contains("[rank "),
+            "no rank may start for a bad spec"
+        );
+    }
+}
+
+#[test]
+fn a_missing_data_file_exits_65_naming_the_file() {
+    let spec = SMALL.replace(
+        "{source: synthetic, samples: 600, seed: 3}",
+        "{source: csv, path: data/nope.csv.gz}",
+    );
+    let f = run_job(&spec, &[]);
+    assert_eq!(f.code, Some(65), "{}", f.stderr);
+    assert!(f.stderr.contains("nope.csv.gz"), "{}", f.stderr);
+}
+
+#[test]
+fn a_missing_job_file_exits_64() {
+    let f = run(&["run", "/nonexistent/job.yaml"]);
+    assert_eq!(f.code, Some(64), "{}", f.stderr);
+    assert!(f.stderr.contains("/nonexistent/job.yaml"));
+}
+
+/// A job long enough to kill a rank mid-run.
+fn long_job(backoff_limit: u32) -> String {
+    format!(
+        "  workers: 3
+  model: {{name: ffn-logreg, hiddenSizes: [128], inputSize: 32, classes: 4}}
+  data: {{source: synthetic, samples: 6000, seed: 5}}
+  training: {{epochs: 40, batchSize: 8, learningRate: 0.01, optimizer: sgd}}
+  dataParallel: {{timeoutSeconds: 10}}
+  checkpoint: {{intervalSteps: 50, keep: 2}}
+  runPolicy: {{restartPolicy: ExitCode, backoffLimit: {backoff_limit}}}
+"
+    )
+}
+
+/// The pid of the child of `parent` whose environment says RANK=`rank`.
+fn rank_pid(parent: u32, rank: u32) -> Option<i32> {
+    let wanted = format!("RANK={rank}");
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+        let ppid: u32 = stat
+            .rsplit(')')
+            .next()?
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()?;
+        if ppid != parent {
+            return None;
+        }
+        let environ = std::fs::read(e.path().join("environ")).ok()?;
+        environ
+            .split(|&b| b == 0)
+            .any(|kv| kv == wanted.as_bytes())
+            .then_some(pid)
+    })
+}
+
+/// Starts the long job, SIGKILLs rank 1 once it logged its first epoch, and returns the end.
+fn run_and_kill_rank_1(backoff_limit: u32) -> Finished {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_job(dir.path(), &long_job(backoff_limit));
+    let mut child = spawn(&["run", path.to_str().unwrap()]);
+    let lines = stream_lines(&mut child);
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + JOB_DEADLINE;
+    loop {
+        let line = lines
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .unwrap_or_else(|_| panic!("no first epoch from rank 1:\n{}", seen.join("\n")));
+        let first_epoch = line.starts_with("[rank 1]") && line.contains("epoch done");
+        seen.push(line);
+        if first_epoch {
+            break;
+        }
+    }
+    let pid = rank_pid(child.id(), 1).expect("rank 1's process");
+    // SAFETY: kill(2) on a pid that is our grandchild and still running.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    finish(child, lines, seen)
+}
+
+#[test]
+fn a_killed_rank_makes_the_others_exit_75_and_the_gang_restarts_from_the_checkpoint() {
+    let f = run_and_kill_rank_1(1);
+    assert_eq!(f.code, Some(0), "{}", f.stderr);
+    assert!(
+        f.stderr.contains("rank 1 ended with signal 9"),
+        "{}",
+        f.stderr
+    );
+    for rank in [0, 2] {
+        assert!(
+            f.stderr
+                .contains(&format!("rank {rank} ended with exit code 75")),
+            "rank {rank} must exit 75 on its own: {}",
+            f.stderr
+        );
+    }
+    assert!(
+        f.stderr.contains("restarting the gang: generation 1"),
+        "{}",
+        f.stderr
+    );
+    assert!(f.stderr.contains("resumed from checkpoint"), "{}", f.stderr);
+    let result = result_json(&f);
+    assert_eq!(result["globalSteps"], 40 * 1600u64.div_ceil(8));
+}
+
+#[test]
+fn past_the_backoff_limit_a_killed_rank_fails_the_job() {
+    let f = run_and_kill_rank_1(0);
+    assert_eq!(f.code, Some(128 + 9), "{}", f.stderr);
+    assert!(
+        f.stderr
+            .contains("job t failed: rank 1 ended with signal 9"),
+        "{}",
+        f.stderr
+    );
+    assert!(!f.stderr.contains("restarting the gang"), "{}", f.stderr);
+}
