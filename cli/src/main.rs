@@ -49,6 +49,7 @@ fn main() {
     let cli = Cli::parse();
     let code = match cli.command {
         Command::Worker => {
+            rdu_worker::single_threaded_gemm();
             init_worker_logs();
             rdu_worker::run_from_process_env()
         }

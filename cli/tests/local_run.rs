@@ -261,12 +261,8 @@ fn rank_pid(parent: u32, rank: u32) -> Option<i32> {
     })
 }
 
-/// Starts the long job, SIGKILLs rank 1 once it logged its first epoch, and returns the end.
-fn run_and_kill_rank_1(backoff_limit: u32) -> Finished {
-    let dir = tempfile::tempdir().unwrap();
-    let path = write_job(dir.path(), &long_job(backoff_limit));
-    let mut child = spawn(&["run", path.to_str().unwrap()]);
-    let lines = stream_lines(&mut child);
+/// Reads lines until rank 1 logged its first epoch; returns them.
+fn wait_for_first_epoch(lines: &mpsc::Receiver<String>) -> Vec<String> {
     let mut seen = Vec::new();
     let deadline = Instant::now() + JOB_DEADLINE;
     loop {
@@ -276,9 +272,18 @@ fn run_and_kill_rank_1(backoff_limit: u32) -> Finished {
         let first_epoch = line.starts_with("[rank 1]") && line.contains("epoch done");
         seen.push(line);
         if first_epoch {
-            break;
+            return seen;
         }
     }
+}
+
+/// Starts the long job, SIGKILLs rank 1 once it logged its first epoch, and returns the end.
+fn run_and_kill_rank_1(backoff_limit: u32) -> Finished {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_job(dir.path(), &long_job(backoff_limit));
+    let mut child = spawn(&["run", path.to_str().unwrap()]);
+    let lines = stream_lines(&mut child);
+    let seen = wait_for_first_epoch(&lines);
     let pid = rank_pid(child.id(), 1).expect("rank 1's process");
     // SAFETY: kill(2) on a pid that is our grandchild and still running.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
@@ -323,4 +328,39 @@ fn past_the_backoff_limit_a_killed_rank_fails_the_job() {
         f.stderr
     );
     assert!(!f.stderr.contains("restarting the gang"), "{}", f.stderr);
+}
+
+#[test]
+fn sigterm_is_forwarded_to_every_rank_and_nothing_is_left_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_job(dir.path(), &long_job(3));
+    let mut child = spawn(&["run", path.to_str().unwrap()]);
+    let lines = stream_lines(&mut child);
+    let seen = wait_for_first_epoch(&lines);
+    let parent = child.id();
+    let ranks: Vec<i32> = (0..3).filter_map(|r| rank_pid(parent, r)).collect();
+    assert_eq!(ranks.len(), 3);
+    // SAFETY: kill(2) on our own child, still running.
+    assert_eq!(unsafe { libc::kill(parent as i32, libc::SIGTERM) }, 0);
+    let f = finish(child, lines, seen);
+    assert_eq!(f.code, Some(128 + 15), "{}", f.stderr);
+    assert!(f.stderr.contains("stopped by signal 15"), "{}", f.stderr);
+    assert!(!f.stderr.contains("restarting the gang"), "{}", f.stderr);
+    for pid in ranks {
+        let alive = std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+            !s.rsplit(')')
+                .next()
+                .unwrap_or_default()
+                .trim_start()
+                .starts_with('Z')
+        });
+        assert!(!alive, "rank process {pid} outlived rdujob");
+    }
+}
+
+#[test]
+fn tilestat_without_a_device_plugin_fails_clearly() {
+    let f = run(&["tilestat", "http://127.0.0.1:1/status"]);
+    assert_eq!(f.code, Some(1), "{}", f.stderr);
+    assert!(f.stderr.contains("127.0.0.1:1"), "{}", f.stderr);
 }

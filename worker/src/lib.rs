@@ -19,3 +19,17 @@ pub mod train;
 pub use error::WorkerError;
 pub use run::{run, run_from_process_env};
 pub use spec_check::{FieldError, validate};
+
+/// The env var that sizes matrixmultiply's own thread pool (read once, at the first sgemm).
+const GEMM_THREADS_VAR: &str = "MATMUL_NUM_THREADS";
+
+/// Makes every sgemm single-threaded unless the user chose otherwise: a rank's parallelism is its
+/// tiles (one compute thread each, see [`model::Mlp::batch_grad`]), and a nested pool would
+/// oversubscribe the cores. Call first thing in `main`, before any thread exists.
+pub fn single_threaded_gemm() {
+    if std::env::var_os(GEMM_THREADS_VAR).is_none() {
+        // SAFETY: called at the start of main, while the process has a single thread, so no
+        // other thread can read the environment concurrently.
+        unsafe { std::env::set_var(GEMM_THREADS_VAR, "1") };
+    }
+}

@@ -16,6 +16,7 @@ enum Command {
 }
 
 fn main() {
+    rdu_worker::single_threaded_gemm();
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
