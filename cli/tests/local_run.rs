@@ -225,12 +225,16 @@ fn a_missing_job_file_exits_64() {
 
 /// A job long enough to kill a rank mid-run.
 fn long_job(backoff_limit: u32) -> String {
+    long_job_with_timeout(backoff_limit, 10)
+}
+
+fn long_job_with_timeout(backoff_limit: u32, timeout_seconds: u32) -> String {
     format!(
         "  workers: 3
   model: {{name: ffn-logreg, hiddenSizes: [128], inputSize: 32, classes: 4}}
   data: {{source: synthetic, samples: 6000, seed: 5}}
   training: {{epochs: 40, batchSize: 8, learningRate: 0.01, optimizer: sgd}}
-  dataParallel: {{timeoutSeconds: 10}}
+  dataParallel: {{timeoutSeconds: {timeout_seconds}}}
   checkpoint: {{intervalSteps: 50, keep: 2}}
   runPolicy: {{restartPolicy: ExitCode, backoffLimit: {backoff_limit}}}
 "
@@ -363,4 +367,32 @@ fn tilestat_without_a_device_plugin_fails_clearly() {
     let f = run(&["tilestat", "http://127.0.0.1:1/status"]);
     assert_eq!(f.code, Some(1), "{}", f.stderr);
     assert!(f.stderr.contains("127.0.0.1:1"), "{}", f.stderr);
+}
+
+#[test]
+fn a_hung_rank_makes_the_others_exit_75_after_the_timeout_and_is_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_job(dir.path(), &long_job_with_timeout(0, 2));
+    let mut child = spawn(&["run", path.to_str().unwrap()]);
+    let lines = stream_lines(&mut child);
+    let seen = wait_for_first_epoch(&lines);
+    let pid = rank_pid(child.id(), 1).expect("rank 1's process");
+    // SAFETY: kill(2) on our grandchild, still running.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    let f = finish(child, lines, seen);
+    assert_eq!(f.code, Some(75), "{}", f.stderr);
+    for rank in [0, 2] {
+        assert!(
+            f.stderr
+                .contains(&format!("rank {rank} ended with exit code 75")),
+            "rank {rank} must give up on its own: {}",
+            f.stderr
+        );
+    }
+    assert!(
+        f.stderr
+            .contains("rank 1 still running after the grace period: killing it"),
+        "{}",
+        f.stderr
+    );
 }
