@@ -396,3 +396,43 @@ fn a_hung_rank_makes_the_others_exit_75_after_the_timeout_and_is_killed() {
         f.stderr
     );
 }
+
+/// The last epoch's `loss=` of each rank, from the merged log.
+fn last_epoch_losses(stderr: &str) -> Vec<String> {
+    stderr
+        .lines()
+        .filter(|l| l.contains("epoch done") && l.contains("epoch=3 "))
+        .map(|l| {
+            l.split("loss=")
+                .nth(1)
+                .unwrap_or_default()
+                .split(' ')
+                .next()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn loss_on_host_logs_the_global_loss_on_every_rank_and_device_the_local_one() {
+    let host = run_job(
+        &SMALL.replace("optimizer: adam", "optimizer: adam, lossOn: host"),
+        &[],
+    );
+    assert_eq!(host.code, Some(0), "{}", host.stderr);
+    let losses = last_epoch_losses(&host.stderr);
+    assert_eq!(losses.len(), 3, "{}", host.stderr);
+    assert!(losses.iter().all(|l| *l == losses[0]), "{losses:?}");
+    let device = run_job(
+        &SMALL.replace("optimizer: adam", "optimizer: adam, lossOn: device"),
+        &[],
+    );
+    assert_eq!(device.code, Some(0), "{}", device.stderr);
+    let losses = last_epoch_losses(&device.stderr);
+    assert_eq!(losses.len(), 3);
+    assert!(
+        losses.iter().any(|l| *l != losses[0]),
+        "each rank logs its own shard: {losses:?}"
+    );
+}
