@@ -28,6 +28,8 @@ pub struct GangOptions {
     pub failure_grace: Duration,
     /// After forwarding a signal, how long the ranks get before they are killed.
     pub stop_grace: Duration,
+    /// spec.runPolicy.activeDeadlineSeconds from the job's start: then every rank is stopped.
+    pub job_deadline: Option<Instant>,
 }
 
 /// How the generation ended.
@@ -37,6 +39,8 @@ pub struct GangOutcome {
     pub exits: Vec<(u32, RankExit)>,
     /// The signal the user sent us, when we stopped because of one.
     pub interrupted: Option<i32>,
+    /// The job's activeDeadlineSeconds passed while the ranks ran.
+    pub deadline_exceeded: bool,
 }
 
 fn rank_exit(status: ExitStatus) -> RankExit {
@@ -115,7 +119,10 @@ pub async fn run(launches: &[RankLaunch], opts: &GangOptions) -> Result<GangOutc
     let mut outcome = GangOutcome {
         exits: Vec::new(),
         interrupted: None,
+        deadline_exceeded: false,
     };
+    let far = Instant::now() + Duration::from_secs(86_400 * 365);
+    let mut job_deadline = opts.job_deadline;
     let mut kill_at: Option<Instant> = None;
     while !running.is_empty() {
         let deadline =
@@ -138,6 +145,16 @@ pub async fn run(launches: &[RankLaunch], opts: &GangOptions) -> Result<GangOutc
                     send_signal(pid, libc::SIGKILL);
                 }
                 kill_at = None;
+            }
+            _ = sleep_until(job_deadline.unwrap_or(far)), if job_deadline.is_some() => {
+                eprintln!("[rdujob] activeDeadlineSeconds passed: stopping {} rank(s)", running.len());
+                for &(_, pid) in &running {
+                    send_signal(pid, libc::SIGTERM);
+                }
+                outcome.deadline_exceeded = true;
+                job_deadline = None;
+                let stop = Instant::now() + opts.stop_grace;
+                kill_at = Some(kill_at.map_or(stop, |k| k.min(stop)));
             }
             _ = sigint.recv() => forward(&running, libc::SIGINT, opts, &mut outcome, &mut kill_at),
             _ = sigterm.recv() => forward(&running, libc::SIGTERM, opts, &mut outcome, &mut kill_at),

@@ -25,6 +25,8 @@ const MIN_RDUS: u32 = 8;
 const FAILURE_GRACE_EXTRA: Duration = Duration::from_secs(5);
 /// Grace after a forwarded Ctrl-C/SIGTERM before the ranks are killed.
 const STOP_GRACE: Duration = Duration::from_secs(10);
+/// Exit code when spec.runPolicy.activeDeadlineSeconds passed (as timeout(1)).
+pub const EXIT_DEADLINE_EXCEEDED: i32 = 124;
 
 /// Runs the job in `path` to its end; returns the process exit code.
 pub async fn run(path: &Path, workers: Option<u32>) -> Result<i32, CliError> {
@@ -57,6 +59,9 @@ pub async fn run(path: &Path, workers: Option<u32>) -> Result<i32, CliError> {
         failure_grace: Duration::from_secs(u64::from(job.spec.data_parallel.timeout_seconds))
             + FAILURE_GRACE_EXTRA,
         stop_grace: STOP_GRACE,
+        job_deadline: policy
+            .active_deadline_seconds
+            .map(|s| tokio::time::Instant::now() + Duration::from_secs(s)),
     };
     eprintln!(
         "[rdujob] job {name}: {} rank(s) × {} tile(s), scratch {}",
@@ -88,6 +93,13 @@ pub async fn run(path: &Path, workers: Option<u32>) -> Result<i32, CliError> {
         if let Some(sig) = outcome.interrupted {
             eprintln!("[rdujob] stopped by signal {sig}");
             return Ok(128 + sig);
+        }
+        if outcome.deadline_exceeded {
+            eprintln!(
+                "[rdujob] job {name} failed: DeadlineExceeded (spec.runPolicy.activeDeadlineSeconds {})",
+                policy.active_deadline_seconds.unwrap_or_default()
+            );
+            return Ok(EXIT_DEADLINE_EXCEEDED);
         }
         match decide(
             &outcome.exits,

@@ -436,3 +436,16 @@ fn loss_on_host_logs_the_global_loss_on_every_rank_and_device_the_local_one() {
         "each rank logs its own shard: {losses:?}"
     );
 }
+
+#[test]
+fn active_deadline_seconds_stops_the_job() {
+    let spec = long_job(3).replace(
+        "restartPolicy: ExitCode",
+        "activeDeadlineSeconds: 1, restartPolicy: ExitCode",
+    );
+    let spec = spec.replace("epochs: 40", "epochs: 100000");
+    let f = run_job(&spec, &[]);
+    assert_eq!(f.code, Some(124), "{}", f.stderr);
+    assert!(f.stderr.contains("DeadlineExceeded"), "{}", f.stderr);
+    assert!(!f.stderr.contains("restarting the gang"), "{}", f.stderr);
+}
