@@ -1,5 +1,6 @@
 //! The rdujob command line: `run` an RduJob locally (like `mpirun -np N`), `tilestat` a node.
 
+mod bench;
 mod error;
 mod gang;
 mod lifecycle;
@@ -35,6 +36,17 @@ enum Command {
         #[arg(long)]
         workers: Option<u32>,
     },
+    /// Measure the job's samples/s at 1 rank and at each of --ranks, as JSON lines with the
+    /// scaling efficiency against the 1-rank run.
+    Bench {
+        file: PathBuf,
+        /// World sizes to measure besides the 1-rank baseline.
+        #[arg(long, value_delimiter = ',', default_values_t = [2u32, 4])]
+        ranks: Vec<u32>,
+        /// Runs per world size; the fastest counts.
+        #[arg(long, default_value_t = 3)]
+        repeat: u32,
+    },
     /// Show the tiles of a node as `sntilestat` does (the device plugin's status endpoint).
     Tilestat {
         #[arg(default_value = DEFAULT_TILESTAT_URL)]
@@ -56,6 +68,11 @@ fn main() {
         Command::Run { file, workers } => {
             with_runtime(|| async move { local::run(&file, workers).await })
         }
+        Command::Bench {
+            file,
+            ranks,
+            repeat,
+        } => with_runtime(|| async move { bench::run(&file, &ranks, repeat).await }),
         Command::Tilestat { url } => with_runtime(|| async move {
             match rdu_device_plugin::tilestat::fetch_and_render(&url).await {
                 Ok(table) => {

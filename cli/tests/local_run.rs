@@ -449,3 +449,29 @@ fn active_deadline_seconds_stops_the_job() {
     assert!(f.stderr.contains("DeadlineExceeded"), "{}", f.stderr);
     assert!(!f.stderr.contains("restarting the gang"), "{}", f.stderr);
 }
+
+#[test]
+fn bench_prints_one_json_line_per_world_size_against_the_one_rank_baseline() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_job(dir.path(), SMALL);
+    let f = run(&[
+        "bench",
+        path.to_str().unwrap(),
+        "--ranks",
+        "2",
+        "--repeat",
+        "1",
+    ]);
+    assert_eq!(f.code, Some(0), "{}", f.stderr);
+    let lines: Vec<serde_json::Value> = f
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "{}", f.stdout);
+    assert_eq!(lines[0]["ranks"], 1);
+    assert_eq!(lines[0]["scaling_efficiency"], 1.0);
+    assert_eq!(lines[1]["ranks"], 2);
+    assert!(lines[1]["samples_per_sec"].as_f64().unwrap() > 0.0);
+    assert!(lines[1]["scaling_efficiency"].as_f64().unwrap() > 0.0);
+}
