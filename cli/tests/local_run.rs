@@ -372,7 +372,7 @@ fn tilestat_without_a_device_plugin_fails_clearly() {
 #[test]
 fn a_hung_rank_makes_the_others_exit_75_after_the_timeout_and_is_killed() {
     let dir = tempfile::tempdir().unwrap();
-    let path = write_job(dir.path(), &long_job_with_timeout(0, 2));
+    let path = write_job(dir.path(), &long_job_with_timeout(0, 4));
     let mut child = spawn(&["run", path.to_str().unwrap()]);
     let lines = stream_lines(&mut child);
     let seen = wait_for_first_epoch(&lines);
