@@ -47,6 +47,13 @@ enum Command {
         #[arg(long, default_value_t = 3)]
         repeat: u32,
     },
+    /// Compile the RduJob in FILE into a PEF that `spec.pef` can name (as `model.py compile`).
+    Compile {
+        file: PathBuf,
+        /// Where to write the PEF.
+        #[arg(long, short)]
+        out: PathBuf,
+    },
     /// Show the tiles of a node as `sntilestat` does (the device plugin's status endpoint).
     Tilestat {
         #[arg(default_value = DEFAULT_TILESTAT_URL)]
@@ -73,6 +80,10 @@ fn main() {
             ranks,
             repeat,
         } => with_runtime(|| async move { bench::run(&file, &ranks, repeat).await }),
+        Command::Compile { file, out } => {
+            init_worker_logs();
+            rdu_worker::pef::compile_file(&file, &out)
+        }
         Command::Tilestat { url } => with_runtime(|| async move {
             match rdu_device_plugin::tilestat::fetch_and_render(&url).await {
                 Ok(table) => {

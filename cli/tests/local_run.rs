@@ -475,3 +475,35 @@ fn bench_prints_one_json_line_per_world_size_against_the_one_rank_baseline() {
     assert!(lines[1]["samples_per_sec"].as_f64().unwrap() > 0.0);
     assert!(lines[1]["scaling_efficiency"].as_f64().unwrap() > 0.0);
 }
+
+#[test]
+fn a_compiled_pef_runs_and_a_mismatching_job_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = SMALL.replace("workers: 3", "workers: 2\n  compile: {minWorldSize: 2}");
+    let path = write_job(dir.path(), &spec);
+    let pef = dir.path().join("small.pef");
+    let f = run(&[
+        "compile",
+        path.to_str().unwrap(),
+        "--out",
+        pef.to_str().unwrap(),
+    ]);
+    assert_eq!(f.code, Some(0), "{}", f.stderr);
+    std::fs::write(&path, job_yaml(&format!("{spec}  pef: small.pef\n"))).unwrap();
+    let ok = run(&["run", path.to_str().unwrap()]);
+    assert_eq!(ok.code, Some(0), "{}", ok.stderr);
+    assert!(
+        ok.stderr.contains("running the compiled PEF"),
+        "{}",
+        ok.stderr
+    );
+    let other_tiles = spec.replace("tilesPerWorker: 2", "tilesPerWorker: 4");
+    std::fs::write(&path, job_yaml(&format!("{other_tiles}  pef: small.pef\n"))).unwrap();
+    let refused = run(&["run", path.to_str().unwrap()]);
+    assert_eq!(refused.code, Some(64), "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("spec.tilesPerWorker"),
+        "{}",
+        refused.stderr
+    );
+}

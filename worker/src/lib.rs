@@ -9,6 +9,7 @@ pub mod env;
 pub mod error;
 pub mod model;
 pub mod optim;
+pub mod pef;
 pub mod result;
 pub mod rng;
 pub mod run;

@@ -13,6 +13,14 @@ struct Cli {
 enum Command {
     /// Train as the rank the environment names (RANK, WORLD_SIZE, MASTER_ADDR, RDU_JOB_SPEC, ...).
     Run,
+    /// Compile the RduJob in FILE into a PEF (as `model.py compile --data-parallel -ws N`).
+    Compile {
+        /// The RduJob YAML; data paths are relative to its directory.
+        file: std::path::PathBuf,
+        /// Where to write the PEF.
+        #[arg(long, short)]
+        out: std::path::PathBuf,
+    },
 }
 
 fn main() {
@@ -28,6 +36,7 @@ fn main() {
         .init();
     let code = match cli.command {
         Command::Run => rdu_worker::run_from_process_env(),
+        Command::Compile { file, out } => rdu_worker::pef::compile_file(&file, &out),
     };
     std::process::exit(code);
 }

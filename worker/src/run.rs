@@ -10,6 +10,7 @@ use rdu_crds::consts::exit_code;
 use crate::data;
 use crate::env::WorkerEnv;
 use crate::error::WorkerError;
+use crate::pef;
 use crate::result::write_result;
 use crate::train::{TrainOutcome, train};
 
@@ -59,6 +60,7 @@ pub fn run(get: impl Fn(&str) -> Option<String>) -> i32 {
 /// Data, rendezvous, training, result: the rank's pipeline.
 pub async fn run_rank(env: &WorkerEnv) -> Result<TrainOutcome, WorkerError> {
     let splits = data::load(&env.spec.data, &env.spec.model, Path::new("."))?;
+    pef::check_job(&env.spec, &splits, env.world_size)?;
     let comm = Communicator::connect(comm_config(env)).await?;
     tracing::info!(
         world_size = env.world_size,
