@@ -6,6 +6,7 @@
 //! (CI), where the missing binaries are an error.
 
 pub mod assets;
+pub mod cluster;
 pub mod control_plane;
 pub mod kubeconfig;
 pub mod pki;
@@ -15,6 +16,9 @@ pub mod process;
 pub mod tools;
 
 pub use assets::{Assets, AssetsError, assets_or_skip};
+pub use cluster::{
+    ClusterError, create_namespace, install_crd, kubectl, kubectl_as, service_account_token,
+};
 pub use control_plane::{Components, ControlPlane, ControlPlaneError};
 pub use poll::{PollError, poll_until};
 pub use tools::{ToolError, helm_template, kubectl_in, operator_binary, workspace_root};

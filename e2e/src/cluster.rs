@@ -1,0 +1,147 @@
+//! Steps the tests share on a running control plane: install the CRD, make a namespace ready for pods,
+//! apply YAML with kubectl, and log in as a ServiceAccount.
+
+use crate::control_plane::ControlPlane;
+use crate::poll::{PollError, poll_until};
+use crate::tools::{ToolError, kubectl_in, workspace_root};
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, PostParams};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// How long the API server may take to establish the CRD.
+const ESTABLISH_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Errors of the shared steps.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error(transparent)]
+    Tool(#[from] ToolError),
+    #[error("kubectl {args}: {stderr}")]
+    Kubectl { args: String, stderr: String },
+    #[error("kube API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error(transparent)]
+    Timeout(#[from] PollError),
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// The generated CRD committed in the repository.
+pub fn crd_path() -> PathBuf {
+    workspace_root().join("crds/rdujob.yaml")
+}
+
+/// `kubectl <args>` as the admin; stdout on success, the stderr in the error otherwise.
+pub fn kubectl(
+    plane: &ControlPlane,
+    args: &[&str],
+    stdin: Option<&str>,
+) -> Result<String, ClusterError> {
+    kubectl_as(&plane.admin_kubeconfig, args, stdin)
+}
+
+/// `kubectl <args>` with another kubeconfig.
+pub fn kubectl_as(
+    kubeconfig: &Path,
+    args: &[&str],
+    stdin: Option<&str>,
+) -> Result<String, ClusterError> {
+    let out = kubectl_in(kubeconfig, args, stdin)?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(ClusterError::Kubectl {
+            args: args.join(" "),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        })
+    }
+}
+
+/// Applies `crds/rdujob.yaml` and waits until the CRD is Established; returns the stored CRD.
+pub async fn install_crd(plane: &ControlPlane) -> Result<CustomResourceDefinition, ClusterError> {
+    let path = crd_path();
+    kubectl(
+        plane,
+        &["apply", "--server-side", "-f", &path.display().to_string()],
+        None,
+    )?;
+    let crds: Api<CustomResourceDefinition> =
+        Api::all(plane.admin_client().await.map_err(client_error)?);
+    let crd = poll_until("CRD rdujobs.rdu.dev Established", ESTABLISH_TIMEOUT, || {
+        let crds = crds.clone();
+        async move {
+            let crd = crds
+                .get("rdujobs.rdu.dev")
+                .await
+                .map_err(|e| e.to_string())?;
+            let conditions = crd
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.clone())
+                .unwrap_or_default();
+            let established = conditions
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True");
+            if established {
+                Ok(crd)
+            } else {
+                Err(format!("conditions: {conditions:?}"))
+            }
+        }
+    })
+    .await?;
+    // Discovery must serve the new resource before kubectl can use it.
+    poll_until("kubectl to discover rdujobs", ESTABLISH_TIMEOUT, || async {
+        kubectl(plane, &["get", "rdujobs", "-A"], None)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    })
+    .await?;
+    Ok(crd)
+}
+
+/// Creates `name` and its `default` ServiceAccount (what the ServiceAccount controller would do), so that
+/// pods can be admitted at once.
+pub async fn create_namespace(plane: &ControlPlane, name: &str) -> Result<(), ClusterError> {
+    let client = plane.admin_client().await.map_err(client_error)?;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let mut namespace = Namespace::default();
+    namespace.metadata.name = Some(name.to_string());
+    ignore_exists(namespaces.create(&PostParams::default(), &namespace).await)?;
+    let accounts: Api<ServiceAccount> = Api::namespaced(client, name);
+    let mut account = ServiceAccount::default();
+    account.metadata.name = Some("default".to_string());
+    ignore_exists(accounts.create(&PostParams::default(), &account).await)?;
+    Ok(())
+}
+
+/// A token of `namespace/account` from the TokenRequest API, valid for an hour.
+pub fn service_account_token(
+    plane: &ControlPlane,
+    namespace: &str,
+    account: &str,
+) -> Result<String, ClusterError> {
+    let token = kubectl(
+        plane,
+        &["create", "token", account, "-n", namespace, "--duration=1h"],
+        None,
+    )?;
+    Ok(token.trim().to_string())
+}
+
+fn ignore_exists<T>(result: Result<T, kube::Error>) -> Result<(), kube::Error> {
+    match result {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+fn client_error(e: crate::kubeconfig::ClientError) -> ClusterError {
+    match e {
+        crate::kubeconfig::ClientError::Client(e) => ClusterError::Kube(e),
+        other => ClusterError::Io(std::io::Error::other(other.to_string())),
+    }
+}

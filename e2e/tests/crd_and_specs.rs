@@ -1,0 +1,228 @@
+//! The generated CRD installs as a structural schema, the shipped examples are accepted by
+//! `kubectl apply`, and bad specs are refused by the API server with the CRD's CEL messages.
+
+use rdu_e2e::{
+    Components, ControlPlane, assets_or_skip, create_namespace, install_crd, kubectl,
+    workspace_root,
+};
+use serde_json::{Value, json};
+
+const NAMESPACE: &str = "specs";
+
+/// A valid job; each bad case changes one field of it.
+fn base_job(name: &str) -> Value {
+    json!({
+        "apiVersion": "rdu.dev/v1alpha1",
+        "kind": "RduJob",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "workers": 2,
+            "tilesPerWorker": 4,
+            "model": {"name": "ffn-logreg", "hiddenSizes": [32]},
+            "data": {"source": "synthetic", "samples": 256},
+            "training": {"epochs": 1, "batchSize": 16, "learningRate": 0.1}
+        }
+    })
+}
+
+/// Sets `value` at the JSON pointer `path` (parents created as objects); `Value::Null` removes it.
+fn with(mut job: Value, path: &str, value: Value) -> Value {
+    let (parent, key) = path.rsplit_once('/').expect("a pointer with a parent");
+    let mut target = &mut job;
+    for part in parent.split('/').filter(|p| !p.is_empty()) {
+        target = target
+            .as_object_mut()
+            .expect("an object on the path")
+            .entry(part)
+            .or_insert_with(|| json!({}));
+    }
+    let object = target.as_object_mut().expect("an object at the parent");
+    if value.is_null() {
+        object.remove(key);
+    } else {
+        object.insert(key.to_string(), value);
+    }
+    job
+}
+
+/// (what is wrong, the changed job, the message the API must answer with).
+fn bad_specs() -> Vec<(&'static str, Value, &'static str)> {
+    let b = || base_job("bad");
+    vec![
+        (
+            "zero workers",
+            with(b(), "/spec/workers", json!(0)),
+            "spec.workers must be at least 1",
+        ),
+        (
+            "3 tiles",
+            with(b(), "/spec/tilesPerWorker", json!(3)),
+            "spec.tilesPerWorker must be 1, 2, 4 or 8",
+        ),
+        (
+            "no epochs nor steps",
+            with(b(), "/spec/training/epochs", Value::Null),
+            "spec.training needs epochs or steps",
+        ),
+        (
+            "batch 0",
+            with(b(), "/spec/training/batchSize", json!(0)),
+            "spec.training.batchSize must be at least 1",
+        ),
+        (
+            "learning rate 0",
+            with(b(), "/spec/training/learningRate", json!(0.0)),
+            "spec.training.learningRate must be greater than 0",
+        ),
+        (
+            "momentum 1",
+            with(b(), "/spec/training/momentum", json!(1.0)),
+            "spec.training.momentum must be in [0, 1)",
+        ),
+        (
+            "csv without a path",
+            with(b(), "/spec/data", json!({"source": "csv"})),
+            "spec.data.path is required for csv and idx sources",
+        ),
+        (
+            "idx without labels",
+            with(
+                b(),
+                "/spec/data",
+                json!({"source": "idx", "path": "train-images-idx3-ubyte.gz"}),
+            ),
+            "spec.data.labelsPath is required for the idx source",
+        ),
+        (
+            "test fraction 1",
+            with(b(), "/spec/data/testFraction", json!(1.0)),
+            "spec.data.testFraction must be in [0, 1)",
+        ),
+        (
+            "zero samples",
+            with(b(), "/spec/data/samples", json!(0)),
+            "spec.data.samples must be at least 1",
+        ),
+        (
+            "hidden size 0",
+            with(b(), "/spec/model/hiddenSizes", json!([16, 0])),
+            "spec.model.hiddenSizes entries must be at least 1",
+        ),
+        (
+            "checkpoint every 0 steps",
+            with(b(), "/spec/checkpoint", json!({"intervalSteps": 0})),
+            "spec.checkpoint.intervalSteps must be at least 1",
+        ),
+        (
+            "world size below the compiled minimum",
+            with(b(), "/spec/compile", json!({"minWorldSize": 4})),
+            "spec.workers must be at least spec.compile.minWorldSize",
+        ),
+        (
+            "deadline 0",
+            with(b(), "/spec/runPolicy/activeDeadlineSeconds", json!(0)),
+            "spec.runPolicy.activeDeadlineSeconds must be at least 1",
+        ),
+        (
+            "collective timeout 0",
+            with(b(), "/spec/dataParallel/timeoutSeconds", json!(0)),
+            "spec.dataParallel.timeoutSeconds must be at least 1",
+        ),
+        (
+            "bucket 0 MiB",
+            with(b(), "/spec/dataParallel/bucketSizeMiB", json!(0)),
+            "spec.dataParallel.bucketSizeMiB must be at least 1",
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn crd_installs_examples_apply_and_bad_specs_are_refused_with_the_cel_message() {
+    let Some(assets) = assets_or_skip("crd_and_specs") else {
+        return;
+    };
+    let plane = ControlPlane::start(&assets, Components::default())
+        .await
+        .expect("control plane");
+
+    // 1. The CRD is accepted and structural (a non-structural schema would be flagged by a condition).
+    let crd = install_crd(&plane).await.expect("CRD installs");
+    let conditions = crd.status.and_then(|s| s.conditions).unwrap_or_default();
+    assert!(
+        !conditions
+            .iter()
+            .any(|c| c.type_ == "NonStructuralSchema" && c.status == "True"),
+        "{conditions:?}"
+    );
+    create_namespace(&plane, NAMESPACE)
+        .await
+        .expect("namespace");
+
+    // 2. Every shipped example is accepted as-is.
+    let examples_dir = workspace_root().join("examples");
+    let mut examples: Vec<_> = std::fs::read_dir(&examples_dir)
+        .expect("examples/")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+        .collect();
+    examples.sort();
+    assert!(!examples.is_empty(), "no examples/*.yaml to apply");
+    for example in &examples {
+        let out = kubectl(
+            &plane,
+            &[
+                "apply",
+                "-n",
+                NAMESPACE,
+                "-f",
+                &example.display().to_string(),
+            ],
+            None,
+        )
+        .unwrap_or_else(|e| panic!("{} refused: {e}", example.display()));
+        assert!(out.contains("created"), "{}: {out}", example.display());
+    }
+
+    // 3. The base of the bad cases is itself valid, so each refusal is due to its one change.
+    let base = serde_json::to_string(&base_job("base")).unwrap();
+    kubectl(&plane, &["apply", "-f", "-"], Some(&base)).expect("the base job is valid");
+
+    let cases = bad_specs();
+    assert!(cases.len() >= 10);
+    for (what, job, message) in cases {
+        let input = serde_json::to_string(&job).unwrap();
+        match kubectl(&plane, &["apply", "-f", "-"], Some(&input)) {
+            Ok(out) => panic!("{what}: accepted ({out}), expected {message:?}"),
+            Err(e) => {
+                let text = e.to_string();
+                assert!(text.contains("is invalid"), "{what}: {text}");
+                assert!(
+                    text.contains(message),
+                    "{what}: expected {message:?} in {text}"
+                );
+            }
+        }
+    }
+
+    // 4. Transition rule: workers cannot change while the job runs, only when suspended.
+    let grown = serde_json::to_string(&with(base_job("base"), "/spec/workers", json!(4))).unwrap();
+    let refused =
+        kubectl(&plane, &["apply", "-f", "-"], Some(&grown)).expect_err("resize while running");
+    assert!(
+        refused
+            .to_string()
+            .contains("immutable while the job runs: set spec.runPolicy.suspend to true first"),
+        "{refused}"
+    );
+    let suspended = with(
+        with(base_job("base"), "/spec/workers", json!(4)),
+        "/spec/runPolicy/suspend",
+        json!(true),
+    );
+    kubectl(
+        &plane,
+        &["apply", "-f", "-"],
+        Some(&serde_json::to_string(&suspended).unwrap()),
+    )
+    .expect("resize while suspended");
+}
