@@ -216,11 +216,12 @@ impl Mlp {
         }
         let per = rows.div_ceil(parts);
         let dim = self.input_size();
-        let results: Vec<(BatchStats, Vec<f32>)> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..parts)
+        let range = |p: usize| ((p * per).min(rows), ((p + 1) * per).min(rows));
+        std::thread::scope(|s| {
+            // Parts 1.. on their own threads; part 0 on this thread, straight into `grad`.
+            let handles: Vec<_> = (1..parts)
                 .map(|p| {
-                    let lo = (p * per).min(rows);
-                    let hi = ((p + 1) * per).min(rows);
+                    let (lo, hi) = range(p);
                     let (xs, ys) = (&x[lo * dim..hi * dim], &y[lo..hi]);
                     s.spawn(move || {
                         let mut g = vec![0.0f32; params.len()];
@@ -229,19 +230,18 @@ impl Mlp {
                     })
                 })
                 .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
-                .collect()
-        });
-        let mut stats = BatchStats::default();
-        for (st, g) in results {
-            stats.add(st);
-            for (a, b) in grad.iter_mut().zip(&g) {
-                *a += b;
+            let (lo, hi) = range(0);
+            let mut stats =
+                self.accumulate_grad(params, &x[lo * dim..hi * dim], &y[lo..hi], scale, grad);
+            for h in handles {
+                let (st, g) = h.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
+                stats.add(st);
+                for (a, b) in grad.iter_mut().zip(&g) {
+                    *a += b;
+                }
             }
-        }
-        stats
+            stats
+        })
     }
 }
 
