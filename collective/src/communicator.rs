@@ -17,13 +17,14 @@ use crate::engine::{self, Wire};
 use crate::error::CollectiveError;
 use crate::fault::FailState;
 use crate::kernels::BufferPool;
+use crate::link::Link;
 use crate::net;
 use crate::proto;
 use crate::proto::collective_client::CollectiveClient;
 use crate::rendezvous::{self, RendezvousService, RendezvousTable};
 use crate::tcp::{self, DataPort};
 use crate::topology::{Plan, Topology};
-use crate::transport::{CollectiveService, InboundRouter, Inbox, Link};
+use crate::transport::{CollectiveService, InboundRouter, Inbox};
 
 /// Idle send buffers kept for reuse (about what is in flight: link queues plus windows).
 const POOLED_BUFFERS: usize = 32;
@@ -226,8 +227,9 @@ impl Communicator {
         tracing::info!(parent: &span, world_size = cfg.world_size, address = %my_address, "rendezvous complete");
 
         // Open a link to every peer concurrently.
+        let pool = comm.pool.clone();
         let opens = peers.iter().filter(|p| p.rank != cfg.rank).map(|p| {
-            let (token, span) = (&token, &span);
+            let (token, span, pool) = (&token, &span, &pool);
             async move {
                 let link = match data_path {
                     DataPath::Tcp => {
@@ -257,6 +259,7 @@ impl Communicator {
                             channel,
                             token,
                             max_message,
+                            pool.clone(),
                         )
                     }
                 };
@@ -480,7 +483,6 @@ impl Communicator {
             chunk_elems: self.cfg.chunk_elems(),
             fail: &self.fail,
             links: &self.links,
-            pool: &self.pool,
         };
         let result = body(self, &wire, &mut state.inboxes, buf)
             .instrument(tracing::debug_span!(parent: &self.span, "op", op, op_id))

@@ -12,10 +12,10 @@ use tokio::time::Instant;
 
 use crate::error::CollectiveError;
 use crate::fault::FailState;
-use crate::kernels::{BufferPool, add_from_le, copy_from_le};
-use crate::proto;
+use crate::kernels::{add_from_le, copy_from_le};
+use crate::link::{ChunkId, Link};
 use crate::segments::ChunkGrid;
-use crate::transport::{Inbox, InboxError, Link};
+use crate::transport::{Inbox, InboxError};
 
 /// Chunks sent to a root to be reduced there.
 pub(crate) const PHASE_GATHER: u32 = 1;
@@ -35,7 +35,6 @@ pub(crate) struct Wire<'a> {
     pub(crate) chunk_elems: usize,
     pub(crate) fail: &'a FailState,
     pub(crate) links: &'a [Option<Link>],
-    pub(crate) pool: &'a std::sync::Arc<BufferPool>,
 }
 
 impl Wire<'_> {
@@ -60,7 +59,7 @@ impl Wire<'_> {
         phase: u32,
         segment: usize,
         chunk: usize,
-        payload: Bytes,
+        values: &[f32],
     ) -> Result<(), CollectiveError> {
         let link = self
             .links
@@ -70,15 +69,13 @@ impl Wire<'_> {
                 rank: dst,
                 reason: "no link to this rank".into(),
             })?;
-        let message = proto::Chunk {
-            generation: self.generation,
+        let id = ChunkId {
             op_id: self.op_id,
             phase,
             segment: segment as u32,
             chunk: chunk as u32,
-            payload,
         };
-        self.bounded(link.send(message)).await
+        self.bounded(link.send(id, values)).await
     }
 
     /// Receives the next chunk from `src`, which must be exactly the expected one.
@@ -218,10 +215,11 @@ pub(crate) async fn ring(
                 if t > 0 {
                     received.reach(received_before[t - 1] + k + 1).await;
                 }
-                let payload = wire.pool.encode(&grid.lock(seg, k));
-                sent.advance();
-                wire.send(right, PHASE_RING + t as u32, seg, k, payload)
+                let cell = grid.lock(seg, k).await;
+                wire.send(right, PHASE_RING + t as u32, seg, k, &cell)
                     .await?;
+                drop(cell);
+                sent.advance();
             }
         }
         Ok::<(), CollectiveError>(())
@@ -233,12 +231,12 @@ pub(crate) async fn ring(
                 if t + 1 >= n {
                     sent.reach(sent_before[t + 1 - n] + k + 1).await;
                 }
-                let elems = grid.lock(seg, k).len();
+                let elems = grid.len_of(seg, k);
                 let data = wire
                     .recv(inbox, left, PHASE_RING + t as u32, seg, k, elems)
                     .await?;
                 {
-                    let mut cell = grid.lock(seg, k);
+                    let mut cell = grid.lock(seg, k).await;
                     if t < n - 1 {
                         add_from_le(&mut cell, &data);
                     } else {
@@ -271,17 +269,17 @@ pub(crate) async fn reduce_to_root(
     let chunks = grid.chunks_in(0);
     if wire.me != root {
         for k in 0..chunks {
-            let payload = wire.pool.encode(&grid.lock(0, k));
-            wire.send(root, PHASE_GATHER, 0, k, payload).await?;
+            wire.send(root, PHASE_GATHER, 0, k, &grid.lock(0, k).await)
+                .await?;
         }
         return Ok(());
     }
     for k in 0..chunks {
-        let elems = grid.lock(0, k).len();
+        let elems = grid.len_of(0, k);
         for &src in &group[1..] {
             let inbox = inbox_of(inboxes, src)?;
             let data = wire.recv(inbox, src, PHASE_GATHER, 0, k, elems).await?;
-            add_from_le(&mut grid.lock(0, k), &data);
+            add_from_le(&mut grid.lock(0, k).await, &data);
         }
     }
     Ok(())
@@ -301,18 +299,18 @@ pub(crate) async fn bcast_from_root(
     let chunks = grid.chunks_in(0);
     if wire.me == root {
         for k in 0..chunks {
-            let payload = wire.pool.encode(&grid.lock(0, k));
+            let cell = grid.lock(0, k).await;
             for &dst in group.iter().filter(|&&r| r != root) {
-                wire.send(dst, PHASE_BCAST, 0, k, payload.clone()).await?;
+                wire.send(dst, PHASE_BCAST, 0, k, &cell).await?;
             }
         }
         return Ok(());
     }
     let inbox = inbox_of(inboxes, root)?;
     for k in 0..chunks {
-        let elems = grid.lock(0, k).len();
+        let elems = grid.len_of(0, k);
         let data = wire.recv(inbox, root, PHASE_BCAST, 0, k, elems).await?;
-        copy_from_le(&mut grid.lock(0, k), &data);
+        copy_from_le(&mut grid.lock(0, k).await, &data);
     }
     Ok(())
 }
@@ -337,15 +335,15 @@ pub(crate) async fn star(
     let chunks = grid.chunks_in(0);
     if wire.me == root {
         for k in 0..chunks {
-            let elems = grid.lock(0, k).len();
+            let elems = grid.len_of(0, k);
+            let mut cell = grid.lock(0, k).await;
             for &src in &group[1..] {
                 let inbox = inbox_of(inboxes, src)?;
                 let data = wire.recv(inbox, src, PHASE_GATHER, 0, k, elems).await?;
-                add_from_le(&mut grid.lock(0, k), &data);
+                add_from_le(&mut cell, &data);
             }
-            let payload = wire.pool.encode(&grid.lock(0, k));
             for &dst in &group[1..] {
-                wire.send(dst, PHASE_BCAST, 0, k, payload.clone()).await?;
+                wire.send(dst, PHASE_BCAST, 0, k, &cell).await?;
             }
         }
         return Ok(());
@@ -354,9 +352,10 @@ pub(crate) async fn star(
     let inbox = inbox_of(inboxes, root)?;
     let sender = async {
         for k in 0..chunks {
-            let payload = wire.pool.encode(&grid.lock(0, k));
+            let cell = grid.lock(0, k).await;
+            wire.send(root, PHASE_GATHER, 0, k, &cell).await?;
+            drop(cell);
             sent.advance();
-            wire.send(root, PHASE_GATHER, 0, k, payload).await?;
         }
         Ok::<(), CollectiveError>(())
     };
@@ -365,9 +364,9 @@ pub(crate) async fn star(
             // The sum of chunk k cannot exist before this rank sent chunk k; waiting keeps the
             // overwrite after the copy even so.
             sent.reach(k + 1).await;
-            let elems = grid.lock(0, k).len();
+            let elems = grid.len_of(0, k);
             let data = wire.recv(inbox, root, PHASE_BCAST, 0, k, elems).await?;
-            copy_from_le(&mut grid.lock(0, k), &data);
+            copy_from_le(&mut grid.lock(0, k).await, &data);
         }
         Ok::<(), CollectiveError>(())
     };

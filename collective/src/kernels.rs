@@ -3,6 +3,7 @@
 //! allocation, and send buffers are recycled through a small pool so the hot path neither
 //! calls the allocator for fresh pages nor zero-fills.
 
+use std::borrow::Cow;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -79,6 +80,26 @@ impl Drop for Pooled {
     }
 }
 
+/// The little-endian bytes of `values`: borrowed as they are on little-endian machines (no
+/// copy on the send path), encoded elsewhere.
+pub(crate) fn le_bytes(values: &[f32]) -> Cow<'_, [u8]> {
+    #[cfg(target_endian = "little")]
+    {
+        // SAFETY: the byte slice covers exactly the memory of `values` (size_of_val), which
+        // stays borrowed for the result's lifetime; u8 has alignment 1 and every byte of an
+        // f32 is initialised (no padding), and on a little-endian machine the in-memory
+        // bytes are the little-endian encoding.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values))
+        };
+        Cow::Borrowed(bytes)
+    }
+    #[cfg(not(target_endian = "little"))]
+    {
+        Cow::Owned(values.iter().flat_map(|v| v.to_le_bytes()).collect())
+    }
+}
+
 /// `dst[i] += src[i]`; `src` must hold exactly `dst.len() * 4` bytes (checked by the caller).
 pub(crate) fn add_from_le(dst: &mut [f32], src: &[u8]) {
     let (words, _) = src.as_chunks::<4>();
@@ -128,6 +149,14 @@ mod tests {
         let mut back = [0f32; 3];
         copy_from_le(&mut back, &c);
         assert_eq!(back, [3.0; 3]);
+    }
+
+    #[test]
+    fn le_bytes_are_the_encoded_bytes() {
+        let v = [1.5f32, -0.0, f32::MAX, f32::MIN_POSITIVE, f32::NAN];
+        let expected: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        assert_eq!(&*le_bytes(&v), &expected[..]);
+        assert!(le_bytes(&[]).is_empty());
     }
 
     #[test]

@@ -14,6 +14,7 @@ mod error;
 mod fault;
 mod frame;
 mod kernels;
+mod link;
 mod net;
 mod rendezvous;
 mod segments;

@@ -2,7 +2,7 @@
 //! rank cuts identically; each segment is further cut into pipelining chunks.
 
 use std::ops::Range;
-use std::sync::{Mutex, MutexGuard};
+use tokio::sync::{Mutex, MutexGuard};
 
 /// Range of segment `index` when `len` elements are split into `parts` nearly equal parts:
 /// the first `len % parts` segments hold one element more. `parts` must be at least 1.
@@ -28,9 +28,11 @@ pub fn chunk_count(seg_len: usize, chunk_elems: usize) -> usize {
 }
 
 /// A buffer cut into segments and chunks; each chunk can be locked independently so a
-/// sender and a receiver running concurrently in one task can touch different chunks.
+/// sender and a receiver running concurrently in one task can touch different chunks. The
+/// locks are async: a sender holds one while the chunk is written to a socket.
 pub(crate) struct ChunkGrid<'a> {
     cells: Vec<Mutex<&'a mut [f32]>>,
+    lens: Vec<usize>,
     first_cell: Vec<usize>,
 }
 
@@ -47,7 +49,12 @@ impl<'a> ChunkGrid<'a> {
             cells.extend(segment.chunks_mut(chunk_elems.max(1)).map(Mutex::new));
         }
         first_cell.push(cells.len());
-        ChunkGrid { cells, first_cell }
+        let lens = cells.iter_mut().map(|c| c.get_mut().len()).collect();
+        ChunkGrid {
+            cells,
+            lens,
+            first_cell,
+        }
     }
 
     #[cfg(test)]
@@ -59,10 +66,14 @@ impl<'a> ChunkGrid<'a> {
         self.first_cell[segment + 1] - self.first_cell[segment]
     }
 
-    /// Locks one chunk; never held across an await.
-    pub(crate) fn lock(&self, segment: usize, chunk: usize) -> MutexGuard<'_, &'a mut [f32]> {
-        let cell = &self.cells[self.first_cell[segment] + chunk];
-        cell.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    /// Number of values in one chunk.
+    pub(crate) fn len_of(&self, segment: usize, chunk: usize) -> usize {
+        self.lens[self.first_cell[segment] + chunk]
+    }
+
+    /// Locks one chunk.
+    pub(crate) async fn lock(&self, segment: usize, chunk: usize) -> MutexGuard<'_, &'a mut [f32]> {
+        self.cells[self.first_cell[segment] + chunk].lock().await
     }
 }
 
@@ -104,8 +115,8 @@ mod tests {
         assert_eq!(chunk_count(9, 4), 3);
     }
 
-    #[test]
-    fn grid_cells_cover_segments_in_chunks() {
+    #[tokio::test]
+    async fn grid_cells_cover_segments_in_chunks() {
         let mut buf: Vec<f32> = (0..10).map(|i| i as f32).collect();
         let grid = ChunkGrid::new(&mut buf, 3, 2);
         assert_eq!(grid.segments(), 3);
@@ -114,9 +125,10 @@ mod tests {
             (0..3).map(|s| grid.chunks_in(s)).collect::<Vec<_>>(),
             vec![2, 2, 2]
         );
-        assert_eq!(**grid.lock(1, 1), [6.0]);
-        assert_eq!(**grid.lock(2, 0), [7.0, 8.0]);
-        grid.lock(0, 1)[0] = 42.0;
+        assert_eq!(**grid.lock(1, 1).await, [6.0]);
+        assert_eq!(**grid.lock(2, 0).await, [7.0, 8.0]);
+        assert_eq!((grid.len_of(1, 1), grid.len_of(2, 0)), (1, 2));
+        grid.lock(0, 1).await[0] = 42.0;
         drop(grid);
         assert_eq!(buf[2], 42.0);
     }

@@ -9,7 +9,7 @@ use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Buf, BufMut};
+use bytes::BufMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -22,8 +22,9 @@ use crate::auth::RequireToken;
 use crate::error::CollectiveError;
 use crate::frame::{self, ChunkHeader, HEADER_LEN, HELLO_FIXED, REPLY_FIXED};
 use crate::kernels::BufferPool;
+use crate::link::Link;
 use crate::proto;
-use crate::transport::{ChunkReceiver, Handoff, InboundRouter, InboxError, Link};
+use crate::transport::{ChunkReceiver, Handoff, InboundRouter, InboxError};
 
 /// Chunks a reader task may hold ready before the collective takes them.
 const READ_AHEAD: usize = 2;
@@ -264,9 +265,7 @@ pub(crate) async fn open_link(
         })?
         .map_err(|e| lost(format!("data-stream hello to {address} failed: {e}")))?;
     match code {
-        Code::Ok => Ok(Link::spawn(me, peer, move |chunks| {
-            write_chunks(stream, chunks)
-        })),
+        Code::Ok => Ok(Link::direct(peer, stream)),
         Code::Unauthenticated | Code::InvalidArgument | Code::PermissionDenied => {
             Err(CollectiveError::Protocol {
                 rank: peer,
@@ -299,41 +298,6 @@ async fn connect_until(address: &str, deadline: Instant) -> Result<TcpStream, St
     }
 }
 
-/// Writes queued chunks as frames; after the queue closes, ends the stream and waits until the
-/// peer closes its side (it took everything). Returns why the stream ended.
-async fn write_chunks(stream: TcpStream, mut chunks: mpsc::Receiver<proto::Chunk>) -> String {
-    let (mut read_half, mut write_half) = stream.into_split();
-    let mut sent = 0u64;
-    while let Some(chunk) = chunks.recv().await {
-        let Ok(len) = u32::try_from(chunk.payload.len()) else {
-            return format!("chunk of {} bytes is too large", chunk.payload.len());
-        };
-        let header = ChunkHeader {
-            op_id: chunk.op_id,
-            phase: chunk.phase,
-            segment: chunk.segment,
-            chunk: chunk.chunk,
-            len,
-        }
-        .encode();
-        let mut frame = Buf::chain(&header[..], chunk.payload);
-        if let Err(e) = write_half.write_all_buf(&mut frame).await {
-            return format!("sending to the peer failed after {sent} chunks: {e}");
-        }
-        sent += 1;
-    }
-    if let Err(e) = write_half.shutdown().await {
-        return format!("ending the stream failed after {sent} chunks: {e}");
-    }
-    let mut scratch = [0u8; 64];
-    while let Ok(n) = read_half.read(&mut scratch).await {
-        if n == 0 {
-            break;
-        }
-    }
-    format!("stream closed after {sent} chunks")
-}
-
 #[cfg(test)]
 mod tests {
     use bytes::Bytes;
@@ -341,6 +305,7 @@ mod tests {
 
     use super::*;
     use crate::fault::FailState;
+    use crate::link::ChunkId;
     use crate::transport::Inbox;
 
     const TOKEN: &str = "secret";
@@ -500,17 +465,22 @@ mod tests {
         let link = open_link(0, 1, GENERATION, &h.address, TOKEN, deadline)
             .await
             .unwrap();
-        let chunk = proto::Chunk {
-            generation: GENERATION,
+        let values = [1.5f32, -2.0];
+        let id = ChunkId {
             op_id: 5,
             phase: 2,
             segment: 0,
             chunk: 4,
-            payload: Bytes::from_static(&[1, 2, 3, 4, 5, 6, 7, 8]),
         };
-        link.send(chunk.clone()).await.unwrap();
+        link.send(id, &values).await.unwrap();
         let inbox = h.inboxes[0].as_mut().unwrap();
-        assert_eq!(inbox.next(GENERATION).await.unwrap(), chunk);
+        let got = inbox.next(GENERATION).await.unwrap();
+        assert_eq!(
+            (got.generation, got.op_id, got.phase, got.segment, got.chunk),
+            (GENERATION, 5, 2, 0, 4)
+        );
+        let expected: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        assert_eq!(got.payload, Bytes::from(expected));
         // Closing finishes once the receiver let go of the stream.
         let closing = link.close();
         h.inboxes.clear();

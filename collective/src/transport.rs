@@ -1,29 +1,21 @@
-//! Moving chunks between ranks: the `Collective` server routes each peer's incoming stream to
-//! that peer's inbox; a `Link` is this rank's outgoing stream to one peer. One long-lived
-//! client stream per directed pair, so chunks from one peer arrive in the order it sent them.
+//! Receiving chunks: the `Collective` server (and the TCP data port) route each peer's incoming
+//! stream to that peer's inbox. One long-lived stream per directed pair (sent by a `link`), so
+//! chunks from one peer arrive in the order it sent them.
 
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{mpsc, oneshot, watch};
-use tokio::task::JoinHandle;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
-use tracing::Instrument;
 
-use crate::auth::AttachToken;
 use crate::error::CollectiveError;
 use crate::fault::FailState;
 use crate::proto;
-use crate::proto::collective_client::CollectiveClient;
 
 /// Metadata key naming the sending rank of a `Send` stream.
 pub const FROM_RANK: &str = "x-rdu-from-rank";
 /// Metadata key naming the generation of a `Send` stream.
 pub const GENERATION: &str = "x-rdu-generation";
-
-/// Chunks queued per link before the sender waits (on top of the HTTP/2 window).
-const LINK_QUEUE: usize = 4;
 
 /// A peer's incoming stream, handed by the server to the receiving side. Dropping it lets the
 /// server answer the gRPC call, or closes the TCP data stream.
@@ -267,93 +259,6 @@ impl<R: ChunkReceiver> proto::collective_server::Collective for CollectiveServic
     ) -> Result<Response<proto::AbortResponse>, Status> {
         self.0.abort(request.into_inner())?;
         Ok(Response::new(proto::AbortResponse {}))
-    }
-}
-
-/// This rank's outgoing stream to one peer.
-pub(crate) struct Link {
-    pub(crate) peer: u32,
-    tx: mpsc::Sender<proto::Chunk>,
-    closed_reason: Arc<Mutex<Option<String>>>,
-    task: JoinHandle<()>,
-}
-
-impl Link {
-    /// A link whose `driver` moves the queued chunks to the peer and returns why the stream
-    /// ended (once the peer took everything, or on failure).
-    pub(crate) fn spawn<F, Fut>(me: u32, peer: u32, driver: F) -> Link
-    where
-        F: FnOnce(mpsc::Receiver<proto::Chunk>) -> Fut,
-        Fut: std::future::Future<Output = String> + Send + 'static,
-    {
-        let (tx, rx) = mpsc::channel(LINK_QUEUE);
-        let closed_reason = Arc::new(Mutex::new(None));
-        let reason_slot = closed_reason.clone();
-        let span = tracing::debug_span!("link", rank = me, peer);
-        let driving = driver(rx);
-        let task = tokio::spawn(
-            async move {
-                let why = driving.await;
-                tracing::debug!(%why, "link ended");
-                *reason_slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
-            }
-            .instrument(span),
-        );
-        Link {
-            peer,
-            tx,
-            closed_reason,
-            task,
-        }
-    }
-
-    /// Opens a gRPC `Send` stream on an already connected channel.
-    pub(crate) fn open_grpc(
-        me: u32,
-        peer: u32,
-        generation: u64,
-        channel: tonic::transport::Channel,
-        token: &AttachToken,
-        max_message: usize,
-    ) -> Link {
-        let mut client = CollectiveClient::with_interceptor(channel, token.clone())
-            .max_encoding_message_size(max_message)
-            .max_decoding_message_size(max_message);
-        Link::spawn(me, peer, move |rx| async move {
-            let mut request = Request::new(ReceiverStream::new(rx));
-            request.metadata_mut().insert(FROM_RANK, me.into());
-            request.metadata_mut().insert(GENERATION, generation.into());
-            match client.send(request).await {
-                Ok(summary) => {
-                    format!("stream closed after {} chunks", summary.get_ref().chunks)
-                }
-                Err(status) => format!("{:?}: {}", status.code(), status.message()),
-            }
-        })
-    }
-
-    /// Queues one chunk; fails when the stream to the peer is gone.
-    pub(crate) async fn send(&self, chunk: proto::Chunk) -> Result<(), CollectiveError> {
-        self.tx.send(chunk).await.map_err(|_| self.lost())
-    }
-
-    fn lost(&self) -> CollectiveError {
-        let reason = self
-            .closed_reason
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-            .unwrap_or_else(|| "stream to peer closed".into());
-        CollectiveError::PeerLost {
-            rank: self.peer,
-            reason,
-        }
-    }
-
-    /// Ends the stream after everything queued is sent; the handle finishes when the peer answers.
-    pub(crate) fn close(self) -> JoinHandle<()> {
-        drop(self.tx);
-        self.task
     }
 }
 
