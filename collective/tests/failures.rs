@@ -5,8 +5,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::world;
-use rdu_collective::{Algorithm, CollectiveError, Communicator};
+use common::{world, world_on};
+use rdu_collective::{Algorithm, CollectiveError, Communicator, DataPath};
 
 const TIMEOUT: Duration = Duration::from_secs(2);
 /// Safety net so a regression fails the test instead of hanging it (not a speed assertion).
@@ -36,7 +36,16 @@ fn assert_all_retryable(results: &[Result<(), CollectiveError>]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_rank_fails_every_other_ranks_ring() {
-    let mut comms = world(3, |_| "n".into(), TIMEOUT).await;
+    dropped_rank_fails_the_ring_on(DataPath::Tcp).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_rank_fails_every_other_ranks_ring_on_grpc_streams() {
+    dropped_rank_fails_the_ring_on(DataPath::Grpc).await;
+}
+
+async fn dropped_rank_fails_the_ring_on(data_path: DataPath) {
+    let mut comms = world_on(3, |_| "n".into(), TIMEOUT, |_| data_path).await;
     let ok = all_reduce_on(&comms.iter().collect::<Vec<_>>(), Algorithm::Ring).await;
     assert!(ok.iter().all(Result::is_ok), "{ok:?}");
     drop(comms.pop());

@@ -1,5 +1,6 @@
 //! `allreduce-bench`: all-reduce bus bandwidth of N local ranks (one process each, loopback),
-//! beside a raw TCP stream between two processes measured in the same run.
+//! beside a raw TCP stream between two processes measured in the same run. Chunks travel on
+//! the TCP data path unless `--data-path grpc`.
 //!
 //! Prints one JSON line per size with nccl-tests' definitions: algbw = bytes / time,
 //! busbw = algbw * 2 (n - 1) / n; bandwidths in GB/s where 1 GB = 1e9 bytes. Then one line
@@ -17,7 +18,9 @@ use rdu_collective::{
 };
 
 #[derive(Parser, Debug)]
-#[command(about = "All-reduce bandwidth of local ranks over gRPC, beside a raw TCP stream")]
+#[command(
+    about = "All-reduce bandwidth of local ranks (gRPC control, chunks on --data-path), beside a raw TCP stream"
+)]
 struct Args {
     /// Number of ranks (processes).
     #[arg(long, default_value_t = 2)]
