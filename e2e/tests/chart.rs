@@ -1,0 +1,174 @@
+//! The Helm chart renders, its objects are accepted by the API server (server-side dry run), and its
+//! ClusterRole/Role grant exactly the operator's API use (COMMON contract), nothing more.
+
+use rdu_e2e::{
+    Components, ControlPlane, assets_or_skip, create_namespace, helm_template, install_crd, kubectl,
+};
+use serde_yaml_ng::Value;
+use std::collections::BTreeSet;
+
+const NAMESPACE: &str = "rdu-system";
+
+/// (apiGroup, resource, verb) triples.
+type Grants = BTreeSet<(String, String, String)>;
+
+fn grants(rules: &[(&str, &[&str], &[&str])]) -> Grants {
+    let mut set = Grants::new();
+    for (group, resources, verbs) in rules {
+        for r in *resources {
+            for v in *verbs {
+                set.insert((group.to_string(), r.to_string(), v.to_string()));
+            }
+        }
+    }
+    set
+}
+
+fn rendered_grants(docs: &[Value], kind: &str) -> Grants {
+    let mut set = Grants::new();
+    for doc in docs.iter().filter(|d| d["kind"].as_str() == Some(kind)) {
+        for rule in doc["rules"].as_sequence().into_iter().flatten() {
+            let strings = |key: &str| -> Vec<String> {
+                rule[key]
+                    .as_sequence()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|v| v.as_str().map(str::to_string))
+                    .collect()
+            };
+            for g in strings("apiGroups") {
+                for r in strings("resources") {
+                    for v in strings("verbs") {
+                        set.insert((g.clone(), r.clone(), v));
+                    }
+                }
+            }
+        }
+    }
+    set
+}
+
+fn documents(yaml: &str) -> Vec<Value> {
+    serde_yaml_ng::Deserializer::from_str(yaml)
+        .map(|d| serde::Deserialize::deserialize(d).expect("rendered YAML parses"))
+        .filter(|v: &Value| !v.is_null())
+        .collect()
+}
+
+#[test]
+fn the_chart_grants_exactly_the_operators_api_use() {
+    let Some(_assets) = assets_or_skip("chart rbac") else {
+        return;
+    };
+    let docs = documents(&helm_template("rdu", NAMESPACE, &[]).expect("helm template"));
+    let cluster = grants(&[
+        (
+            "rdu.dev",
+            &["rdujobs"],
+            &["get", "list", "watch", "patch", "update", "delete"],
+        ),
+        ("rdu.dev", &["rdujobs/status"], &["get", "patch", "update"]),
+        (
+            "",
+            &["pods"],
+            &[
+                "get",
+                "list",
+                "watch",
+                "create",
+                "patch",
+                "delete",
+                "deletecollection",
+            ],
+        ),
+        (
+            "",
+            &["services", "secrets"],
+            &["get", "list", "watch", "create", "patch", "delete"],
+        ),
+        ("", &["events"], &["create", "patch"]),
+        ("events.k8s.io", &["events"], &["create", "patch"]),
+        (
+            "scheduling.x-k8s.io",
+            &["podgroups"],
+            &["get", "list", "watch", "create", "patch", "delete"],
+        ),
+        (
+            "apiextensions.k8s.io",
+            &["customresourcedefinitions"],
+            &["get", "list", "watch"],
+        ),
+    ]);
+    assert_eq!(rendered_grants(&docs, "ClusterRole"), cluster);
+    let lease = grants(&[(
+        "coordination.k8s.io",
+        &["leases"],
+        &["get", "create", "update", "patch"],
+    )]);
+    assert_eq!(rendered_grants(&docs, "Role"), lease);
+    let role = docs
+        .iter()
+        .find(|d| d["kind"].as_str() == Some("Role"))
+        .unwrap();
+    assert_eq!(role["metadata"]["namespace"].as_str(), Some(NAMESPACE));
+}
+
+#[tokio::test]
+async fn the_rendered_chart_is_accepted_by_the_api_server() {
+    let Some(assets) = assets_or_skip("chart dry run") else {
+        return;
+    };
+    let plane = ControlPlane::start(&assets, Components::default())
+        .await
+        .expect("control plane");
+    install_crd(&plane).await.expect("CRD");
+    create_namespace(&plane, NAMESPACE)
+        .await
+        .expect("namespace");
+    create_namespace(&plane, "ml").await.expect("namespace");
+
+    for extra in [
+        vec![],
+        vec![
+            "--set",
+            "networkPolicy.namespaces={rdu-system,ml}",
+            "--set",
+            "operator.watchNamespace=ml",
+        ],
+        vec![
+            "--set",
+            "devicePlugin.resourceMode=rdu",
+            "--set",
+            "devicePlugin.kubeletPodResourcesDir=",
+        ],
+    ] {
+        let rendered = helm_template("rdu", NAMESPACE, &extra).expect("helm template");
+        let kinds: BTreeSet<String> = documents(&rendered)
+            .iter()
+            .filter_map(|d| d["kind"].as_str().map(str::to_string))
+            .collect();
+        for kind in [
+            "Deployment",
+            "DaemonSet",
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
+            "Service",
+            "NetworkPolicy",
+        ] {
+            assert!(kinds.contains(kind), "{extra:?}: no {kind} in {kinds:?}");
+        }
+        let out = kubectl(
+            &plane,
+            &["apply", "--server-side", "--dry-run=server", "-f", "-"],
+            Some(&rendered),
+        )
+        .unwrap_or_else(|e| panic!("{extra:?}: refused: {e}"));
+        assert!(
+            out.contains("deployment.apps/rdu-rdu-operator serverside-applied (server dry run)"),
+            "{out}"
+        );
+    }
+}
