@@ -127,8 +127,14 @@ async fn the_rendered_chart_is_accepted_by_the_api_server() {
         .expect("namespace");
     create_namespace(&plane, "ml").await.expect("namespace");
 
+    let kind_values = rdu_e2e::workspace_root().join("e2e/kind/values.yaml");
+    let kind_values = kind_values.display().to_string();
+    create_namespace(&plane, "default")
+        .await
+        .expect("namespace");
     for extra in [
         vec![],
+        vec!["--values", kind_values.as_str()],
         vec![
             "--set",
             "networkPolicy.namespaces={rdu-system,ml}",

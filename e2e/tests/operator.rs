@@ -1,0 +1,367 @@
+//! The operator binary, running as the chart's ServiceAccount under RBAC with the chart's RBAC applied,
+//! against a real API server and kube-controller-manager (garbage collector). There is no kubelet: the
+//! test drives pod phases through the pods/status subresource, as a kubelet would report them.
+
+use futures::future::join_all;
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use rdu_crds::RduJob;
+use rdu_e2e::{
+    Components, ControlPlane, assets_or_skip, create_namespace, helm_template, install_crd,
+    kubectl, operator_binary, poll_until, ports::free_port, service_account_token,
+};
+use serde_json::{Value, json};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const OPERATOR_NAMESPACE: &str = "rdu-system";
+const JOBS: &str = "jobs";
+const TIMEOUT: Duration = Duration::from_secs(90);
+const RESULT: &str = r#"{"finalLoss":0.125,"testAccuracy":0.96,"samplesPerSecond":1234.5,"trainSeconds":3.5,"globalSteps":40}"#;
+
+fn job(name: &str, workers: u32, run_policy: Value) -> String {
+    json!({
+        "apiVersion": "rdu.dev/v1alpha1", "kind": "RduJob",
+        "metadata": {"name": name, "namespace": JOBS},
+        "spec": {"workers": workers, "tilesPerWorker": 1, "image": "rdu-worker:0.1.0",
+                 "model": {"name": "ffn-logreg", "hiddenSizes": [16]},
+                 "data": {"source": "synthetic", "samples": 512},
+                 "training": {"epochs": 1, "batchSize": 8, "learningRate": 0.1},
+                 "runPolicy": run_policy}
+    })
+    .to_string()
+}
+
+/// The job's status as JSON (null when absent).
+async fn status(jobs: &Api<RduJob>, name: &str) -> Result<Value, String> {
+    let job = jobs.get(name).await.map_err(|e| e.to_string())?;
+    Ok(serde_json::to_value(&job.status).unwrap_or(Value::Null))
+}
+
+async fn wait_phase(jobs: &Api<RduJob>, name: &str, phase: &str) -> Value {
+    poll_until(&format!("{name} phase {phase}"), TIMEOUT, || async {
+        let s = status(jobs, name).await?;
+        if s["phase"] == phase {
+            Ok(s)
+        } else {
+            Err(s.to_string())
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Waits for all `workers` pods of `generation` and returns their names.
+async fn wait_pods(pods: &Api<Pod>, job: &str, workers: usize, generation: u32) -> Vec<String> {
+    let selector = format!("rdu.dev/job-name={job},rdu.dev/generation={generation}");
+    poll_until(
+        &format!("{workers} pods of {job} generation {generation}"),
+        TIMEOUT,
+        || {
+            let pods = pods.clone();
+            let selector = selector.clone();
+            async move {
+                let list = pods
+                    .list(&ListParams::default().labels(&selector))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let live: Vec<String> = list
+                    .items
+                    .iter()
+                    .filter(|p| p.metadata.deletion_timestamp.is_none())
+                    .filter_map(|p| p.metadata.name.clone())
+                    .collect();
+                if live.len() == workers {
+                    Ok(live)
+                } else {
+                    Err(format!("{} pods: {live:?}", live.len()))
+                }
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn container_status(state: Value) -> Value {
+    json!([{"name": "worker", "ready": state.get("running").is_some(), "restartCount": 0,
+            "image": "rdu-worker:0.1.0", "imageID": "", "state": state}])
+}
+
+/// Reports `phase` for a pod as the kubelet would.
+async fn report(
+    pods: &Api<Pod>,
+    name: &str,
+    phase: &str,
+    exit_code: Option<i32>,
+    message: Option<&str>,
+) {
+    let now = "2026-01-01T00:00:00Z";
+    let state = match exit_code {
+        None => json!({"running": {"startedAt": now}}),
+        Some(code) => {
+            let mut t = json!({"exitCode": code, "reason": if code == 0 {"Completed"} else {"Error"},
+                               "startedAt": now, "finishedAt": now});
+            if let Some(m) = message {
+                t["message"] = json!(m);
+            }
+            json!({"terminated": t})
+        }
+    };
+    let ready = if phase == "Running" { "True" } else { "False" };
+    let patch = json!({"status": {"phase": phase, "podIP": "10.1.0.1", "startTime": now,
+        "conditions": [{"type": "Ready", "status": ready, "lastTransitionTime": now}],
+        "containerStatuses": container_status(state)}});
+    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap_or_else(|e| panic!("status of {name}: {e}"));
+}
+
+async fn report_all(pods: &Api<Pod>, names: &[String], phase: &str, exit_code: Option<i32>) {
+    join_all(
+        names
+            .iter()
+            .map(|n| report(pods, n, phase, exit_code, None)),
+    )
+    .await;
+}
+
+async fn wait_gone<K>(api: &Api<K>, what: &str, selector: &str)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    poll_until(what, TIMEOUT, || async {
+        let left = api
+            .list(&ListParams::default().labels(selector))
+            .await
+            .map_err(|e| e.to_string())?;
+        if left.items.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{} left", left.items.len()))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// Starts the control plane, applies the chart, and runs the operator as the chart's ServiceAccount.
+async fn operator_plane() -> Option<ControlPlane> {
+    let assets = assets_or_skip("operator")?;
+    let binary = operator_binary().unwrap_or_else(|e| panic!("{e}"));
+    let components = Components {
+        scheduler: false,
+        controller_manager: true,
+    };
+    let mut plane = ControlPlane::start(&assets, components)
+        .await
+        .expect("control plane");
+    install_crd(&plane).await.expect("CRD");
+    create_namespace(&plane, OPERATOR_NAMESPACE)
+        .await
+        .expect("namespace");
+    create_namespace(&plane, JOBS).await.expect("namespace");
+    let chart = helm_template(
+        "rdu",
+        OPERATOR_NAMESPACE,
+        &["--set", "networkPolicy.namespaces={jobs}"],
+    )
+    .expect("helm");
+    kubectl(&plane, &["apply", "--server-side", "-f", "-"], Some(&chart)).expect("chart applies");
+    let token =
+        service_account_token(&plane, OPERATOR_NAMESPACE, "rdu-rdu-operator").expect("token");
+    let kubeconfig = plane
+        .write_kubeconfig(
+            "operator",
+            "system:serviceaccount:rdu-system:rdu-rdu-operator",
+            &token,
+            OPERATOR_NAMESPACE,
+        )
+        .expect("kubeconfig");
+    let mut operator = Command::new(binary);
+    operator
+        .arg(format!(
+            "--metrics-addr=127.0.0.1:{}",
+            free_port().expect("port")
+        ))
+        .arg(format!("--lease-namespace={OPERATOR_NAMESPACE}"))
+        .arg("--identity=e2e-operator")
+        .arg("--log-format=text")
+        .env("KUBECONFIG", kubeconfig)
+        .env("RUST_LOG", "info");
+    plane
+        .spawn("rdu-operator", operator)
+        .expect("operator starts");
+    Some(plane)
+}
+
+#[tokio::test]
+async fn the_operator_runs_the_job_lifecycle_under_the_charts_rbac() {
+    let Some(mut plane) = operator_plane().await else {
+        return;
+    };
+    let client = plane.admin_client().await.expect("client");
+    let jobs: Api<RduJob> = Api::namespaced(client.clone(), JOBS);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), JOBS);
+    let services: Api<Service> = Api::namespaced(client.clone(), JOBS);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), JOBS);
+
+    // Every child of a 16-rank job.
+    kubectl(
+        &plane,
+        &["apply", "-f", "-"],
+        Some(&job("life", 16, json!({"backoffLimit": 3}))),
+    )
+    .expect("apply");
+    let names = wait_pods(&pods, "life", 16, 0).await;
+    services.get("life").await.expect("headless Service life");
+    secrets.get("life-token").await.expect("Secret life-token");
+    assert!(plane.dead_process().is_none(), "{:?}", plane.dead_process());
+
+    // Running -> rank 3 exits 75 -> the gang restarts with generation 1.
+    report_all(&pods, &names, "Running", None).await;
+    wait_phase(&jobs, "life", "Running").await;
+    report(&pods, "life-worker-3", "Failed", Some(75), None).await;
+    let names = wait_pods(&pods, "life", 16, 1).await;
+    let restarted = status(&jobs, "life").await.unwrap();
+    assert_eq!(restarted["restarts"], 1, "{restarted}");
+    let env = pods
+        .get("life-worker-0")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .containers[0]
+        .env
+        .clone()
+        .unwrap_or_default();
+    let generation = env
+        .iter()
+        .find(|e| e.name == "RDU_GENERATION")
+        .and_then(|e| e.value.clone());
+    assert_eq!(generation.as_deref(), Some("1"));
+
+    // All exit 0, rank 0 with its result -> Succeeded, result copied.
+    report_all(&pods, &names, "Running", None).await;
+    wait_phase(&jobs, "life", "Running").await;
+    for name in &names {
+        let message = (name == "life-worker-0").then_some(RESULT);
+        report(&pods, name, "Succeeded", Some(0), message).await;
+    }
+    let done = wait_phase(&jobs, "life", "Succeeded").await;
+    assert_eq!(done["result"]["testAccuracy"], 0.96, "{done}");
+    assert_eq!(done["result"]["globalSteps"], 40, "{done}");
+
+    // Deleting the job garbage-collects its children (owner references, kube-controller-manager).
+    jobs.delete("life", &DeleteParams::default())
+        .await
+        .expect("delete");
+    wait_gone(&pods, "life's pods collected", "rdu.dev/job-name=life").await;
+    wait_gone(
+        &services,
+        "life's Service collected",
+        "rdu.dev/job-name=life",
+    )
+    .await;
+    wait_gone(&secrets, "life's Secret collected", "rdu.dev/job-name=life").await;
+
+    // Suspend deletes the pods, resume recreates them.
+    kubectl(
+        &plane,
+        &["apply", "-f", "-"],
+        Some(&job("pause", 2, json!({}))),
+    )
+    .expect("apply");
+    wait_pods(&pods, "pause", 2, 0).await;
+    let suspend = json!({"spec": {"runPolicy": {"suspend": true}}});
+    jobs.patch("pause", &PatchParams::default(), &Patch::Merge(&suspend))
+        .await
+        .expect("suspend");
+    wait_phase(&jobs, "pause", "Suspended").await;
+    wait_gone(&pods, "pause's pods deleted", "rdu.dev/job-name=pause").await;
+    let resume = json!({"spec": {"runPolicy": {"suspend": false}}});
+    jobs.patch("pause", &PatchParams::default(), &Patch::Merge(&resume))
+        .await
+        .expect("resume");
+    poll_until("pause's pods back", TIMEOUT, || async {
+        let list = pods
+            .list(&ListParams::default().labels("rdu.dev/job-name=pause"))
+            .await
+            .map_err(|e| e.to_string())?;
+        let live = list
+            .items
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .count();
+        if live == 2 {
+            Ok(())
+        } else {
+            Err(format!("{live} pods"))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+
+    // activeDeadlineSeconds -> Failed.
+    kubectl(
+        &plane,
+        &["apply", "-f", "-"],
+        Some(&job("late", 2, json!({"activeDeadlineSeconds": 2}))),
+    )
+    .expect("apply");
+    let failed = wait_phase(&jobs, "late", "Failed").await;
+    assert!(failed.to_string().contains("DeadlineExceeded"), "{failed}");
+
+    // ttlSecondsAfterFinished deletes a finished job.
+    kubectl(
+        &plane,
+        &["apply", "-f", "-"],
+        Some(&job("brief", 1, json!({"ttlSecondsAfterFinished": 1}))),
+    )
+    .expect("apply");
+    let names = wait_pods(&pods, "brief", 1, 0).await;
+    report(&pods, &names[0], "Succeeded", Some(0), Some(RESULT)).await;
+    poll_until("brief deleted by its TTL", TIMEOUT, || async {
+        match jobs.get_opt("brief").await.map_err(|e| e.to_string())? {
+            None => Ok(()),
+            Some(j) => Err(serde_json::to_string(&j.status).unwrap_or_default()),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(plane.dead_process().is_none(), "{:?}", plane.dead_process());
+}
+
+#[tokio::test]
+async fn bench_apply_to_pods_256() {
+    let Some(plane) = operator_plane().await else {
+        return;
+    };
+    let client = plane.admin_client().await.expect("client");
+    let pods: Api<Pod> = Api::namespaced(client, JOBS);
+    let start = Instant::now();
+    kubectl(
+        &plane,
+        &["apply", "-f", "-"],
+        Some(&job("wide", 256, json!({}))),
+    )
+    .expect("apply");
+    poll_until("256 pods", Duration::from_secs(300), || async {
+        let list = pods
+            .list_metadata(&ListParams::default().labels("rdu.dev/job-name=wide"))
+            .await
+            .map_err(|e| e.to_string())?;
+        if list.items.len() == 256 {
+            Ok(())
+        } else {
+            Err(format!("{} pods", list.items.len()))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", plane.log_tail("rdu-operator", 30)));
+    let seconds = start.elapsed().as_secs_f64();
+    println!(
+        "{}",
+        json!({"bench": "apply_to_pods_256", "seconds": seconds, "pods": 256})
+    );
+}
