@@ -38,7 +38,7 @@ async fn status(jobs: &Api<RduJob>, name: &str) -> Result<Value, String> {
     Ok(serde_json::to_value(&job.status).unwrap_or(Value::Null))
 }
 
-async fn wait_phase(jobs: &Api<RduJob>, name: &str, phase: &str) -> Value {
+async fn wait_phase(plane: &ControlPlane, jobs: &Api<RduJob>, name: &str, phase: &str) -> Value {
     poll_until(&format!("{name} phase {phase}"), TIMEOUT, || async {
         let s = status(jobs, name).await?;
         if s["phase"] == phase {
@@ -48,11 +48,17 @@ async fn wait_phase(jobs: &Api<RduJob>, name: &str, phase: &str) -> Value {
         }
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}"))
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", plane.log_tail("rdu-operator", 40)))
 }
 
 /// Waits for all `workers` pods of `generation` and returns their names.
-async fn wait_pods(pods: &Api<Pod>, job: &str, workers: usize, generation: u32) -> Vec<String> {
+async fn wait_pods(
+    plane: &ControlPlane,
+    pods: &Api<Pod>,
+    job: &str,
+    workers: usize,
+    generation: u32,
+) -> Vec<String> {
     let selector = format!("rdu.dev/job-name={job},rdu.dev/generation={generation}");
     poll_until(
         &format!("{workers} pods of {job} generation {generation}"),
@@ -80,7 +86,7 @@ async fn wait_pods(pods: &Api<Pod>, job: &str, workers: usize, generation: u32) 
         },
     )
     .await
-    .unwrap_or_else(|e| panic!("{e}"))
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", plane.log_tail("rdu-operator", 40)))
 }
 
 fn container_status(state: Value) -> Value {
@@ -213,16 +219,16 @@ async fn the_operator_runs_the_job_lifecycle_under_the_charts_rbac() {
         Some(&job("life", 16, json!({"backoffLimit": 3}))),
     )
     .expect("apply");
-    let names = wait_pods(&pods, "life", 16, 0).await;
+    let names = wait_pods(&plane, &pods, "life", 16, 0).await;
     services.get("life").await.expect("headless Service life");
     secrets.get("life-token").await.expect("Secret life-token");
     assert!(plane.dead_process().is_none(), "{:?}", plane.dead_process());
 
     // Running -> rank 3 exits 75 -> the gang restarts with generation 1.
     report_all(&pods, &names, "Running", None).await;
-    wait_phase(&jobs, "life", "Running").await;
+    wait_phase(&plane, &jobs, "life", "Running").await;
     report(&pods, "life-worker-3", "Failed", Some(75), None).await;
-    let names = wait_pods(&pods, "life", 16, 1).await;
+    let names = wait_pods(&plane, &pods, "life", 16, 1).await;
     let restarted = status(&jobs, "life").await.unwrap();
     assert_eq!(restarted["restarts"], 1, "{restarted}");
     let env = pods
@@ -243,12 +249,12 @@ async fn the_operator_runs_the_job_lifecycle_under_the_charts_rbac() {
 
     // All exit 0, rank 0 with its result -> Succeeded, result copied.
     report_all(&pods, &names, "Running", None).await;
-    wait_phase(&jobs, "life", "Running").await;
+    wait_phase(&plane, &jobs, "life", "Running").await;
     for name in &names {
         let message = (name == "life-worker-0").then_some(RESULT);
         report(&pods, name, "Succeeded", Some(0), message).await;
     }
-    let done = wait_phase(&jobs, "life", "Succeeded").await;
+    let done = wait_phase(&plane, &jobs, "life", "Succeeded").await;
     assert_eq!(done["result"]["testAccuracy"], 0.96, "{done}");
     assert_eq!(done["result"]["globalSteps"], 40, "{done}");
 
@@ -272,12 +278,12 @@ async fn the_operator_runs_the_job_lifecycle_under_the_charts_rbac() {
         Some(&job("pause", 2, json!({}))),
     )
     .expect("apply");
-    wait_pods(&pods, "pause", 2, 0).await;
+    wait_pods(&plane, &pods, "pause", 2, 0).await;
     let suspend = json!({"spec": {"runPolicy": {"suspend": true}}});
     jobs.patch("pause", &PatchParams::default(), &Patch::Merge(&suspend))
         .await
         .expect("suspend");
-    wait_phase(&jobs, "pause", "Suspended").await;
+    wait_phase(&plane, &jobs, "pause", "Suspended").await;
     wait_gone(&pods, "pause's pods deleted", "rdu.dev/job-name=pause").await;
     let resume = json!({"spec": {"runPolicy": {"suspend": false}}});
     jobs.patch("pause", &PatchParams::default(), &Patch::Merge(&resume))
@@ -309,7 +315,7 @@ async fn the_operator_runs_the_job_lifecycle_under_the_charts_rbac() {
         Some(&job("late", 2, json!({"activeDeadlineSeconds": 2}))),
     )
     .expect("apply");
-    let failed = wait_phase(&jobs, "late", "Failed").await;
+    let failed = wait_phase(&plane, &jobs, "late", "Failed").await;
     assert!(failed.to_string().contains("DeadlineExceeded"), "{failed}");
 
     // ttlSecondsAfterFinished deletes a finished job.
@@ -319,7 +325,7 @@ async fn the_operator_runs_the_job_lifecycle_under_the_charts_rbac() {
         Some(&job("brief", 1, json!({"ttlSecondsAfterFinished": 1}))),
     )
     .expect("apply");
-    let names = wait_pods(&pods, "brief", 1, 0).await;
+    let names = wait_pods(&plane, &pods, "brief", 1, 0).await;
     report(&pods, &names[0], "Succeeded", Some(0), Some(RESULT)).await;
     poll_until("brief deleted by its TTL", TIMEOUT, || async {
         match jobs.get_opt("brief").await.map_err(|e| e.to_string())? {
