@@ -18,4 +18,4 @@ echo "run.sh: KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS"
 
 cargo build -p rdu-operator
 # Each test starts its own control plane; two at a time fit a 2-core machine.
-cargo test -p rdu-e2e -- --test-threads="${RDU_E2E_THREADS:-2}" --nocapture
+cargo test -p rdu-e2e --no-fail-fast -- --test-threads="${RDU_E2E_THREADS:-2}" --nocapture
