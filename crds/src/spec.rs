@@ -328,7 +328,7 @@ fn default_keep() -> u32 {
 }
 
 /// Restarts, deadlines, clean-up, suspension and scheduling (as Kubeflow's RunPolicy).
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RunPolicy {
     /// Which failures restart the gang.
@@ -357,6 +357,33 @@ pub struct RunPolicy {
 
 fn default_backoff_limit() -> u32 {
     3
+}
+
+/// The same defaults as an omitted `runPolicy` field by field (a derived Default would make backoffLimit 0).
+impl Default for RunPolicy {
+    fn default() -> Self {
+        RunPolicy {
+            restart_policy: RestartPolicy::default(),
+            backoff_limit: default_backoff_limit(),
+            active_deadline_seconds: None,
+            ttl_seconds_after_finished: None,
+            clean_pod_policy: CleanPodPolicy::default(),
+            suspend: false,
+            scheduling_policy: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod run_policy_tests {
+    use super::*;
+
+    #[test]
+    fn omitted_run_policy_has_the_field_defaults() {
+        let parsed: RunPolicy = serde_json::from_str("{}").expect("empty run policy");
+        assert_eq!(parsed, RunPolicy::default());
+        assert_eq!(RunPolicy::default().backoff_limit, 3);
+    }
 }
 
 #[derive(

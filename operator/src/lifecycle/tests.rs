@@ -1,0 +1,507 @@
+//! Table of (observed pods -> actions, status) cases, one per lifecycle rule.
+
+use super::*;
+use crate::builders::test_fixtures::job;
+use k8s_openapi::api::core::v1::{
+    ContainerState, ContainerStateTerminated, ContainerStatus, PodSpec, PodStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+const T0: i64 = 1_800_000_000;
+
+fn at(second: i64) -> Timestamp {
+    Timestamp::from_second(T0 + second).expect("time")
+}
+
+/// A pod of rank `rank` at `generation` in `phase`, with the worker's exit code and termination message.
+#[derive(Clone)]
+struct P {
+    rank: u32,
+    generation: u32,
+    phase: &'static str,
+    exit: Option<i32>,
+    message: Option<&'static str>,
+    reason: Option<&'static str>,
+    terminating: bool,
+}
+
+fn p(rank: u32, generation: u32, phase: &'static str) -> P {
+    P {
+        rank,
+        generation,
+        phase,
+        exit: None,
+        message: None,
+        reason: None,
+        terminating: false,
+    }
+}
+
+impl P {
+    fn exit(mut self, code: i32) -> P {
+        self.exit = Some(code);
+        self
+    }
+    fn message(mut self, m: &'static str) -> P {
+        self.message = Some(m);
+        self
+    }
+    fn reason(mut self, r: &'static str) -> P {
+        self.reason = Some(r);
+        self
+    }
+    fn terminating(mut self) -> P {
+        self.terminating = true;
+        self
+    }
+    fn build(&self, job: &str) -> Pod {
+        let terminated = self.exit.map(|code| ContainerState {
+            terminated: Some(ContainerStateTerminated {
+                exit_code: code,
+                message: self.message.map(str::to_string),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(consts::pod_name(job, self.rank)),
+                labels: Some(
+                    [
+                        (consts::LABEL_JOB_NAME.to_string(), job.to_string()),
+                        (consts::LABEL_RANK.to_string(), self.rank.to_string()),
+                        (
+                            consts::LABEL_GENERATION.to_string(),
+                            self.generation.to_string(),
+                        ),
+                    ]
+                    .into(),
+                ),
+                deletion_timestamp: self.terminating.then(|| Time(at(0))),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                node_name: Some(format!("node-{}", self.rank)),
+                ..Default::default()
+            }),
+            status: Some(PodStatus {
+                phase: Some(self.phase.to_string()),
+                reason: self.reason.map(str::to_string),
+                container_statuses: Some(vec![ContainerStatus {
+                    name: WORKER_CONTAINER.to_string(),
+                    ready: self.phase == "Running",
+                    state: terminated,
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+        }
+    }
+}
+
+fn pods(list: &[P]) -> Vec<Pod> {
+    list.iter().map(|p| p.build("mnist")).collect()
+}
+
+fn with_status(mut job: RduJob, phase: JobPhase, restarts: u32, seen: &[u32]) -> RduJob {
+    job.status = Some(RduJobStatus {
+        phase: Some(phase),
+        restarts,
+        start_time: Some(Time(at(0))),
+        ranks: seen
+            .iter()
+            .map(|r| RankStatus {
+                rank: *r,
+                pod: consts::pod_name("mnist", *r),
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    });
+    job
+}
+
+fn condition<'a>(d: &'a Decision, type_: &str) -> Option<&'a Condition> {
+    d.status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == "True")
+}
+
+fn names(ranks: &[u32]) -> Vec<String> {
+    ranks
+        .iter()
+        .map(|r| consts::pod_name("mnist", *r))
+        .collect()
+}
+
+#[test]
+fn new_job_creates_every_rank_and_is_pending() {
+    let d = decide(&job("mnist", None, 3), &[], at(0));
+    assert_eq!(
+        d.actions,
+        vec![Action::CreatePods {
+            generation: 0,
+            ranks: vec![0, 1, 2]
+        }]
+    );
+    assert_eq!(d.status.phase, Some(JobPhase::Pending));
+    assert_eq!(d.status.start_time, Some(Time(at(0))));
+    assert_eq!(d.status.ready.as_deref(), Some("0/3"));
+}
+
+#[test]
+fn only_missing_ranks_are_created_and_created_condition_waits_for_all() {
+    let j = with_status(job("mnist", None, 3), JobPhase::Pending, 0, &[]);
+    let d = decide(&j, &pods(&[p(0, 0, "Pending")]), at(1));
+    assert_eq!(
+        d.actions,
+        vec![Action::CreatePods {
+            generation: 0,
+            ranks: vec![1, 2]
+        }]
+    );
+    assert!(condition(&d, condition::CREATED).is_none());
+    let all = pods(&[p(0, 0, "Pending"), p(1, 0, "Pending"), p(2, 0, "Pending")]);
+    let d = decide(&j, &all, at(1));
+    assert!(d.actions.is_empty());
+    assert!(condition(&d, condition::CREATED).is_some());
+    assert_eq!(d.events[0].reason, "Created");
+    assert_eq!(d.status.ranks.len(), 3);
+    assert_eq!(d.status.ranks[2].node.as_deref(), Some("node-2"));
+}
+
+#[test]
+fn all_ranks_running_moves_to_running_with_counts() {
+    let j = with_status(job("mnist", None, 2), JobPhase::Pending, 0, &[0, 1]);
+    let d = decide(&j, &pods(&[p(0, 0, "Running"), p(1, 0, "Running")]), at(2));
+    assert_eq!(d.status.phase, Some(JobPhase::Running));
+    assert_eq!(d.status.ready.as_deref(), Some("2/2"));
+    assert_eq!(
+        d.status.workers,
+        WorkerCounts {
+            active: 2,
+            ready: 2,
+            succeeded: 0,
+            failed: 0
+        }
+    );
+    assert!(condition(&d, condition::RUNNING).is_some());
+    assert!(d.events.iter().any(|e| e.reason == "Running"));
+}
+
+#[test]
+fn every_rank_exiting_zero_succeeds_with_rank0_result() {
+    let result = r#"{"finalLoss":0.25,"testAccuracy":0.93,"samplesPerSecond":640.5,"trainSeconds":3.5,"globalSteps":40}"#;
+    let j = with_status(job("mnist", None, 2), JobPhase::Running, 0, &[0, 1]);
+    let d = decide(
+        &j,
+        &pods(&[
+            p(0, 0, "Succeeded").exit(0).message(result),
+            p(1, 0, "Succeeded").exit(0),
+        ]),
+        at(9),
+    );
+    assert_eq!(d.status.phase, Some(JobPhase::Succeeded));
+    assert_eq!(d.status.completion_time, Some(Time(at(9))));
+    let r = d.status.result.as_ref().expect("result");
+    assert_eq!(
+        (r.final_loss, r.global_steps, r.samples_per_second),
+        (0.25, 40, 640.5)
+    );
+    assert!(condition(&d, condition::SUCCEEDED).is_some());
+    // cleanPodPolicy Running (the default) keeps finished pods.
+    assert!(d.actions.is_empty());
+}
+
+#[test]
+fn a_bad_termination_message_still_succeeds_and_says_why() {
+    let j = with_status(job("mnist", None, 1), JobPhase::Running, 0, &[0]);
+    let d = decide(
+        &j,
+        &pods(&[p(0, 0, "Succeeded").exit(0).message("not json")]),
+        at(9),
+    );
+    assert_eq!(d.status.phase, Some(JobPhase::Succeeded));
+    assert!(d.status.result.is_none());
+    assert!(
+        condition(&d, condition::SUCCEEDED)
+            .expect("cond")
+            .message
+            .contains("not a result")
+    );
+}
+
+#[test]
+fn exit_75_restarts_the_gang_with_next_generation() {
+    let j = with_status(job("mnist", None, 3), JobPhase::Running, 0, &[0, 1, 2]);
+    let d = decide(
+        &j,
+        &pods(&[
+            p(0, 0, "Running"),
+            p(1, 0, "Failed").exit(75),
+            p(2, 0, "Running"),
+        ]),
+        at(5),
+    );
+    assert_eq!(
+        d.actions,
+        vec![Action::DeletePods {
+            names: names(&[0, 1, 2])
+        }]
+    );
+    assert_eq!(d.status.restarts, 1);
+    assert_eq!(d.status.phase, Some(JobPhase::Restarting));
+    let c = condition(&d, condition::RESTARTING).expect("restarting");
+    assert!(
+        c.message.contains("rank 1 exited with code 75"),
+        "{}",
+        c.message
+    );
+    assert!(d.status.ranks.is_empty());
+    assert!(
+        d.events
+            .iter()
+            .any(|e| e.warning && e.reason == "Restarting")
+    );
+}
+
+#[test]
+fn new_generation_waits_for_old_pods_then_recreates() {
+    let j = with_status(job("mnist", None, 2), JobPhase::Restarting, 1, &[]);
+    // Old pods still terminating: names are taken, nothing is created, nothing is re-deleted.
+    let d = decide(
+        &j,
+        &pods(&[
+            p(0, 0, "Running").terminating(),
+            p(1, 0, "Failed").exit(75).terminating(),
+        ]),
+        at(6),
+    );
+    assert!(d.actions.is_empty(), "{:?}", d.actions);
+    // Old pods gone: the new generation is created.
+    let d = decide(&j, &[], at(7));
+    assert_eq!(
+        d.actions,
+        vec![Action::CreatePods {
+            generation: 1,
+            ranks: vec![0, 1]
+        }]
+    );
+    assert_eq!(d.status.phase, Some(JobPhase::Restarting));
+    // Running again clears Restarting.
+    let d = decide(&j, &pods(&[p(0, 1, "Running"), p(1, 1, "Running")]), at(8));
+    assert_eq!(d.status.phase, Some(JobPhase::Running));
+    assert!(condition(&d, condition::RESTARTING).is_none());
+}
+
+#[test]
+fn stale_pods_of_an_old_generation_are_deleted() {
+    let j = with_status(job("mnist", None, 2), JobPhase::Running, 2, &[0]);
+    let d = decide(&j, &pods(&[p(0, 2, "Running"), p(1, 1, "Running")]), at(3));
+    assert_eq!(d.actions, vec![Action::DeletePods { names: names(&[1]) }]);
+}
+
+#[test]
+fn a_vanished_pod_is_a_retryable_failure() {
+    let j = with_status(job("mnist", None, 2), JobPhase::Running, 0, &[0, 1]);
+    let d = decide(&j, &pods(&[p(0, 0, "Running")]), at(3));
+    assert_eq!(d.status.restarts, 1);
+    assert!(
+        condition(&d, condition::RESTARTING)
+            .expect("c")
+            .message
+            .contains("rank 1 was lost (PodVanished)")
+    );
+}
+
+#[test]
+fn a_pod_deleted_by_someone_else_is_a_retryable_failure() {
+    let j = with_status(job("mnist", None, 2), JobPhase::Running, 0, &[0, 1]);
+    let d = decide(
+        &j,
+        &pods(&[p(0, 0, "Running").terminating(), p(1, 0, "Running")]),
+        at(3),
+    );
+    assert_eq!(d.status.restarts, 1);
+    assert_eq!(d.actions, vec![Action::DeletePods { names: names(&[1]) }]);
+}
+
+#[test]
+fn node_lost_is_a_retryable_failure() {
+    let j = with_status(job("mnist", None, 2), JobPhase::Running, 0, &[0, 1]);
+    let d = decide(
+        &j,
+        &pods(&[p(0, 0, "Running"), p(1, 0, "Unknown").reason("NodeLost")]),
+        at(3),
+    );
+    assert_eq!(d.status.restarts, 1);
+    assert!(
+        condition(&d, condition::RESTARTING)
+            .expect("c")
+            .message
+            .contains("NodeLost")
+    );
+}
+
+#[test]
+fn permanent_exit_code_fails_under_exit_code_policy() {
+    let j = with_status(job("mnist", None, 2), JobPhase::Running, 0, &[0, 1]);
+    let d = decide(
+        &j,
+        &pods(&[p(0, 0, "Running"), p(1, 0, "Failed").exit(65)]),
+        at(3),
+    );
+    assert_eq!(d.status.phase, Some(JobPhase::Failed));
+    let c = condition(&d, condition::FAILED).expect("failed");
+    assert_eq!(c.reason, "PermanentFailure");
+    assert!(
+        c.message.contains("rank 1 exited with code 65"),
+        "{}",
+        c.message
+    );
+    // cleanPodPolicy Running deletes the still-running rank 0.
+    assert_eq!(d.actions, vec![Action::DeletePods { names: names(&[0]) }]);
+}
+
+#[test]
+fn signal_exit_is_retryable_under_exit_code_policy() {
+    let j = with_status(job("mnist", None, 1), JobPhase::Running, 0, &[0]);
+    let d = decide(&j, &pods(&[p(0, 0, "Failed").exit(137)]), at(3));
+    assert_eq!(d.status.phase, Some(JobPhase::Restarting));
+}
+
+#[test]
+fn on_failure_restarts_even_permanent_codes() {
+    let mut j = with_status(job("mnist", None, 1), JobPhase::Running, 0, &[0]);
+    j.spec.run_policy.restart_policy = RestartPolicy::OnFailure;
+    let d = decide(&j, &pods(&[p(0, 0, "Failed").exit(1)]), at(3));
+    assert_eq!(d.status.phase, Some(JobPhase::Restarting));
+}
+
+#[test]
+fn never_fails_even_on_retryable_codes() {
+    let mut j = with_status(job("mnist", None, 1), JobPhase::Running, 0, &[0]);
+    j.spec.run_policy.restart_policy = RestartPolicy::Never;
+    let d = decide(&j, &pods(&[p(0, 0, "Failed").exit(75)]), at(3));
+    assert_eq!(d.status.phase, Some(JobPhase::Failed));
+    assert_eq!(
+        condition(&d, condition::FAILED).expect("c").reason,
+        "RestartPolicyNever"
+    );
+}
+
+#[test]
+fn backoff_limit_exhausted_fails() {
+    let mut j = with_status(job("mnist", None, 1), JobPhase::Running, 2, &[0]);
+    j.spec.run_policy.backoff_limit = 2;
+    let d = decide(&j, &pods(&[p(0, 2, "Failed").exit(75)]), at(3));
+    assert_eq!(d.status.phase, Some(JobPhase::Failed));
+    let c = condition(&d, condition::FAILED).expect("c");
+    assert_eq!(c.reason, "BackoffLimitExceeded");
+    assert!(c.message.contains("backoffLimit 2"));
+    assert_eq!(d.status.restarts, 2);
+}
+
+#[test]
+fn deadline_fails_the_job_and_requeues_before_it() {
+    let mut j = with_status(job("mnist", None, 1), JobPhase::Running, 0, &[0]);
+    j.spec.run_policy.active_deadline_seconds = Some(100);
+    let d = decide(&j, &pods(&[p(0, 0, "Running")]), at(40));
+    assert_eq!(d.status.phase, Some(JobPhase::Running));
+    assert_eq!(d.requeue_after, Some(Duration::from_secs(60)));
+    let d = decide(&j, &pods(&[p(0, 0, "Running")]), at(100));
+    assert_eq!(d.status.phase, Some(JobPhase::Failed));
+    assert_eq!(
+        condition(&d, condition::FAILED).expect("c").reason,
+        "DeadlineExceeded"
+    );
+    assert_eq!(d.actions, vec![Action::DeletePods { names: names(&[0]) }]);
+}
+
+#[test]
+fn clean_pod_policy_all_and_none() {
+    let mut j = with_status(job("mnist", None, 2), JobPhase::Succeeded, 0, &[0, 1]);
+    let finished = pods(&[p(0, 0, "Succeeded").exit(0), p(1, 0, "Running")]);
+    j.spec.run_policy.clean_pod_policy = CleanPodPolicy::All;
+    assert_eq!(
+        decide(&j, &finished, at(1)).actions,
+        vec![Action::DeletePods {
+            names: names(&[0, 1])
+        }]
+    );
+    j.spec.run_policy.clean_pod_policy = CleanPodPolicy::None;
+    assert!(decide(&j, &finished, at(1)).actions.is_empty());
+    j.spec.run_policy.clean_pod_policy = CleanPodPolicy::Running;
+    assert_eq!(
+        decide(&j, &finished, at(1)).actions,
+        vec![Action::DeletePods { names: names(&[1]) }]
+    );
+}
+
+#[test]
+fn ttl_deletes_the_job_after_it_finished() {
+    let mut j = with_status(job("mnist", None, 1), JobPhase::Succeeded, 0, &[0]);
+    j.spec.run_policy.ttl_seconds_after_finished = Some(30);
+    if let Some(s) = j.status.as_mut() {
+        s.completion_time = Some(Time(at(10)));
+    }
+    let d = decide(&j, &[], at(20));
+    assert!(d.actions.is_empty());
+    assert_eq!(d.requeue_after, Some(Duration::from_secs(20)));
+    let d = decide(&j, &[], at(40));
+    assert_eq!(d.actions, vec![Action::DeleteJob]);
+}
+
+#[test]
+fn suspend_deletes_pods_and_resume_recreates_them() {
+    let mut j = with_status(job("mnist", None, 2), JobPhase::Running, 0, &[0, 1]);
+    j.spec.run_policy.suspend = true;
+    let d = decide(&j, &pods(&[p(0, 0, "Running"), p(1, 0, "Running")]), at(3));
+    assert_eq!(
+        d.actions,
+        vec![Action::DeletePods {
+            names: names(&[0, 1])
+        }]
+    );
+    assert_eq!(d.status.phase, Some(JobPhase::Suspended));
+    assert!(condition(&d, condition::SUSPENDED).is_some());
+    assert!(d.status.start_time.is_none());
+    assert_eq!(d.status.restarts, 0);
+
+    j.status = Some(d.status);
+    j.spec.run_policy.suspend = false;
+    // Pods still terminating from the suspension are not failures: resume waits for their names.
+    let d = decide(&j, &pods(&[p(0, 0, "Running").terminating()]), at(4));
+    assert_eq!(
+        d.actions,
+        vec![Action::CreatePods {
+            generation: 0,
+            ranks: vec![1]
+        }]
+    );
+    assert_eq!(d.status.phase, Some(JobPhase::Pending));
+    assert!(condition(&d, condition::SUSPENDED).is_none());
+    assert!(d.events.iter().any(|e| e.reason == "Resumed"));
+}
+
+#[test]
+fn conditions_keep_transition_time_while_status_holds() {
+    let j = with_status(job("mnist", None, 1), JobPhase::Pending, 0, &[0]);
+    let first = decide(&j, &pods(&[p(0, 0, "Running")]), at(2));
+    let mut j2 = j.clone();
+    j2.status = Some(first.status.clone());
+    let again = decide(&j2, &pods(&[p(0, 0, "Running")]), at(50));
+    let t = |d: &Decision| {
+        condition(d, condition::RUNNING)
+            .expect("running")
+            .last_transition_time
+            .clone()
+    };
+    assert_eq!(t(&first), t(&again));
+    assert!(
+        again.events.is_empty(),
+        "no transition, no event: {:?}",
+        again.events
+    );
+}
