@@ -178,3 +178,86 @@ async fn the_rendered_chart_is_accepted_by_the_api_server() {
         );
     }
 }
+
+#[tokio::test]
+async fn the_charts_service_account_may_do_what_the_operator_does_and_no_more() {
+    let Some(assets) = assets_or_skip("chart service account") else {
+        return;
+    };
+    let plane = ControlPlane::start(&assets, Components::default())
+        .await
+        .expect("control plane");
+    install_crd(&plane).await.expect("CRD");
+    create_namespace(&plane, NAMESPACE)
+        .await
+        .expect("namespace");
+    create_namespace(&plane, "ml").await.expect("namespace");
+    let rendered = helm_template("rdu", NAMESPACE, &[]).expect("helm template");
+    kubectl(
+        &plane,
+        &["apply", "--server-side", "-f", "-"],
+        Some(&rendered),
+    )
+    .expect("chart applies");
+    let token =
+        rdu_e2e::service_account_token(&plane, NAMESPACE, "rdu-rdu-operator").expect("token");
+    let kubeconfig = plane
+        .write_kubeconfig("sa", "rdu-operator-sa", &token, NAMESPACE)
+        .expect("kubeconfig");
+    let can = |verb: &str, resource: &str, namespace: &str| -> bool {
+        let out = rdu_e2e::kubectl_in(
+            &kubeconfig,
+            &["auth", "can-i", verb, resource, "-n", namespace],
+            None,
+        )
+        .expect("kubectl");
+        String::from_utf8_lossy(&out.stdout).trim() == "yes"
+    };
+    for (verb, resource) in [
+        ("watch", "rdujobs.rdu.dev"),
+        ("patch", "rdujobs.rdu.dev/status"),
+        ("deletecollection", "pods"),
+        ("create", "secrets"),
+        ("patch", "services"),
+        ("create", "events"),
+        ("create", "events.events.k8s.io"),
+    ] {
+        // (podgroups: kubectl cannot resolve a resource whose CRD is absent; the exact ClusterRole test covers it.)
+        assert!(
+            can(verb, resource, "ml"),
+            "the operator must be allowed to {verb} {resource}"
+        );
+    }
+    assert!(can(
+        "list",
+        "customresourcedefinitions.apiextensions.k8s.io",
+        NAMESPACE
+    ));
+    assert!(
+        can("update", "leases.coordination.k8s.io", NAMESPACE),
+        "its own Lease"
+    );
+    for (verb, resource, namespace) in [
+        ("update", "leases.coordination.k8s.io", "ml"),
+        ("create", "rdujobs.rdu.dev", "ml"),
+        ("update", "pods", "ml"),
+        ("update", "pods/status", "ml"),
+        ("list", "nodes", NAMESPACE),
+        (
+            "create",
+            "customresourcedefinitions.apiextensions.k8s.io",
+            NAMESPACE,
+        ),
+        (
+            "create",
+            "clusterroles.rbac.authorization.k8s.io",
+            NAMESPACE,
+        ),
+        ("get", "configmaps", "ml"),
+    ] {
+        assert!(
+            !can(verb, resource, namespace),
+            "the operator must not be allowed to {verb} {resource} in {namespace}"
+        );
+    }
+}
