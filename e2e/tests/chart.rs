@@ -261,3 +261,22 @@ async fn the_charts_service_account_may_do_what_the_operator_does_and_no_more() 
         );
     }
 }
+
+#[test]
+fn helm_lint_is_clean() {
+    let Some(_assets) = assets_or_skip("helm lint") else {
+        return;
+    };
+    let chart = rdu_e2e::workspace_root().join("charts/rdu-operator");
+    let out = rdu_e2e::tools::run_ok(
+        &rdu_e2e::tools::helm_binary(),
+        &["lint", "--strict", &chart.display().to_string()],
+        None,
+    )
+    .expect("helm lint --strict");
+    assert!(out.contains("0 chart(s) failed"), "{out}");
+    assert!(
+        !out.contains("[WARNING]") && !out.contains("[ERROR]"),
+        "{out}"
+    );
+}
