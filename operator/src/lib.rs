@@ -1,8 +1,12 @@
-//! The RduJob controller: builders, state machine, reconcile pipeline.
+//! The RduJob controller: builders, state machine, reconcile pipeline, metrics and leader election.
 
 pub mod builders;
+pub mod leader;
 pub mod lifecycle;
+pub mod metrics;
+pub mod reconcile;
 pub mod validate;
 
 pub use lifecycle::{Action, Decision, JobEvent, decide};
+pub use reconcile::{Context, FIELD_MANAGER, ReconcileError, error_policy, reconcile};
 pub use validate::{ValidationError, ValidationErrors, validate};

@@ -1,0 +1,243 @@
+//! The `rdu-operator` binary: flags, logging, leader election, the controller, and the metrics/health server.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::{Context as _, bail};
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use clap::{Parser, ValueEnum};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Client;
+use kube::api::Api;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::{Controller, watcher};
+use rdu_crds::RduJob;
+use rdu_operator::leader::LeaderElector;
+use rdu_operator::metrics::Metrics;
+use rdu_operator::{Context, FIELD_MANAGER, error_policy, reconcile};
+use tracing::{error, info, warn};
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Reconciles RduJobs into one pod per rank and runs the job lifecycle.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "RDU_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    metrics_addr: SocketAddr,
+    /// Namespace of the leader-election Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    lease_namespace: String,
+    /// Name of the leader-election Lease.
+    #[arg(long, env = "RDU_LEASE_NAME", default_value = "rdu-operator")]
+    lease_name: String,
+    /// This replica's identity in the Lease (default: the hostname).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// Log format.
+    #[arg(long, env = "RDU_LOG_FORMAT", value_enum, default_value = "text")]
+    log_format: LogFormat,
+    /// Watch only this namespace (default: all namespaces).
+    #[arg(long, env = "RDU_WATCH_NAMESPACE")]
+    namespace: Option<String>,
+}
+
+/// Health shared with the HTTP server.
+struct Health {
+    metrics: Arc<Metrics>,
+    ready: AtomicBool,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    init_logging(args.log_format);
+    let identity = args.identity.clone().unwrap_or_else(hostname);
+
+    let client = connect().await?;
+    let metrics = Arc::new(Metrics::default());
+    let health = Arc::new(Health {
+        metrics: metrics.clone(),
+        ready: AtomicBool::new(false),
+    });
+    let listener = tokio::net::TcpListener::bind(args.metrics_addr)
+        .await
+        .with_context(|| format!("cannot listen on --metrics-addr {}", args.metrics_addr))?;
+    tokio::spawn(serve_health(listener, health.clone()));
+
+    let elector = LeaderElector::new(
+        client.clone(),
+        &args.lease_namespace,
+        &args.lease_name,
+        &identity,
+    );
+    info!(%identity, lease = %args.lease_name, namespace = %args.lease_namespace, "waiting for leadership");
+    tokio::select! {
+        acquired = elector.acquire() => acquired.context("leader election failed")?,
+        _ = shutdown_signal() => { info!("shutting down before becoming leader"); return Ok(()); }
+    }
+    info!(%identity, "became leader");
+
+    let pod_groups = pod_group_crd_installed(&client).await?;
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: FIELD_MANAGER.to_string(),
+                instance: Some(identity.clone()),
+            },
+        ),
+        metrics,
+        pod_groups,
+    });
+    let (jobs, pods, services) = match &args.namespace {
+        Some(ns) => (
+            Api::<RduJob>::namespaced(client.clone(), ns),
+            Api::<Pod>::namespaced(client.clone(), ns),
+            Api::<Service>::namespaced(client.clone(), ns),
+        ),
+        None => (
+            Api::all(client.clone()),
+            Api::all(client.clone()),
+            Api::all(client.clone()),
+        ),
+    };
+    let child_watch = watcher::Config::default().labels(rdu_crds::consts::LABEL_JOB_NAME);
+    let controller = Controller::new(jobs, watcher::Config::default())
+        .owns(pods, child_watch.clone())
+        .owns(services, child_watch);
+    let store = controller.store();
+    let ready_flag = health.clone();
+    tokio::spawn(async move {
+        if store.wait_until_ready().await.is_ok() {
+            ready_flag.ready.store(true, Ordering::SeqCst);
+            info!("caches synced; ready");
+        }
+    });
+    let run = controller
+        .graceful_shutdown_on(shutdown_signal())
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                warn!(%error, "reconcile loop error");
+            }
+        });
+    let outcome = tokio::select! {
+        _ = run => Ok(()),
+        lost = elector.keep() => Err(lost),
+    };
+    health.ready.store(false, Ordering::SeqCst);
+    match outcome {
+        Ok(()) => {
+            info!("shut down; releasing the lease");
+            if let Err(e) = elector.release().await {
+                error!(error = %e, "could not release the lease; it expires on its own");
+            }
+            Ok(())
+        }
+        Err(lost) => bail!("stopping: {lost}"),
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "rdu-operator".to_string())
+}
+
+/// A client from KUBECONFIG or the in-cluster config, checked against the API server once.
+async fn connect() -> anyhow::Result<Client> {
+    let client = Client::try_default().await.context(
+        "no Kubernetes cluster configured: set KUBECONFIG (or ~/.kube/config) or run in a pod with a service account",
+    )?;
+    client.apiserver_version().await.context(
+        "cannot reach the Kubernetes API server: check KUBECONFIG's server address and that the cluster is up",
+    )?;
+    Ok(client)
+}
+
+/// Whether scheduler-plugins' PodGroup CRD exists (gang scheduling is skipped otherwise).
+async fn pod_group_crd_installed(client: &Client) -> anyhow::Result<bool> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    match crds.get_opt("podgroups.scheduling.x-k8s.io").await {
+        Ok(found) => Ok(found.is_some()),
+        Err(e) => {
+            warn!(error = %e, "cannot read CRDs; gang scheduling with PodGroups is off");
+            Ok(false)
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+async fn serve_health(listener: tokio::net::TcpListener, health: Arc<Health>) {
+    let app = Router::new()
+        .route("/metrics", get(metrics_text))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .with_state(health);
+    if let Err(e) = axum::serve(listener, app).await {
+        error!(error = %e, "metrics server stopped");
+    }
+}
+
+async fn metrics_text(State(health): State<Arc<Health>>) -> String {
+    health.metrics.render()
+}
+
+async fn readyz(State(health): State<Arc<Health>>) -> (StatusCode, &'static str) {
+    if health.ready.load(Ordering::SeqCst) {
+        (StatusCode::OK, "ready")
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "caches not synced (or not the leader)",
+        )
+    }
+}
