@@ -1,0 +1,175 @@
+//! A small in-process stand-in for the Kubernetes API server: keeps objects by path, answers get, list (with a
+//! label selector), server-side apply (including the status subresource), delete and event creation.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+
+use http::{Request, Response, StatusCode};
+use kube::Client;
+use kube::client::Body;
+use serde_json::{Value, json};
+
+#[derive(Clone, Default)]
+pub struct FakeApi {
+    objects: Arc<Mutex<BTreeMap<String, Value>>>,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+fn decode(query: &str) -> String {
+    let bytes = query.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let Ok(b) = u8::from_str_radix(&query[i + 1..i + 3], 16) {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn matches_selector(object: &Value, selector: Option<&str>) -> bool {
+    let Some(selector) = selector else {
+        return true;
+    };
+    selector.split(',').all(|term| match term.split_once('=') {
+        Some((k, v)) => object["metadata"]["labels"][k] == v,
+        None => !object["metadata"]["labels"][term].is_null(),
+    })
+}
+
+fn respond(status: StatusCode, body: &Value) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(Body::from(serde_json::to_vec(body).unwrap_or_default()))
+        .unwrap_or_else(|_| Response::new(Body::from(Vec::new())))
+}
+
+fn not_found(path: &str) -> Response<Body> {
+    respond(
+        StatusCode::NOT_FOUND,
+        &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound",
+                "message": format!("{path} not found"), "code": 404}),
+    )
+}
+
+impl FakeApi {
+    pub fn client(&self) -> Client {
+        let fake = self.clone();
+        let service = tower::service_fn(move |req: Request<Body>| {
+            let fake = fake.clone();
+            async move { Ok::<_, Infallible>(fake.handle(req).await) }
+        });
+        Client::new(service, "default")
+    }
+
+    pub fn put(&self, path: &str, object: Value) {
+        self.objects
+            .lock()
+            .expect("lock")
+            .insert(path.to_string(), object);
+    }
+
+    pub fn get(&self, path: &str) -> Option<Value> {
+        self.objects.lock().expect("lock").get(path).cloned()
+    }
+
+    pub fn update(&self, path: &str, change: impl FnOnce(&mut Value)) {
+        let mut objects = self.objects.lock().expect("lock");
+        if let Some(object) = objects.get_mut(path) {
+            change(object);
+        }
+    }
+
+    pub fn paths_under(&self, prefix: &str) -> Vec<String> {
+        self.objects
+            .lock()
+            .expect("lock")
+            .keys()
+            .filter(|k| k.starts_with(prefix))
+            .cloned()
+            .collect()
+    }
+
+    pub fn requests(&self) -> Vec<String> {
+        self.log.lock().expect("lock").clone()
+    }
+
+    async fn handle(&self, req: Request<Body>) -> Response<Body> {
+        let method = req.method().as_str().to_string();
+        let path = req.uri().path().to_string();
+        let query = decode(req.uri().query().unwrap_or_default());
+        self.log
+            .lock()
+            .expect("lock")
+            .push(format!("{method} {path}?{query}"));
+        let body = req.into_body().collect_bytes().await.unwrap_or_default();
+        let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        match method.as_str() {
+            "GET" => self.read(&path, &query),
+            "PATCH" => self.apply(&path, body),
+            "POST" => {
+                let name = body["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or("event")
+                    .to_string();
+                self.put(&format!("{path}/{name}"), body.clone());
+                respond(StatusCode::CREATED, &body)
+            }
+            "DELETE" => match self.objects.lock().expect("lock").remove(&path) {
+                Some(object) => respond(StatusCode::OK, &object),
+                None => not_found(&path),
+            },
+            _ => not_found(&path),
+        }
+    }
+
+    fn read(&self, path: &str, query: &str) -> Response<Body> {
+        if let Some(object) = self.get(path) {
+            return respond(StatusCode::OK, &object);
+        }
+        let selector = query
+            .split('&')
+            .find_map(|kv| kv.strip_prefix("labelSelector="));
+        let objects = self.objects.lock().expect("lock");
+        let prefix = format!("{path}/");
+        let items: Vec<Value> = objects
+            .iter()
+            .filter(|(k, _)| k.starts_with(&prefix) && !k[prefix.len()..].contains('/'))
+            .filter(|(_, v)| matches_selector(v, selector))
+            .map(|(_, v)| v.clone())
+            .collect();
+        if path.ends_with("/pods") || path.ends_with("/secrets") || !items.is_empty() {
+            return respond(
+                StatusCode::OK,
+                &json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": "1"}, "items": items}),
+            );
+        }
+        not_found(path)
+    }
+
+    fn apply(&self, path: &str, body: Value) -> Response<Body> {
+        let mut objects = self.objects.lock().expect("lock");
+        if let Some(object_path) = path.strip_suffix("/status") {
+            let Some(object) = objects.get_mut(object_path) else {
+                return not_found(path);
+            };
+            object["status"] = body["status"].clone();
+            return respond(StatusCode::OK, object);
+        }
+        let status = objects.get(path).map(|o| o["status"].clone());
+        let mut stored = body;
+        if let Some(status) = status.filter(|s| !s.is_null()) {
+            stored["status"] = status;
+        }
+        objects.insert(path.to_string(), stored.clone());
+        respond(StatusCode::OK, &stored)
+    }
+}

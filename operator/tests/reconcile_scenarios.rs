@@ -1,0 +1,249 @@
+//! Reconcile scenarios against an in-process fake API server: children, status, gang restart, suspend/resume,
+//! deadline and TTL deletion.
+
+mod fake_api;
+
+use std::sync::Arc;
+
+use fake_api::FakeApi;
+use kube::runtime::events::{Recorder, Reporter};
+use rdu_crds::RduJob;
+use rdu_operator::metrics::Metrics;
+use rdu_operator::{Context, reconcile};
+use serde_json::{Value, json};
+
+const JOB: &str = "/apis/rdu.dev/v1alpha1/namespaces/ml/rdujobs/mnist";
+const PODS: &str = "/api/v1/namespaces/ml/pods/";
+
+fn pod(rank: u32) -> String {
+    format!("{PODS}mnist-worker-{rank}")
+}
+
+fn setup(workers: u32, run_policy: Value) -> (FakeApi, Arc<Context>) {
+    let fake = FakeApi::default();
+    fake.put(
+        JOB,
+        json!({
+            "apiVersion": "rdu.dev/v1alpha1", "kind": "RduJob",
+            "metadata": {"name": "mnist", "namespace": "ml", "uid": "u-1", "generation": 1,
+                         "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"workers": workers, "tilesPerWorker": 1, "image": "img:1",
+                     "model": {"name": "ffn-logreg"}, "data": {"source": "synthetic"},
+                     "training": {"epochs": 1, "batchSize": 8, "learningRate": 0.1},
+                     "runPolicy": run_policy}
+        }),
+    );
+    let client = fake.client();
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        recorder: Recorder::new(
+            client,
+            Reporter {
+                controller: "rdu-operator".into(),
+                instance: None,
+            },
+        ),
+        metrics: Arc::new(Metrics::default()),
+        pod_groups: false,
+    });
+    (fake, ctx)
+}
+
+fn job(fake: &FakeApi) -> Arc<RduJob> {
+    Arc::new(serde_json::from_value(fake.get(JOB).expect("job stored")).expect("job parses"))
+}
+
+async fn reconcile_once(fake: &FakeApi, ctx: &Arc<Context>) {
+    reconcile(job(fake), ctx.clone()).await.expect("reconcile");
+}
+
+fn set_phase(fake: &FakeApi, rank: u32, phase: &str, exit: Option<i32>) {
+    fake.update(&pod(rank), |p| {
+        let state = exit.map_or(json!({"running": {}}), |code| json!({"terminated": {"exitCode": code}}));
+        p["status"] = json!({"phase": phase, "containerStatuses": [{
+            "name": "worker", "ready": phase == "Running", "restartCount": 0, "image": "img:1", "imageID": "",
+            "state": state}]});
+    });
+}
+
+fn phase(fake: &FakeApi) -> Value {
+    fake.get(JOB).expect("job")["status"]["phase"].clone()
+}
+
+fn env(fake: &FakeApi, rank: u32, name: &str) -> Value {
+    let pod = fake.get(&pod(rank)).expect("pod");
+    pod["spec"]["containers"][0]["env"]
+        .as_array()
+        .and_then(|e| e.iter().find(|v| v["name"] == name))
+        .map(|v| v["value"].clone())
+        .unwrap_or(Value::Null)
+}
+
+fn event_reasons(fake: &FakeApi) -> Vec<String> {
+    fake.paths_under("/apis/events.k8s.io/v1/namespaces/ml/events/")
+        .iter()
+        .filter_map(|p| fake.get(p))
+        .map(|e| e["reason"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn creates_service_secret_and_every_rank_then_reports_pending() {
+    let (fake, ctx) = setup(3, json!({}));
+    reconcile_once(&fake, &ctx).await;
+    assert!(fake.get("/api/v1/namespaces/ml/services/mnist").is_some());
+    let secret = fake
+        .get("/api/v1/namespaces/ml/secrets/mnist-token")
+        .expect("secret");
+    assert_eq!(
+        secret["stringData"]["token"].as_str().map(str::len),
+        Some(64)
+    );
+    for rank in 0..3 {
+        assert_eq!(env(&fake, rank, "RANK"), json!(rank.to_string()));
+        assert_eq!(env(&fake, rank, "RDU_GENERATION"), json!("0"));
+    }
+    assert_eq!(phase(&fake), json!("Pending"));
+    let applies = fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.starts_with("PATCH"))
+        .count();
+    assert!(
+        fake.requests()
+            .iter()
+            .all(|r| !r.starts_with("PATCH") || r.contains("fieldManager=rdu-operator"))
+    );
+    assert_eq!(applies, 3 + 2 + 1, "3 pods, service, secret, status");
+}
+
+#[tokio::test]
+async fn existing_token_is_kept() {
+    let (fake, ctx) = setup(1, json!({}));
+    fake.put(
+        "/api/v1/namespaces/ml/secrets/mnist-token",
+        json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "mnist-token", "namespace": "ml"}, "data": {"token": "a2VlcA=="}}),
+    );
+    reconcile_once(&fake, &ctx).await;
+    let secret = fake
+        .get("/api/v1/namespaces/ml/secrets/mnist-token")
+        .expect("secret");
+    assert_eq!(secret["data"]["token"], "a2VlcA==");
+    assert!(secret.get("stringData").is_none());
+}
+
+#[tokio::test]
+async fn running_pods_are_patched_into_the_status_with_an_event() {
+    let (fake, ctx) = setup(2, json!({}));
+    reconcile_once(&fake, &ctx).await;
+    set_phase(&fake, 0, "Running", None);
+    set_phase(&fake, 1, "Running", None);
+    reconcile_once(&fake, &ctx).await;
+    let status = fake.get(JOB).expect("job")["status"].clone();
+    assert_eq!(status["phase"], "Running");
+    assert_eq!(status["ready"], "2/2");
+    assert_eq!(status["workers"]["active"], 2);
+    assert!(
+        event_reasons(&fake).contains(&"Running".to_string()),
+        "{:?}",
+        event_reasons(&fake)
+    );
+}
+
+#[tokio::test]
+async fn gang_restart_deletes_and_recreates_with_the_next_generation() {
+    let (fake, ctx) = setup(2, json!({}));
+    reconcile_once(&fake, &ctx).await;
+    set_phase(&fake, 0, "Running", None);
+    set_phase(&fake, 1, "Running", None);
+    reconcile_once(&fake, &ctx).await;
+    set_phase(&fake, 1, "Failed", Some(75));
+    reconcile_once(&fake, &ctx).await;
+    assert!(
+        fake.paths_under(PODS).is_empty(),
+        "the whole gang is deleted"
+    );
+    assert_eq!(phase(&fake), json!("Restarting"));
+    assert_eq!(fake.get(JOB).expect("job")["status"]["restarts"], 1);
+    reconcile_once(&fake, &ctx).await;
+    for rank in 0..2 {
+        assert_eq!(env(&fake, rank, "RDU_GENERATION"), json!("1"));
+        assert_eq!(
+            fake.get(&pod(rank)).expect("pod")["metadata"]["labels"]["rdu.dev/generation"],
+            "1"
+        );
+    }
+    assert!(event_reasons(&fake).contains(&"Restarting".to_string()));
+}
+
+#[tokio::test]
+async fn suspend_deletes_pods_and_resume_recreates_them() {
+    let (fake, ctx) = setup(2, json!({}));
+    reconcile_once(&fake, &ctx).await;
+    fake.update(JOB, |j| j["spec"]["runPolicy"]["suspend"] = json!(true));
+    reconcile_once(&fake, &ctx).await;
+    assert!(fake.paths_under(PODS).is_empty());
+    assert_eq!(phase(&fake), json!("Suspended"));
+    fake.update(JOB, |j| j["spec"]["runPolicy"]["suspend"] = json!(false));
+    reconcile_once(&fake, &ctx).await;
+    assert_eq!(fake.paths_under(PODS).len(), 2);
+    assert_eq!(phase(&fake), json!("Pending"));
+    let reasons = event_reasons(&fake);
+    assert!(
+        reasons.contains(&"Suspended".to_string()) && reasons.contains(&"Resumed".to_string()),
+        "{reasons:?}"
+    );
+}
+
+#[tokio::test]
+async fn deadline_fails_the_job_and_deletes_running_pods() {
+    let (fake, ctx) = setup(1, json!({"activeDeadlineSeconds": 5}));
+    reconcile_once(&fake, &ctx).await;
+    set_phase(&fake, 0, "Running", None);
+    fake.update(JOB, |j| {
+        j["status"]["startTime"] = json!("2020-01-01T00:00:00Z")
+    });
+    reconcile_once(&fake, &ctx).await;
+    let job = fake.get(JOB).expect("job");
+    assert_eq!(job["status"]["phase"], "Failed");
+    let failed = job["status"]["conditions"]
+        .as_array()
+        .expect("conditions")
+        .iter()
+        .find(|c| c["type"] == "Failed")
+        .cloned()
+        .expect("failed condition");
+    assert_eq!(failed["reason"], "DeadlineExceeded");
+    assert!(fake.paths_under(PODS).is_empty());
+}
+
+#[tokio::test]
+async fn ttl_deletes_the_finished_job() {
+    let (fake, ctx) = setup(1, json!({"ttlSecondsAfterFinished": 1}));
+    reconcile_once(&fake, &ctx).await;
+    set_phase(&fake, 0, "Succeeded", Some(0));
+    reconcile_once(&fake, &ctx).await;
+    assert_eq!(phase(&fake), json!("Succeeded"));
+    fake.update(JOB, |j| {
+        j["status"]["completionTime"] = json!("2020-01-01T00:00:00Z")
+    });
+    reconcile_once(&fake, &ctx).await;
+    assert!(fake.get(JOB).is_none(), "the job is deleted after its TTL");
+}
+
+#[tokio::test]
+async fn invalid_spec_fails_without_children() {
+    let (fake, ctx) = setup(1, json!({}));
+    fake.update(JOB, |j| j["spec"]["tilesPerWorker"] = json!(3));
+    reconcile_once(&fake, &ctx).await;
+    assert!(fake.paths_under(PODS).is_empty());
+    let job = fake.get(JOB).expect("job");
+    assert_eq!(job["status"]["phase"], "Failed");
+    assert!(
+        job["status"]["conditions"][0]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("spec.tilesPerWorker")
+    );
+}
