@@ -286,10 +286,12 @@ async fn publish_events(
 /// The histogram of time from a job's creation to all its first-generation pods existing.
 fn observe_creation_latency(job: &RduJob, ctx: &Context, decision: &Decision, now: Timestamp) {
     let all_created = decision.events.iter().any(|e| e.reason == "Created");
-    if all_created && decision.status.restarts == 0 {
-        if let Some(created) = &job.metadata.creation_timestamp {
-            let seconds = (now.as_millisecond() - created.0.as_millisecond()) as f64 / 1000.0;
-            ctx.metrics.pods_created_seconds.observe(seconds.max(0.0));
-        }
+    if let (true, 0, Some(created)) = (
+        all_created,
+        decision.status.restarts,
+        &job.metadata.creation_timestamp,
+    ) {
+        let seconds = (now.as_millisecond() - created.0.as_millisecond()) as f64 / 1000.0;
+        ctx.metrics.pods_created_seconds.observe(seconds.max(0.0));
     }
 }

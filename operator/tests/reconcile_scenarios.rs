@@ -1,16 +1,16 @@
 //! Reconcile scenarios against an in-process fake API server: children, status, gang restart, suspend/resume,
 //! deadline and TTL deletion.
 
-mod fake_api;
+mod support;
 
 use std::sync::Arc;
 
-use fake_api::FakeApi;
 use kube::runtime::events::{Recorder, Reporter};
 use rdu_crds::RduJob;
 use rdu_operator::metrics::Metrics;
 use rdu_operator::{Context, reconcile};
 use serde_json::{Value, json};
+use support::fake_api::FakeApi;
 
 const JOB: &str = "/apis/rdu.dev/v1alpha1/namespaces/ml/rdujobs/mnist";
 const PODS: &str = "/api/v1/namespaces/ml/pods/";
