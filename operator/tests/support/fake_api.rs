@@ -124,6 +124,10 @@ impl FakeApi {
                 self.put(&format!("{path}/{name}"), body.clone());
                 respond(StatusCode::CREATED, &body)
             }
+            "PUT" => {
+                self.put(&path, body.clone());
+                respond(StatusCode::OK, &body)
+            }
             "DELETE" => match self.objects.lock().expect("lock").remove(&path) {
                 Some(object) => respond(StatusCode::OK, &object),
                 None => not_found(&path),
