@@ -1,6 +1,7 @@
 //! The RduJob controller: builders, state machine, reconcile pipeline, metrics and leader election.
 
 pub mod builders;
+pub mod health;
 pub mod leader;
 pub mod lifecycle;
 pub mod metrics;

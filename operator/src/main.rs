@@ -2,13 +2,8 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context as _, bail};
-use axum::Router;
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::routing::get;
 use clap::{Parser, ValueEnum};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Pod, Service};
@@ -18,6 +13,7 @@ use kube::api::Api;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::{Controller, watcher};
 use rdu_crds::RduJob;
+use rdu_operator::health::Health;
 use rdu_operator::leader::LeaderElector;
 use rdu_operator::metrics::Metrics;
 use rdu_operator::{Context, FIELD_MANAGER, error_policy, reconcile};
@@ -53,12 +49,6 @@ struct Args {
     namespace: Option<String>,
 }
 
-/// Health shared with the HTTP server.
-struct Health {
-    metrics: Arc<Metrics>,
-    ready: AtomicBool,
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -67,14 +57,16 @@ async fn main() -> anyhow::Result<()> {
 
     let client = connect().await?;
     let metrics = Arc::new(Metrics::default());
-    let health = Arc::new(Health {
-        metrics: metrics.clone(),
-        ready: AtomicBool::new(false),
-    });
+    let health = Arc::new(Health::new(metrics.clone()));
     let listener = tokio::net::TcpListener::bind(args.metrics_addr)
         .await
         .with_context(|| format!("cannot listen on --metrics-addr {}", args.metrics_addr))?;
-    tokio::spawn(serve_health(listener, health.clone()));
+    let server = health.clone();
+    tokio::spawn(async move {
+        if let Err(e) = rdu_operator::health::serve(listener, server).await {
+            error!(error = %e, "metrics server stopped");
+        }
+    });
 
     let elector = LeaderElector::new(
         client.clone(),
@@ -122,7 +114,7 @@ async fn main() -> anyhow::Result<()> {
     let ready_flag = health.clone();
     tokio::spawn(async move {
         if store.wait_until_ready().await.is_ok() {
-            ready_flag.ready.store(true, Ordering::SeqCst);
+            ready_flag.set_ready(true);
             info!("caches synced; ready");
         }
     });
@@ -138,7 +130,7 @@ async fn main() -> anyhow::Result<()> {
         _ = run => Ok(()),
         lost = elector.keep() => Err(lost),
     };
-    health.ready.store(false, Ordering::SeqCst);
+    health.set_ready(false);
     match outcome {
         Ok(()) => {
             info!("shut down; releasing the lease");
@@ -213,31 +205,5 @@ async fn shutdown_signal() {
     #[cfg(not(unix))]
     {
         let _ = ctrl_c.await;
-    }
-}
-
-async fn serve_health(listener: tokio::net::TcpListener, health: Arc<Health>) {
-    let app = Router::new()
-        .route("/metrics", get(metrics_text))
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(readyz))
-        .with_state(health);
-    if let Err(e) = axum::serve(listener, app).await {
-        error!(error = %e, "metrics server stopped");
-    }
-}
-
-async fn metrics_text(State(health): State<Arc<Health>>) -> String {
-    health.metrics.render()
-}
-
-async fn readyz(State(health): State<Arc<Health>>) -> (StatusCode, &'static str) {
-    if health.ready.load(Ordering::SeqCst) {
-        (StatusCode::OK, "ready")
-    } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "caches not synced (or not the leader)",
-        )
     }
 }
