@@ -122,8 +122,13 @@ async fn main() -> anyhow::Result<()> {
         .graceful_shutdown_on(shutdown_signal())
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
-            if let Err(error) = result {
-                warn!(%error, "reconcile loop error");
+            match result {
+                // A job deleted between its watch event and its reconcile: nothing left to do.
+                Err(kube::runtime::controller::Error::ObjectNotFound(obj)) => {
+                    tracing::debug!(job = %obj.name, "job gone before its reconcile")
+                }
+                Err(error) => warn!(%error, "reconcile loop error"),
+                Ok(_) => {}
             }
         });
     let outcome = tokio::select! {
@@ -146,7 +151,9 @@ async fn main() -> anyhow::Result<()> {
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()));
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),

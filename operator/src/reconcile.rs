@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::{StreamExt, TryStreamExt};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
@@ -141,6 +142,10 @@ pub fn invalid(job: &RduJob, message: &str, now: Timestamp) -> Decision {
     }
 }
 
+/// How many pod writes are in flight at once: large gangs are created in parallel, as the Job controller
+/// does, without flooding the API server.
+const CONCURRENT_WRITES: usize = 16;
+
 fn apply_params() -> PatchParams {
     PatchParams::apply(FIELD_MANAGER).force()
 }
@@ -158,18 +163,33 @@ async fn apply(
         match action {
             Action::CreatePods { generation, ranks } => {
                 ensure_shared_children(job, ctx, secret_exists).await?;
-                for rank in ranks {
-                    let pod = builders::worker_pod(job, *rank, *generation)?;
-                    let name = pod.name_any();
-                    pods.patch(&name, &apply_params(), &Patch::Apply(&pod))
-                        .await?;
-                }
+                let built = ranks
+                    .iter()
+                    .map(|rank| builders::worker_pod(job, *rank, *generation))
+                    .collect::<Result<Vec<_>, _>>()?;
+                futures::stream::iter(built.into_iter().map(|pod| {
+                    let pods = pods.clone();
+                    async move {
+                        pods.patch(&pod.name_any(), &apply_params(), &Patch::Apply(&pod))
+                            .await
+                            .map(drop)
+                    }
+                }))
+                .buffer_unordered(CONCURRENT_WRITES)
+                .try_collect::<()>()
+                .await?;
                 info!(job = %job.name_any(), generation, count = ranks.len(), "created rank pods");
             }
             Action::DeletePods { names } => {
-                for name in names {
-                    ignore_not_found(pods.delete(name, &DeleteParams::background()).await)?;
-                }
+                futures::stream::iter(names.iter().cloned().map(|name| {
+                    let pods = pods.clone();
+                    async move {
+                        ignore_not_found(pods.delete(&name, &DeleteParams::background()).await)
+                    }
+                }))
+                .buffer_unordered(CONCURRENT_WRITES)
+                .try_collect::<()>()
+                .await?;
                 info!(job = %job.name_any(), count = names.len(), "deleted pods");
             }
             Action::DeleteJob => {
