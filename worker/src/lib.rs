@@ -3,6 +3,7 @@
 //!
 //! Entry point: [`run::run`] (used by the `rdu-worker run` binary and by `rdujob`'s local mode).
 
+pub mod buckets;
 pub mod checkpoint;
 pub mod data;
 pub mod env;

@@ -2,6 +2,7 @@
 //! f32 buffer (so the gradient is one contiguous buffer to all-reduce). Forward and backward use
 //! `matrixmultiply::sgemm`; a batch is split across the rank's tiles, one compute thread per tile.
 
+use crate::buckets::{self, Bucket};
 use crate::rng::Rng;
 
 const INIT_STREAM: u64 = 0x1417;
@@ -130,17 +131,38 @@ impl Mlp {
         softmax_stats(logits, y, self.classes(), None)
     }
 
-    /// Adds `scale ×` the gradient of the summed loss of `x`/`y` to `grad`; returns the batch's stats.
-    pub fn accumulate_grad(
+    /// Elements of every layer (weights then bias) in the flat buffer, layer 0 first, back to back.
+    pub fn layer_elems(&self) -> Vec<usize> {
+        self.sizes.windows(2).map(|w| w[0] * w[1] + w[1]).collect()
+    }
+
+    /// `buf` (one flat parameter-sized buffer) split into one disjoint slice per layer.
+    fn layer_slices<'g>(&self, mut buf: &'g mut [f32]) -> Vec<&'g mut [f32]> {
+        let mut slices = Vec::with_capacity(self.sizes.len() - 1);
+        for n in self.layer_elems() {
+            let (layer, rest) = std::mem::take(&mut buf).split_at_mut(n);
+            slices.push(layer);
+            buf = rest;
+        }
+        slices
+    }
+
+    /// Adds `scale ×` the gradient of the summed loss of `x`/`y` to `grads` (one slice per layer,
+    /// see [`Mlp::layer_slices`]) and hands each layer's slice to `done` as soon as backward has
+    /// finished it, the last layer first; returns the batch's stats.
+    fn backward<'g>(
         &self,
         params: &[f32],
-        x: &[f32],
-        y: &[u32],
+        (x, y): (&[f32], &[u32]),
         scale: f32,
-        grad: &mut [f32],
+        grads: Vec<&'g mut [f32]>,
+        mut done: impl FnMut(usize, &'g mut [f32]),
     ) -> BatchStats {
         let rows = y.len();
         if rows == 0 {
+            for (l, g) in grads.into_iter().enumerate().rev() {
+                done(l, g);
+            }
             return BatchStats::default();
         }
         let layout = self.layout();
@@ -148,8 +170,8 @@ impl Mlp {
         let last = layout.len() - 1;
         let mut dz = vec![0.0f32; rows * self.classes()];
         let stats = softmax_stats(&outputs[last], y, self.classes(), Some((&mut dz, scale)));
-        for l in (0..layout.len()).rev() {
-            let (w_off, b_off) = layout[l];
+        for (l, grad) in (0..layout.len()).rev().zip(grads.into_iter().rev()) {
+            let (w_off, _) = layout[l];
             let (n_in, n_out) = (self.sizes[l], self.sizes[l + 1]);
             let activation: Vec<f32>;
             let a: &[f32] = if l == 0 {
@@ -158,20 +180,15 @@ impl Mlp {
                 activation = outputs[l - 1].iter().map(|&z| z.max(0.0)).collect();
                 &activation
             };
+            let (dw, db) = grad.split_at_mut(n_in * n_out);
             // dW += Aᵀ · dZ
-            gemm(
-                (n_in, rows, n_out),
-                (a, 1, n_in),
-                (&dz, n_out, 1),
-                1.0,
-                &mut grad[w_off..w_off + n_in * n_out],
-            );
-            let db = &mut grad[b_off..b_off + n_out];
+            gemm((n_in, rows, n_out), (a, 1, n_in), (&dz, n_out, 1), 1.0, dw);
             for row in dz.chunks_exact(n_out) {
                 for (g, d) in db.iter_mut().zip(row) {
                     *g += d;
                 }
             }
+            done(l, grad);
             if l == 0 {
                 break;
             }
@@ -204,41 +221,95 @@ impl Mlp {
         threads: usize,
         grad: &mut [f32],
     ) -> BatchStats {
-        grad.fill(0.0);
+        self.batch_grad_bucketed(params, (x, y), threads, usize::MAX, grad, |_, _| {})
+    }
+
+    /// [`Mlp::batch_grad`] that hands over the gradient in buckets of at most `cap_bytes` (see
+    /// [`buckets::partition`]): `ready(bucket, &grad[bucket.range])` is called, in bucket order, as
+    /// soon as every compute thread has finished the bucket's layers, while backward continues on
+    /// the earlier layers. Each part's gradient goes to its own buffer and the parts are summed in
+    /// part order, so the result is bitwise the same for every `cap_bytes`.
+    pub fn batch_grad_bucketed(
+        &self,
+        params: &[f32],
+        (x, y): (&[f32], &[u32]),
+        threads: usize,
+        cap_bytes: usize,
+        grad: &mut [f32],
+        mut ready: impl FnMut(&Bucket, &[f32]),
+    ) -> BatchStats {
+        let layer_elems = self.layer_elems();
+        let buckets = buckets::partition(&layer_elems, cap_bytes);
         let rows = y.len();
         if rows == 0 {
+            grad.fill(0.0);
+            for bucket in &buckets {
+                ready(bucket, &grad[bucket.range.clone()]);
+            }
             return BatchStats::default();
         }
         let scale = 1.0 / rows as f32;
         let parts = threads.clamp(1, rows);
-        if parts == 1 {
-            return self.accumulate_grad(params, x, y, scale, grad);
-        }
         let per = rows.div_ceil(parts);
         let dim = self.input_size();
         let range = |p: usize| ((p * per).min(rows), ((p + 1) * per).min(rows));
+        let mut layer_starts = Vec::with_capacity(layer_elems.len());
+        layer_elems.iter().fold(0, |start, n| {
+            layer_starts.push(start);
+            start + n
+        });
+        let mut part_grads = vec![vec![0.0f32; params.len()]; parts];
         std::thread::scope(|s| {
-            // Parts 1.. on their own threads; part 0 on this thread, straight into `grad`.
-            let handles: Vec<_> = (1..parts)
-                .map(|p| {
+            let (tx, rx) = std::sync::mpsc::channel::<(usize, usize, &[f32])>();
+            let handles: Vec<_> = part_grads
+                .iter_mut()
+                .enumerate()
+                .map(|(p, g)| {
                     let (lo, hi) = range(p);
-                    let (xs, ys) = (&x[lo * dim..hi * dim], &y[lo..hi]);
+                    let batch = (&x[lo * dim..hi * dim], &y[lo..hi]);
+                    let slices = self.layer_slices(g);
+                    let tx = tx.clone();
                     s.spawn(move || {
-                        let mut g = vec![0.0f32; params.len()];
-                        let st = self.accumulate_grad(params, xs, ys, scale, &mut g);
-                        (st, g)
+                        self.backward(params, batch, scale, slices, |l, g| {
+                            // The receiver only goes away when this scope is unwinding.
+                            let _ = tx.send((p, l, g));
+                        })
                     })
                 })
                 .collect();
-            let (lo, hi) = range(0);
-            let mut stats =
-                self.accumulate_grad(params, &x[lo * dim..hi * dim], &y[lo..hi], scale, grad);
-            for h in handles {
-                let (st, g) = h.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
-                stats.add(st);
-                for (a, b) in grad.iter_mut().zip(&g) {
-                    *a += b;
+            drop(tx);
+            // got[layer][part]: that part's finished gradient of that layer.
+            let mut got: Vec<Vec<Option<&[f32]>>> = vec![vec![None; parts]; layer_elems.len()];
+            'buckets: for bucket in &buckets {
+                while !bucket
+                    .layers
+                    .clone()
+                    .all(|l| got[l].iter().all(Option::is_some))
+                {
+                    match rx.recv() {
+                        Ok((p, l, g)) => got[l][p] = Some(g),
+                        // A compute thread panicked: joining it below re-raises the panic.
+                        Err(_) => break 'buckets,
+                    }
                 }
+                for l in bucket.layers.clone() {
+                    let dst = &mut grad[layer_starts[l]..layer_starts[l] + layer_elems[l]];
+                    for (p, src) in got[l].iter().flatten().enumerate() {
+                        if p == 0 {
+                            dst.copy_from_slice(src);
+                        } else {
+                            for (a, b) in dst.iter_mut().zip(src.iter()) {
+                                *a += b;
+                            }
+                        }
+                    }
+                }
+                ready(bucket, &grad[bucket.range.clone()]);
+            }
+            let mut stats = BatchStats::default();
+            for h in handles {
+                let st = h.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
+                stats.add(st);
             }
             stats
         })
@@ -383,6 +454,64 @@ mod tests {
         for (a, b) in one.iter().zip(&four) {
             assert!((a - b).abs() < 1e-5, "{a} vs {b}");
         }
+    }
+
+    #[test]
+    fn buckets_give_bitwise_the_same_gradient_and_arrive_last_layer_first() {
+        let model = Mlp::new(12, &[20, 16], 5);
+        let params = model.init(4);
+        let (x, y) = sample_batch(&model, 23, 6);
+        for threads in [1, 3] {
+            let mut whole = vec![0.0; params.len()];
+            let s1 = model.batch_grad(&params, &x, &y, threads, &mut whole);
+            // 12-20-16-5: layers of 260, 336 and 85 elements; a 400-byte cap splits every one.
+            for cap in [400, 1400, 2400, usize::MAX] {
+                let mut grad = vec![f32::NAN; params.len()];
+                let mut handed = vec![f32::NAN; params.len()];
+                let mut order = Vec::new();
+                let s2 = model.batch_grad_bucketed(
+                    &params,
+                    (&x, &y),
+                    threads,
+                    cap,
+                    &mut grad,
+                    |bucket, g| {
+                        order.push(bucket.layers.clone());
+                        handed[bucket.range.clone()].copy_from_slice(g);
+                    },
+                );
+                assert_eq!(s1, s2);
+                assert_eq!(checksum(&whole), checksum(&grad), "cap {cap}");
+                assert_eq!(checksum(&whole), checksum(&handed), "cap {cap}");
+                let expected = buckets::partition(&model.layer_elems(), cap);
+                assert_eq!(
+                    order,
+                    expected
+                        .iter()
+                        .map(|b| b.layers.clone())
+                        .collect::<Vec<_>>()
+                );
+            }
+        }
+        assert_eq!(
+            buckets::partition(&model.layer_elems(), 400).len(),
+            3,
+            "the test must cover several buckets"
+        );
+    }
+
+    #[test]
+    fn an_empty_batch_hands_over_zero_buckets() {
+        let model = Mlp::new(4, &[3], 2);
+        let mut grad = vec![1.0; model.param_count()];
+        let mut calls = 0;
+        let stats = model.batch_grad_bucketed(&[0.0; 29], (&[], &[]), 2, 16, &mut grad, |_, g| {
+            calls += 1;
+            assert!(g.iter().all(|&v| v == 0.0));
+        });
+        assert_eq!(stats.samples, 0);
+        assert_eq!(calls, 2);
+        assert!(grad.iter().all(|&v| v == 0.0));
     }
 
     #[test]
