@@ -23,6 +23,9 @@ pub enum WorkerError {
     /// The result or a checkpoint could not be written.
     #[error("cannot write {path}: {reason}")]
     Write { path: String, reason: String },
+    /// A compute task was cancelled (the runtime is shutting down): a retry may succeed.
+    #[error("interrupted: {0}")]
+    Interrupted(String),
 }
 
 impl WorkerError {
@@ -41,6 +44,7 @@ impl WorkerError {
             WorkerError::Collective(e) if e.is_retryable() => exit_code::RETRYABLE,
             WorkerError::Collective(_) => exit_code::BAD_CONFIG,
             WorkerError::Write { .. } => EXIT_IO_ERROR,
+            WorkerError::Interrupted(_) => exit_code::RETRYABLE,
         }
     }
 }
@@ -73,5 +77,6 @@ mod tests {
             reason: "size".into(),
         };
         assert_eq!(WorkerError::from(protocol).exit_code(), 64);
+        assert_eq!(WorkerError::Interrupted("backward".into()).exit_code(), 75);
     }
 }

@@ -10,6 +10,7 @@ pub mod env;
 pub mod error;
 pub mod model;
 pub mod optim;
+pub mod overlap;
 pub mod pef;
 pub mod result;
 pub mod rng;

@@ -10,12 +10,14 @@ use std::time::Instant;
 use rdu_collective::{Algorithm, Communicator};
 use rdu_crds::{DataParallelSpec, JobResult, LossOn, ReduceAlgorithm};
 
+use crate::buckets;
 use crate::checkpoint::{self, Checkpoint};
 use crate::data::Splits;
 use crate::env::WorkerEnv;
 use crate::error::WorkerError;
 use crate::model::{BatchStats, Mlp, checksum};
 use crate::optim::Optimizer;
+use crate::overlap::{ReducePlan, StepBuffers, averaged_gradient};
 use crate::sampler::DistributedSampler;
 
 /// What a rank ends with.
@@ -35,6 +37,15 @@ pub fn algorithm(dp: &DataParallelSpec) -> Algorithm {
         ReduceAlgorithm::Ring => Algorithm::Ring,
         ReduceAlgorithm::Hierarchical => Algorithm::Hierarchical,
         ReduceAlgorithm::Star => Algorithm::Star,
+    }
+}
+
+/// How a step's gradient is computed and reduced: `tiles` threads, buckets of `bucketSizeMiB`.
+pub fn reduce_plan(dp: &DataParallelSpec, tiles: usize) -> ReducePlan {
+    ReducePlan {
+        tiles,
+        cap_bytes: buckets::cap_bytes(dp.bucket_size_mib),
+        algorithm: algorithm(dp),
     }
 }
 
@@ -95,7 +106,7 @@ pub async fn train(
         .steps
         .unwrap_or(u64::from(spec.training.epochs.unwrap_or(1)) * steps_per_epoch);
     let epochs = total_steps.div_ceil(steps_per_epoch);
-    let algorithm = algorithm(&spec.data_parallel);
+    let plan = reduce_plan(&spec.data_parallel, env.tiles);
     let mut params = model.init(spec.data.seed);
     let mut optimizer = Optimizer::new(
         spec.training.optimizer,
@@ -122,13 +133,18 @@ pub async fn train(
         steps_per_epoch,
         total_steps,
         tiles = env.tiles,
-        %algorithm,
+        algorithm = %plan.algorithm,
+        buckets = buckets::partition(&model.layer_elems(), plan.cap_bytes).len(),
         "training starts"
     );
 
     let mut grad = vec![0.0f32; params.len()];
-    let mut x = Vec::with_capacity(batch * model.input_size());
-    let mut y = Vec::with_capacity(batch);
+    let mut bufs = StepBuffers {
+        local_grad: vec![0.0f32; params.len()],
+        params,
+        x: Vec::with_capacity(batch * model.input_size()),
+        y: Vec::with_capacity(batch),
+    };
     let mut step = start_step;
     let mut last_epoch = BatchStats::default();
     let mut local_samples = 0u64;
@@ -142,15 +158,17 @@ pub async fn train(
             if step >= total_steps {
                 break;
             }
-            x.clear();
-            y.clear();
+            bufs.x.clear();
+            bufs.y.clear();
             for &i in chunk {
-                x.extend_from_slice(splits.train.row(i));
-                y.push(splits.train.labels[i]);
+                bufs.x.extend_from_slice(splits.train.row(i));
+                bufs.y.push(splits.train.labels[i]);
             }
-            stats.add(model.batch_grad(&params, &x, &y, env.tiles, &mut grad));
-            comm.all_reduce_mean(&mut grad, algorithm).await?;
-            optimizer.step(&mut params, &grad);
+            let (back, batch_stats) =
+                averaged_gradient(comm, &model, bufs, plan, &mut grad).await?;
+            bufs = back;
+            stats.add(batch_stats);
+            optimizer.step(&mut bufs.params, &grad);
             step += 1;
             if let Some((policy, dir)) = ckpt_policy
                 && env.rank == 0
@@ -158,7 +176,7 @@ pub async fn train(
             {
                 let ckpt = Checkpoint {
                     step,
-                    params: params.clone(),
+                    params: bufs.params.clone(),
                     optimizer_state: optimizer.state().into_iter().map(<[f32]>::to_vec).collect(),
                 };
                 let path = checkpoint::save(dir, &ckpt, policy.keep as usize)?;
@@ -188,6 +206,7 @@ pub async fn train(
         "inner train loop time : {train_seconds:.3} for {} epochs, number of global steps: {step}, e2e samples_per_sec: {local_sps:.1}",
         epochs.saturating_sub(start_step / steps_per_epoch)
     );
+    let params = bufs.params;
     let final_stats = global_stats(comm, last_epoch).await?;
     let test = if splits.test.is_empty() {
         tracing::warn!(
@@ -230,5 +249,14 @@ mod tests {
         assert_eq!(algorithm(&dp), Algorithm::Ring);
         dp.reduce_on_rdu = false;
         assert_eq!(algorithm(&dp), Algorithm::Star);
+    }
+
+    #[test]
+    fn the_bucket_size_comes_from_the_spec() {
+        let mut dp = DataParallelSpec::default();
+        assert_eq!(reduce_plan(&dp, 2).cap_bytes, 25 << 20);
+        dp.bucket_size_mib = 3;
+        let plan = reduce_plan(&dp, 4);
+        assert_eq!((plan.cap_bytes, plan.tiles), (3 << 20, 4));
     }
 }

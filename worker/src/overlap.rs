@@ -1,0 +1,79 @@
+//! One step's gradient averaged over the ranks with communication overlapped with compute
+//! (DESIGN 3 step 5): backward runs on a blocking thread and hands over gradient buckets, last
+//! layer first; this task all-reduces each bucket as it arrives, while backward goes on.
+//!
+//! The communicator runs one collective at a time (its op ids must line up on every rank), so the
+//! buckets are reduced one after another, in the same order on every rank.
+
+use std::ops::Range;
+
+use rdu_collective::{Algorithm, Communicator};
+
+use crate::error::WorkerError;
+use crate::model::{BatchStats, Mlp};
+
+/// What backward reads and writes in a step; moved to the compute thread and back.
+#[derive(Debug, Default)]
+pub struct StepBuffers {
+    pub params: Vec<f32>,
+    /// The batch's rows.
+    pub x: Vec<f32>,
+    pub y: Vec<u32>,
+    /// This rank's own (not yet averaged) gradient.
+    pub local_grad: Vec<f32>,
+}
+
+/// How backward is split and its gradient reduced.
+#[derive(Debug, Clone, Copy)]
+pub struct ReducePlan {
+    /// Compute threads (the rank's tiles).
+    pub tiles: usize,
+    /// Bucket size in bytes (`spec.dataParallel.bucketSizeMiB`).
+    pub cap_bytes: usize,
+    pub algorithm: Algorithm,
+}
+
+/// Writes the gradient of the batch in `bufs`, averaged over all ranks, into `grad` (overwritten;
+/// parameter-sized); returns the buffers and this rank's batch stats.
+pub async fn averaged_gradient(
+    comm: &Communicator,
+    model: &Mlp,
+    bufs: StepBuffers,
+    plan: ReducePlan,
+    grad: &mut [f32],
+) -> Result<(StepBuffers, BatchStats), WorkerError> {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Range<usize>, Vec<f32>)>();
+    let model = model.clone();
+    let compute = tokio::task::spawn_blocking(move || {
+        let mut bufs = bufs;
+        let StepBuffers {
+            params,
+            x,
+            y,
+            local_grad,
+        } = &mut bufs;
+        let stats = model.batch_grad_bucketed(
+            params,
+            (x, y),
+            plan.tiles,
+            plan.cap_bytes,
+            local_grad,
+            |bucket, g| {
+                // The receiver is gone only when the reduction already failed.
+                let _ = tx.send((bucket.range.clone(), g.to_vec()));
+            },
+        );
+        (bufs, stats)
+    });
+    while let Some((range, mut bucket)) = rx.recv().await {
+        comm.all_reduce_mean(&mut bucket, plan.algorithm).await?;
+        grad[range].copy_from_slice(&bucket);
+    }
+    match compute.await {
+        Ok(done) => Ok(done),
+        Err(e) => match e.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            Err(e) => Err(WorkerError::Interrupted(format!("backward: {e}"))),
+        },
+    }
+}
