@@ -71,6 +71,11 @@ fn the_chart_grants_exactly_the_operators_api_use() {
         ),
         ("", &["services"], &["list", "watch", "create", "patch"]),
         ("", &["secrets"], &["get", "create", "patch"]),
+        (
+            "networking.k8s.io",
+            &["networkpolicies"],
+            &["create", "patch"],
+        ),
         ("events.k8s.io", &["events"], &["create", "patch"]),
         ("scheduling.x-k8s.io", &["podgroups"], &["create", "patch"]),
         (
@@ -117,7 +122,7 @@ async fn the_rendered_chart_is_accepted_by_the_api_server() {
         vec!["--values", kind_values.as_str()],
         vec![
             "--set",
-            "networkPolicy.namespaces={rdu-system,ml}",
+            "networkPolicy.enabled=false",
             "--set",
             "operator.watchNamespace=ml",
         ],
@@ -142,7 +147,6 @@ async fn the_rendered_chart_is_accepted_by_the_api_server() {
             "Role",
             "RoleBinding",
             "Service",
-            "NetworkPolicy",
         ] {
             assert!(kinds.contains(kind), "{extra:?}: no {kind} in {kinds:?}");
         }
@@ -202,6 +206,7 @@ async fn the_charts_service_account_may_do_what_the_operator_does_and_no_more() 
         ("create", "secrets"),
         ("patch", "services"),
         ("create", "events.events.k8s.io"),
+        ("patch", "networkpolicies.networking.k8s.io"),
     ] {
         // (podgroups: kubectl cannot resolve a resource whose CRD is absent; the exact ClusterRole test covers it.)
         assert!(

@@ -5,6 +5,7 @@
 use futures::StreamExt;
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use rdu_crds::RduJob;
 use rdu_e2e::{
@@ -168,12 +169,7 @@ async fn operator_plane() -> Option<ControlPlane> {
         .await
         .expect("namespace");
     create_namespace(&plane, JOBS).await.expect("namespace");
-    let chart = helm_template(
-        "rdu",
-        OPERATOR_NAMESPACE,
-        &["--set", "networkPolicy.namespaces={jobs}"],
-    )
-    .expect("helm");
+    let chart = helm_template("rdu", OPERATOR_NAMESPACE, &[]).expect("helm");
     kubectl(&plane, &["apply", "--server-side", "-f", "-"], Some(&chart)).expect("chart applies");
     let token =
         service_account_token(&plane, OPERATOR_NAMESPACE, "rdu-rdu-operator").expect("token");
@@ -212,6 +208,7 @@ async fn the_operator_runs_the_job_lifecycle_under_the_charts_rbac() {
     let pods: Api<Pod> = Api::namespaced(client.clone(), JOBS);
     let services: Api<Service> = Api::namespaced(client.clone(), JOBS);
     let secrets: Api<Secret> = Api::namespaced(client.clone(), JOBS);
+    let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), JOBS);
 
     // Every child of a 16-rank job.
     kubectl(
@@ -223,6 +220,23 @@ async fn the_operator_runs_the_job_lifecycle_under_the_charts_rbac() {
     let names = wait_pods(&plane, &pods, "life", 16, 0).await;
     services.get("life").await.expect("headless Service life");
     secrets.get("life-token").await.expect("Secret life-token");
+    let policy = policies
+        .get("life-workers")
+        .await
+        .expect("NetworkPolicy life-workers");
+    let same_job = policy.spec.and_then(|s| s.ingress).expect("ingress rules")[0]
+        .from
+        .clone()
+        .expect("from")[0]
+        .pod_selector
+        .clone()
+        .and_then(|s| s.match_labels)
+        .expect("peer labels");
+    assert_eq!(
+        same_job.get("rdu.dev/job-name").map(String::as_str),
+        Some("life"),
+        "only pods of the same job may reach the worker ports"
+    );
     assert!(plane.dead_process().is_none(), "{:?}", plane.dead_process());
 
     // Running -> rank 3 exits 75 -> the gang restarts with generation 1.
@@ -271,6 +285,12 @@ async fn the_operator_runs_the_job_lifecycle_under_the_charts_rbac() {
     )
     .await;
     wait_gone(&secrets, "life's Secret collected", "rdu.dev/job-name=life").await;
+    wait_gone(
+        &policies,
+        "life's NetworkPolicy collected",
+        "rdu.dev/job-name=life",
+    )
+    .await;
 
     // Suspend deletes the pods, resume recreates them.
     kubectl(

@@ -47,6 +47,10 @@ struct Args {
     /// Watch only this namespace (default: all namespaces).
     #[arg(long, env = "RDU_WATCH_NAMESPACE")]
     namespace: Option<String>,
+    /// Give every job a NetworkPolicy admitting only its own pods to the worker ports (needs RBAC for
+    /// networking.k8s.io networkpolicies; `--network-policy=false` where the chart grants none).
+    #[arg(long, env = "RDU_NETWORK_POLICY", default_value_t = true, action = clap::ArgAction::Set)]
+    network_policy: bool,
 }
 
 #[tokio::main]
@@ -93,6 +97,7 @@ async fn main() -> anyhow::Result<()> {
         ),
         metrics,
         pod_groups,
+        network_policies: args.network_policy,
     });
     let (jobs, pods, services) = match &args.namespace {
         Some(ns) => (

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use futures::{StreamExt, TryStreamExt};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action as Requeue;
 use kube::runtime::events::{Event, EventType, Recorder};
@@ -40,6 +41,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Whether scheduler-plugins' PodGroup CRD is installed (checked at start-up).
     pub pod_groups: bool,
+    /// Whether every job gets a NetworkPolicy admitting only its own pods to the worker ports.
+    pub network_policies: bool,
 }
 
 /// What the fetch step read.
@@ -205,7 +208,7 @@ async fn apply(
     Ok(())
 }
 
-/// The Service, the token Secret (created once, an existing token is kept) and the PodGroup.
+/// The Service, the token Secret (created once, an existing token is kept), the NetworkPolicy and the PodGroup.
 async fn ensure_shared_children(
     job: &RduJob,
     ctx: &Context,
@@ -226,6 +229,13 @@ async fn ensure_shared_children(
         let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
         secrets
             .patch(&secret.name_any(), &apply_params(), &Patch::Apply(&secret))
+            .await?;
+    }
+    if ctx.network_policies {
+        let policy = builders::network_policy(job)?;
+        let policies: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), ns);
+        policies
+            .patch(&policy.name_any(), &apply_params(), &Patch::Apply(&policy))
             .await?;
     }
     if let (Some(min), true) = (builders::gang_min_available(job), ctx.pod_groups) {

@@ -45,6 +45,7 @@ fn setup(workers: u32, run_policy: Value) -> (FakeApi, Arc<Context>) {
         ),
         metrics: Arc::new(Metrics::default()),
         pod_groups: false,
+        network_policies: true,
     });
     (fake, ctx)
 }
@@ -92,6 +93,11 @@ async fn creates_service_secret_and_every_rank_then_reports_pending() {
     let (fake, ctx) = setup(3, json!({}));
     reconcile_once(&fake, &ctx).await;
     assert!(fake.get("/api/v1/namespaces/ml/services/mnist").is_some());
+    assert!(
+        fake.get("/apis/networking.k8s.io/v1/namespaces/ml/networkpolicies/mnist-workers")
+            .is_some(),
+        "the job's NetworkPolicy"
+    );
     let secret = fake
         .get("/api/v1/namespaces/ml/secrets/mnist-token")
         .expect("secret");
@@ -114,7 +120,11 @@ async fn creates_service_secret_and_every_rank_then_reports_pending() {
             .iter()
             .all(|r| !r.starts_with("PATCH") || r.contains("fieldManager=rdu-operator"))
     );
-    assert_eq!(applies, 3 + 2 + 1, "3 pods, service, secret, status");
+    assert_eq!(
+        applies,
+        3 + 3 + 1,
+        "3 pods, service, secret, network policy, status"
+    );
 }
 
 #[tokio::test]

@@ -56,7 +56,7 @@ fn owner(job: &RduJob) -> Result<OwnerReference, BuildError> {
         .ok_or(BuildError::NotPersisted)
 }
 
-fn child_meta(job: &RduJob, name: String) -> Result<ObjectMeta, BuildError> {
+pub(crate) fn child_meta(job: &RduJob, name: String) -> Result<ObjectMeta, BuildError> {
     Ok(ObjectMeta {
         name: Some(name),
         namespace: Some(job_namespace(job).to_string()),

@@ -2,6 +2,7 @@
 
 pub mod children;
 pub mod env;
+pub mod network;
 #[cfg(test)]
 pub(crate) mod test_fixtures;
 
@@ -10,3 +11,4 @@ pub use children::{
     job_labels, job_selector, new_token, pod_group, pod_group_resource, token_secret, worker_pod,
 };
 pub use env::{RankPlacement, job_name, job_namespace, rank_env};
+pub use network::{network_policy, network_policy_name};
