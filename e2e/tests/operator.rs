@@ -169,6 +169,21 @@ async fn operator_plane() -> Option<ControlPlane> {
         .await
         .expect("namespace");
     create_namespace(&plane, JOBS).await.expect("namespace");
+    // The PodGroup CRD exists before the operator starts, so gang jobs get a PodGroup.
+    let pod_group_crd = rdu_e2e::workspace_root().join("e2e/fixtures/podgroup-crd.yaml");
+    let pod_group_crd = pod_group_crd.display().to_string();
+    kubectl(&plane, &["apply", "-f", &pod_group_crd], None).expect("PodGroup CRD");
+    kubectl(
+        &plane,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/podgroups.scheduling.x-k8s.io",
+        ],
+        None,
+    )
+    .expect("PodGroup CRD established");
     let chart = helm_template("rdu", OPERATOR_NAMESPACE, &[]).expect("helm");
     kubectl(&plane, &["apply", "--server-side", "-f", "-"], Some(&chart)).expect("chart applies");
     let token =
@@ -357,6 +372,63 @@ async fn the_operator_runs_the_job_lifecycle_under_the_charts_rbac() {
     .await
     .unwrap_or_else(|e| panic!("{e}"));
     assert!(plane.dead_process().is_none(), "{:?}", plane.dead_process());
+}
+
+#[tokio::test]
+async fn a_gang_job_gets_a_pod_group_and_its_pods_join_it() {
+    let Some(plane) = operator_plane().await else {
+        return;
+    };
+    let client = plane.admin_client().await.expect("client");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), JOBS);
+    kubectl(
+        &plane,
+        &["apply", "-f", "-"],
+        Some(&job(
+            "gang",
+            4,
+            json!({"schedulingPolicy": {"minAvailable": 3}}),
+        )),
+    )
+    .expect("apply");
+    let names = wait_pods(&plane, &pods, "gang", 4, 0).await;
+    let group = kubectl(
+        &plane,
+        &[
+            "get",
+            "podgroups.scheduling.x-k8s.io",
+            "gang",
+            "-n",
+            JOBS,
+            "-o",
+            "json",
+        ],
+        None,
+    )
+    .unwrap_or_else(|e| {
+        panic!(
+            "no PodGroup gang: {e}\noperator log:\n{}",
+            plane.log_tail("rdu-operator", 40)
+        )
+    });
+    let group: Value = serde_json::from_str(&group).expect("PodGroup JSON");
+    assert_eq!(group["spec"]["minMember"], json!(3));
+    assert_eq!(
+        group["metadata"]["ownerReferences"][0]["kind"],
+        json!("RduJob")
+    );
+    for name in names {
+        let pod = pods.get(&name).await.expect("pod");
+        assert_eq!(
+            pod.metadata
+                .labels
+                .unwrap_or_default()
+                .get("scheduling.x-k8s.io/pod-group")
+                .map(String::as_str),
+            Some("gang"),
+            "{name} must name its PodGroup"
+        );
+    }
 }
 
 #[tokio::test]
