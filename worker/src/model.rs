@@ -225,10 +225,11 @@ impl Mlp {
     }
 
     /// [`Mlp::batch_grad`] that hands over the gradient in buckets of at most `cap_bytes` (see
-    /// [`buckets::partition`]): `ready(bucket, &grad[bucket.range])` is called, in bucket order, as
-    /// soon as every compute thread has finished the bucket's layers, while backward continues on
-    /// the earlier layers. Each part's gradient goes to its own buffer and the parts are summed in
-    /// part order, so the result is bitwise the same for every `cap_bytes`.
+    /// [`buckets::partition`]): `ready(bucket, pieces)` is called, in bucket order, as soon as every
+    /// compute thread has finished the bucket's layers, while backward continues on the earlier
+    /// layers; `pieces` concatenated are `grad[bucket.range]`. With several threads each part's
+    /// gradient goes to its own buffer and the parts are summed in part order, as `batch_grad`
+    /// always did, so the result is bitwise the same for every `cap_bytes`.
     pub fn batch_grad_bucketed(
         &self,
         params: &[f32],
@@ -236,7 +237,7 @@ impl Mlp {
         threads: usize,
         cap_bytes: usize,
         grad: &mut [f32],
-        mut ready: impl FnMut(&Bucket, &[f32]),
+        mut ready: impl FnMut(&Bucket, &[&[f32]]),
     ) -> BatchStats {
         let layer_elems = self.layer_elems();
         let buckets = buckets::partition(&layer_elems, cap_bytes);
@@ -244,12 +245,32 @@ impl Mlp {
         if rows == 0 {
             grad.fill(0.0);
             for bucket in &buckets {
-                ready(bucket, &grad[bucket.range.clone()]);
+                ready(bucket, &[&grad[bucket.range.clone()]]);
             }
             return BatchStats::default();
         }
         let scale = 1.0 / rows as f32;
         let parts = threads.clamp(1, rows);
+        if parts == 1 {
+            // One thread: straight into `grad`, each bucket handed over from inside backward.
+            grad.fill(0.0);
+            let mut got: Vec<Option<&[f32]>> = vec![None; layer_elems.len()];
+            let mut pending = buckets.iter().peekable();
+            let slices = self.layer_slices(grad);
+            return self.backward(params, (x, y), scale, slices, |l, g| {
+                got[l] = Some(g);
+                while let Some(bucket) =
+                    pending.next_if(|b| b.layers.clone().all(|l| got[l].is_some()))
+                {
+                    let pieces: Vec<&[f32]> = got[bucket.layers.clone()]
+                        .iter()
+                        .flatten()
+                        .copied()
+                        .collect();
+                    ready(bucket, &pieces);
+                }
+            });
+        }
         let per = rows.div_ceil(parts);
         let dim = self.input_size();
         let range = |p: usize| ((p * per).min(rows), ((p + 1) * per).min(rows));
@@ -304,7 +325,7 @@ impl Mlp {
                         }
                     }
                 }
-                ready(bucket, &grad[bucket.range.clone()]);
+                ready(bucket, &[&grad[bucket.range.clone()]]);
             }
             let mut stats = BatchStats::default();
             for h in handles {
@@ -477,7 +498,7 @@ mod tests {
                     &mut grad,
                     |bucket, g| {
                         order.push(bucket.layers.clone());
-                        handed[bucket.range.clone()].copy_from_slice(g);
+                        handed[bucket.range.clone()].copy_from_slice(&g.concat());
                     },
                 );
                 assert_eq!(s1, s2);
@@ -507,7 +528,7 @@ mod tests {
         let mut calls = 0;
         let stats = model.batch_grad_bucketed(&[0.0; 29], (&[], &[]), 2, 16, &mut grad, |_, g| {
             calls += 1;
-            assert!(g.iter().all(|&v| v == 0.0));
+            assert!(g.concat().iter().all(|&v| v == 0.0));
         });
         assert_eq!(stats.samples, 0);
         assert_eq!(calls, 2);

@@ -58,9 +58,9 @@ pub async fn averaged_gradient(
             plan.tiles,
             plan.cap_bytes,
             local_grad,
-            |bucket, g| {
+            |bucket, pieces| {
                 // The receiver is gone only when the reduction already failed.
-                let _ = tx.send((bucket.range.clone(), g.to_vec()));
+                let _ = tx.send((bucket.range.clone(), pieces.concat()));
             },
         );
         (bufs, stats)
