@@ -21,6 +21,8 @@ pub struct StepBuffers {
     pub y: Vec<u32>,
     /// This rank's own (not yet averaged) gradient.
     pub local_grad: Vec<f32>,
+    /// Buffers that carried last step's buckets, first bucket's last (reused: no fresh pages).
+    pub spare_buckets: Vec<Vec<f32>>,
 }
 
 /// How backward is split and its gradient reduced.
@@ -42,6 +44,11 @@ pub async fn averaged_gradient(
     plan: ReducePlan,
     grad: &mut [f32],
 ) -> Result<(StepBuffers, BatchStats), WorkerError> {
+    if comm.world_size() == 1 {
+        // Nothing to reduce: backward straight into `grad`.
+        let stats = model.batch_grad(&bufs.params, &bufs.x, &bufs.y, plan.tiles, grad);
+        return Ok((bufs, stats));
+    }
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Range<usize>, Vec<f32>)>();
     let model = model.clone();
     let compute = tokio::task::spawn_blocking(move || {
@@ -51,6 +58,7 @@ pub async fn averaged_gradient(
             x,
             y,
             local_grad,
+            spare_buckets,
         } = &mut bufs;
         let stats = model.batch_grad_bucketed(
             params,
@@ -60,17 +68,28 @@ pub async fn averaged_gradient(
             local_grad,
             |bucket, pieces| {
                 // The receiver is gone only when the reduction already failed.
-                let _ = tx.send((bucket.range.clone(), pieces.concat()));
+                let mut buf = spare_buckets.pop().unwrap_or_default();
+                buf.clear();
+                for piece in pieces {
+                    buf.extend_from_slice(piece);
+                }
+                let _ = tx.send((bucket.range.clone(), buf));
             },
         );
         (bufs, stats)
     });
+    let mut used = Vec::new();
     while let Some((range, mut bucket)) = rx.recv().await {
         comm.all_reduce_mean(&mut bucket, plan.algorithm).await?;
         grad[range].copy_from_slice(&bucket);
+        used.push(bucket);
     }
     match compute.await {
-        Ok(done) => Ok(done),
+        Ok((mut bufs, stats)) => {
+            used.reverse();
+            bufs.spare_buckets = used;
+            Ok((bufs, stats))
+        }
         Err(e) => match e.try_into_panic() {
             Ok(panic) => std::panic::resume_unwind(panic),
             Err(e) => Err(WorkerError::Interrupted(format!("backward: {e}"))),

@@ -144,6 +144,7 @@ pub async fn train(
         params,
         x: Vec::with_capacity(batch * model.input_size()),
         y: Vec::with_capacity(batch),
+        spare_buckets: Vec::new(),
     };
     let mut step = start_step;
     let mut last_epoch = BatchStats::default();
