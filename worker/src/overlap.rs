@@ -2,6 +2,9 @@
 //! (DESIGN 3 step 5): backward runs on a blocking thread and hands over gradient buckets, last
 //! layer first; this task all-reduces each bucket as it arrives, while backward goes on.
 //!
+//! With one bucket (or one rank) there is nothing to overlap and backward runs in place as before:
+//! the hand-over costs two copies of the gradient per step.
+//!
 //! The communicator runs one collective at a time (its op ids must line up on every rank), so the
 //! buckets are reduced one after another, in the same order on every rank.
 
@@ -9,6 +12,7 @@ use std::ops::Range;
 
 use rdu_collective::{Algorithm, Communicator};
 
+use crate::buckets;
 use crate::error::WorkerError;
 use crate::model::{BatchStats, Mlp};
 
@@ -44,9 +48,11 @@ pub async fn averaged_gradient(
     plan: ReducePlan,
     grad: &mut [f32],
 ) -> Result<(StepBuffers, BatchStats), WorkerError> {
-    if comm.world_size() == 1 {
-        // Nothing to reduce: backward straight into `grad`.
+    if comm.world_size() == 1 || buckets::partition(&model.layer_elems(), plan.cap_bytes).len() == 1
+    {
+        // Nothing to overlap: backward straight into `grad`, then one all-reduce of it all.
         let stats = model.batch_grad(&bufs.params, &bufs.x, &bufs.y, plan.tiles, grad);
+        comm.all_reduce_mean(grad, plan.algorithm).await?;
         return Ok((bufs, stats));
     }
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Range<usize>, Vec<f32>)>();
