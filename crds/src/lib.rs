@@ -4,9 +4,11 @@ pub mod consts;
 pub mod schema;
 pub mod spec;
 pub mod status;
+pub mod validation;
 
 pub use spec::*;
 pub use status::*;
+pub use validation::{FieldError, validate_spec};
 
 use kube::CustomResourceExt;
 

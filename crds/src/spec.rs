@@ -23,6 +23,7 @@ use crate::status::RduJobStatus;
 )]
 #[x_kube(validation = Rule::new("!has(self.compile) || self.workers >= self.compile.minWorldSize").message("spec.workers must be at least spec.compile.minWorldSize: raise workers or compile for a smaller world size"))]
 #[x_kube(validation = Rule::new("(has(self.runPolicy) && self.runPolicy.suspend) || (has(oldSelf.runPolicy) && oldSelf.runPolicy.suspend) || (self.workers == oldSelf.workers && self.model == oldSelf.model && self.data == oldSelf.data)").message("spec.workers, spec.model and spec.data are immutable while the job runs: set spec.runPolicy.suspend to true first"))]
+#[x_kube(validation = Rule::new("!has(self.runPolicy) || !has(self.runPolicy.schedulingPolicy) || !has(self.runPolicy.schedulingPolicy.minAvailable) || self.runPolicy.schedulingPolicy.minAvailable <= self.workers").message("spec.runPolicy.schedulingPolicy.minAvailable must be between 1 and spec.workers"))]
 #[serde(rename_all = "camelCase")]
 pub struct RduJobSpec {
     /// World size: the number of ranks, one pod each.
@@ -99,9 +100,11 @@ pub struct ModelSpec {
     pub hidden_sizes: Vec<u32>,
     /// Input features; taken from the data when omitted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1").message("spec.model.inputSize must be at least 1, or omitted to take it from the data"))]
     pub input_size: Option<u32>,
     /// Number of classes; taken from the data when omitted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 2").message("spec.model.classes must be at least 2, or omitted to take it from the data"))]
     pub classes: Option<u32>,
 }
 

@@ -79,6 +79,8 @@ pub struct RankStatus {
     pub pod: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+    /// Tiles the rank holds (`rdu0-tile0`...), as the device plugin published them on its pod
+    /// (annotation `rdu.dev/tiles`); empty until it has.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tiles: Vec<String>,
 }

@@ -133,7 +133,42 @@ fn bad_specs() -> Vec<(&'static str, Value, &'static str)> {
             with(b(), "/spec/dataParallel/bucketSizeMiB", json!(0)),
             "spec.dataParallel.bucketSizeMiB must be at least 1",
         ),
+        (
+            "input size 0",
+            with(b(), "/spec/model/inputSize", json!(0)),
+            "spec.model.inputSize must be at least 1",
+        ),
+        (
+            "one class",
+            with(b(), "/spec/model/classes", json!(1)),
+            "spec.model.classes must be at least 2",
+        ),
+        (
+            "a gang larger than the job",
+            with(
+                b(),
+                "/spec/runPolicy/schedulingPolicy/minAvailable",
+                json!(3),
+            ),
+            "spec.runPolicy.schedulingPolicy.minAvailable must be between 1 and spec.workers",
+        ),
     ]
+}
+
+/// Local mode, the operator and the worker validate with `rdu_crds::validate_spec`; it must refuse every spec the
+/// API refuses, with the API's message (runs without a control plane).
+#[test]
+fn the_rust_validation_refuses_what_the_api_refuses_with_the_same_message() {
+    let base: rdu_crds::RduJob = serde_json::from_value(base_job("base")).expect("base job");
+    assert_eq!(rdu_crds::validate_spec(&base.spec), Ok(()));
+    for (what, job, message) in bad_specs() {
+        let job: rdu_crds::RduJob = serde_json::from_value(job).expect(what);
+        let errors = rdu_crds::validate_spec(&job.spec).expect_err(what);
+        assert!(
+            errors.iter().any(|e| e.message.contains(message)),
+            "{what}: expected {message:?} in {errors:?}"
+        );
+    }
 }
 
 #[tokio::test]

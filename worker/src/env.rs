@@ -7,7 +7,6 @@ use rdu_crds::RduJobSpec;
 use rdu_crds::consts::{TERMINATION_LOG_PATH, env};
 
 use crate::error::WorkerError;
-use crate::spec_check;
 
 /// Everything a rank reads from its environment, checked.
 #[derive(Debug, Clone)]
@@ -49,7 +48,7 @@ impl WorkerEnv {
         let spec: RduJobSpec = serde_json::from_str(&spec_json).map_err(|e| {
             WorkerError::config(env::JOB_SPEC, format!("not a valid RduJob spec: {e}"))
         })?;
-        if let Err(errors) = spec_check::validate(&spec) {
+        if let Err(errors) = rdu_crds::validate_spec(&spec) {
             let text: Vec<String> = errors.iter().map(ToString::to_string).collect();
             return Err(WorkerError::config(env::JOB_SPEC, text.join("; ")));
         }
@@ -169,7 +168,7 @@ pub(crate) mod tests {
 
     #[test]
     fn the_contract_reads_with_defaults() {
-        let map = vars(crate::spec_check::tests::MINIMAL);
+        let map = vars(crate::test_fixtures::MINIMAL);
         let e = read(&map).unwrap();
         assert_eq!((e.rank, e.world_size, e.generation), (1, 2, 2));
         assert_eq!(e.namespace, "default");
@@ -181,7 +180,7 @@ pub(crate) mod tests {
 
     #[test]
     fn missing_or_bad_values_name_the_variable() {
-        let base = vars(crate::spec_check::tests::MINIMAL);
+        let base = vars(crate::test_fixtures::MINIMAL);
         for (key, value, expected) in [
             (env::RANK, "", "RANK"),
             (env::RANK, "2", "RANK"),

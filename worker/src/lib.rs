@@ -16,12 +16,12 @@ pub mod result;
 pub mod rng;
 pub mod run;
 pub mod sampler;
-pub mod spec_check;
+#[cfg(test)]
+mod test_fixtures;
 pub mod train;
 
 pub use error::WorkerError;
 pub use run::{run, run_from_process_env};
-pub use spec_check::{FieldError, validate};
 
 /// The env var that sizes matrixmultiply's own thread pool (read once, at the first sgemm).
 const GEMM_THREADS_VAR: &str = "MATMUL_NUM_THREADS";

@@ -87,7 +87,7 @@ pub fn compile_file(file: &Path, out: &Path) -> i32 {
             .map_err(|e| WorkerError::config(file.display().to_string(), e.to_string()))?;
         let job = rdu_crds::parse_manifest(&text)
             .map_err(|e| WorkerError::config(file.display().to_string(), e.to_string()))?;
-        if let Err(errors) = crate::spec_check::validate(&job.spec) {
+        if let Err(errors) = rdu_crds::validate_spec(&job.spec) {
             let text: Vec<String> = errors.iter().map(ToString::to_string).collect();
             return Err(WorkerError::config(
                 file.display().to_string(),
@@ -223,7 +223,7 @@ pub fn check_run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec_check::tests::minimal;
+    use crate::test_fixtures::minimal;
 
     #[test]
     fn compile_write_read_round_trips() {

@@ -1,0 +1,377 @@
+//! The spec rules of the CRD's schema and CEL, checked in Rust too, so that the operator, local mode and the worker
+//! refuse exactly what `kubectl apply` refuses. Every message names the field and says how to fix it.
+
+use std::fmt;
+
+use crate::{DataSource, RduJobSpec};
+
+/// One rule a spec breaks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FieldError {
+    /// Path of the field in the manifest, e.g. `spec.tilesPerWorker`.
+    pub field: String,
+    /// A sentence that starts with the field, says what is wrong and how to fix it.
+    pub message: String,
+}
+
+impl FieldError {
+    pub fn new(field: &str, message: impl Into<String>) -> Self {
+        Self {
+            field: field.to_string(),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// Collects the errors of one validation pass.
+#[derive(Default)]
+pub struct Checks(Vec<FieldError>);
+
+impl Checks {
+    /// Records `message` for `field` unless `ok`.
+    pub fn check(&mut self, ok: bool, field: &str, message: impl FnOnce() -> String) {
+        if !ok {
+            self.0.push(FieldError::new(field, message()));
+        }
+    }
+
+    /// `Ok` when nothing was recorded, else every error in the order found.
+    pub fn finish(self) -> Result<(), Vec<FieldError>> {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err(self.0)
+        }
+    }
+}
+
+/// Every rule of the CRD's schema and CEL for the spec; collects all failures.
+pub fn validate_spec(spec: &RduJobSpec) -> Result<(), Vec<FieldError>> {
+    let mut c = Checks::default();
+    check_world(&mut c, spec);
+    check_model_and_data(&mut c, spec);
+    check_training(&mut c, spec);
+    check_policies(&mut c, spec);
+    c.finish()
+}
+
+fn check_world(c: &mut Checks, spec: &RduJobSpec) {
+    c.check(spec.workers >= 1, "spec.workers", || {
+        format!("spec.workers must be at least 1 (got {})", spec.workers)
+    });
+    c.check(
+        [1, 2, 4, 8].contains(&spec.tiles_per_worker),
+        "spec.tilesPerWorker",
+        || {
+            format!(
+                "spec.tilesPerWorker must be 1, 2, 4 or 8 (got {})",
+                spec.tiles_per_worker
+            )
+        },
+    );
+    if let Some(compile) = &spec.compile {
+        c.check(
+            compile.min_world_size >= 1,
+            "spec.compile.minWorldSize",
+            || "spec.compile.minWorldSize must be at least 1".into(),
+        );
+        c.check(spec.workers >= compile.min_world_size, "spec.workers", || {
+            format!(
+                "spec.workers must be at least spec.compile.minWorldSize ({} < {}): raise workers or compile for a \
+                 smaller world size",
+                spec.workers, compile.min_world_size
+            )
+        });
+    }
+}
+
+fn check_model_and_data(c: &mut Checks, spec: &RduJobSpec) {
+    let model = &spec.model;
+    c.check(
+        model.hidden_sizes.len() <= 16,
+        "spec.model.hiddenSizes",
+        || {
+            format!(
+                "spec.model.hiddenSizes has {} entries, at most 16 are allowed",
+                model.hidden_sizes.len()
+            )
+        },
+    );
+    c.check(
+        model.hidden_sizes.iter().all(|h| *h >= 1),
+        "spec.model.hiddenSizes",
+        || "spec.model.hiddenSizes entries must be at least 1".into(),
+    );
+    c.check(
+        model.input_size.is_none_or(|v| v >= 1),
+        "spec.model.inputSize",
+        || "spec.model.inputSize must be at least 1, or omitted to take it from the data".into(),
+    );
+    c.check(
+        model.classes.is_none_or(|v| v >= 2),
+        "spec.model.classes",
+        || "spec.model.classes must be at least 2, or omitted to take it from the data".into(),
+    );
+
+    let data = &spec.data;
+    c.check(
+        data.source == DataSource::Synthetic || data.path.is_some(),
+        "spec.data.path",
+        || "spec.data.path is required for csv and idx sources: set it to the data file".into(),
+    );
+    c.check(
+        data.source != DataSource::Idx || data.labels_path.is_some(),
+        "spec.data.labelsPath",
+        || "spec.data.labelsPath is required for the idx source: set it to the labels file".into(),
+    );
+    c.check(
+        (0.0..1.0).contains(&data.test_fraction),
+        "spec.data.testFraction",
+        || {
+            format!(
+                "spec.data.testFraction must be in [0, 1) (got {})",
+                data.test_fraction
+            )
+        },
+    );
+    c.check(
+        data.samples.is_none_or(|s| s >= 1),
+        "spec.data.samples",
+        || "spec.data.samples must be at least 1".into(),
+    );
+}
+
+fn check_training(c: &mut Checks, spec: &RduJobSpec) {
+    let training = &spec.training;
+    c.check(
+        training.epochs.is_some() || training.steps.is_some(),
+        "spec.training",
+        || "spec.training needs epochs or steps".into(),
+    );
+    c.check(
+        training.epochs.is_none_or(|e| e >= 1),
+        "spec.training.epochs",
+        || "spec.training.epochs must be at least 1".into(),
+    );
+    c.check(
+        training.steps.is_none_or(|s| s >= 1),
+        "spec.training.steps",
+        || "spec.training.steps must be at least 1".into(),
+    );
+    c.check(training.batch_size >= 1, "spec.training.batchSize", || {
+        "spec.training.batchSize must be at least 1".into()
+    });
+    c.check(
+        training.learning_rate > 0.0 && training.learning_rate.is_finite(),
+        "spec.training.learningRate",
+        || {
+            format!(
+                "spec.training.learningRate must be greater than 0 (got {})",
+                training.learning_rate
+            )
+        },
+    );
+    c.check(
+        (0.0..1.0).contains(&training.momentum),
+        "spec.training.momentum",
+        || {
+            format!(
+                "spec.training.momentum must be in [0, 1) (got {})",
+                training.momentum
+            )
+        },
+    );
+}
+
+fn check_policies(c: &mut Checks, spec: &RduJobSpec) {
+    let dp = &spec.data_parallel;
+    c.check(
+        dp.bucket_size_mib >= 1,
+        "spec.dataParallel.bucketSizeMiB",
+        || "spec.dataParallel.bucketSizeMiB must be at least 1".into(),
+    );
+    c.check(
+        dp.timeout_seconds >= 1,
+        "spec.dataParallel.timeoutSeconds",
+        || "spec.dataParallel.timeoutSeconds must be at least 1".into(),
+    );
+    if let Some(ckpt) = &spec.checkpoint {
+        c.check(
+            ckpt.interval_steps >= 1,
+            "spec.checkpoint.intervalSteps",
+            || "spec.checkpoint.intervalSteps must be at least 1".into(),
+        );
+        c.check(ckpt.keep >= 1, "spec.checkpoint.keep", || {
+            "spec.checkpoint.keep must be at least 1".into()
+        });
+    }
+    let run = &spec.run_policy;
+    c.check(
+        run.active_deadline_seconds.is_none_or(|s| s >= 1),
+        "spec.runPolicy.activeDeadlineSeconds",
+        || "spec.runPolicy.activeDeadlineSeconds must be at least 1".into(),
+    );
+    if let Some(min) = run.scheduling_policy.as_ref().and_then(|s| s.min_available) {
+        c.check(
+            (1..=spec.workers).contains(&min),
+            "spec.runPolicy.schedulingPolicy.minAvailable",
+            || {
+                format!(
+                    "spec.runPolicy.schedulingPolicy.minAvailable must be between 1 and spec.workers ({}), got {min}",
+                    spec.workers
+                )
+            },
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{CheckpointSpec, CompileSpec, SchedulingPolicy};
+
+    const MINIMAL: &str = r#"
+apiVersion: rdu.dev/v1alpha1
+kind: RduJob
+metadata: {name: t}
+spec:
+  workers: 4
+  model: {name: ffn-logreg, hiddenSizes: [8]}
+  data: {source: synthetic, samples: 64}
+  training: {epochs: 1, batchSize: 8, learningRate: 0.1}
+"#;
+
+    fn minimal() -> RduJobSpec {
+        crate::parse_manifest(MINIMAL).expect("fixture").spec
+    }
+
+    fn fields(spec: &RduJobSpec) -> Vec<String> {
+        validate_spec(spec)
+            .err()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|e| e.field)
+            .collect()
+    }
+
+    #[test]
+    fn a_minimal_spec_is_valid() {
+        assert_eq!(validate_spec(&minimal()), Ok(()));
+    }
+
+    #[test]
+    fn each_rule_names_its_field() {
+        type Breaker = fn(&mut RduJobSpec);
+        let cases: Vec<(Breaker, &str)> = vec![
+            (|s| s.workers = 0, "spec.workers"),
+            (|s| s.tiles_per_worker = 3, "spec.tilesPerWorker"),
+            (
+                |s| s.compile = Some(CompileSpec { min_world_size: 8 }),
+                "spec.workers",
+            ),
+            (
+                |s| s.compile = Some(CompileSpec { min_world_size: 0 }),
+                "spec.compile.minWorldSize",
+            ),
+            (|s| s.model.hidden_sizes = vec![0], "spec.model.hiddenSizes"),
+            (
+                |s| s.model.hidden_sizes = vec![1; 17],
+                "spec.model.hiddenSizes",
+            ),
+            (|s| s.model.input_size = Some(0), "spec.model.inputSize"),
+            (|s| s.model.classes = Some(1), "spec.model.classes"),
+            (|s| s.data.source = DataSource::Csv, "spec.data.path"),
+            (
+                |s| {
+                    s.data.source = DataSource::Idx;
+                    s.data.path = Some("x".into());
+                },
+                "spec.data.labelsPath",
+            ),
+            (|s| s.data.test_fraction = 1.0, "spec.data.testFraction"),
+            (|s| s.data.samples = Some(0), "spec.data.samples"),
+            (|s| s.training.epochs = None, "spec.training"),
+            (|s| s.training.epochs = Some(0), "spec.training.epochs"),
+            (|s| s.training.steps = Some(0), "spec.training.steps"),
+            (|s| s.training.batch_size = 0, "spec.training.batchSize"),
+            (
+                |s| s.training.learning_rate = 0.0,
+                "spec.training.learningRate",
+            ),
+            (
+                |s| s.training.learning_rate = f64::NAN,
+                "spec.training.learningRate",
+            ),
+            (|s| s.training.momentum = 1.0, "spec.training.momentum"),
+            (
+                |s| s.data_parallel.bucket_size_mib = 0,
+                "spec.dataParallel.bucketSizeMiB",
+            ),
+            (
+                |s| s.data_parallel.timeout_seconds = 0,
+                "spec.dataParallel.timeoutSeconds",
+            ),
+            (
+                |s| {
+                    s.checkpoint = Some(CheckpointSpec {
+                        interval_steps: 0,
+                        volume: None,
+                        keep: 1,
+                    })
+                },
+                "spec.checkpoint.intervalSteps",
+            ),
+            (
+                |s| {
+                    s.checkpoint = Some(CheckpointSpec {
+                        interval_steps: 5,
+                        volume: None,
+                        keep: 0,
+                    })
+                },
+                "spec.checkpoint.keep",
+            ),
+            (
+                |s| s.run_policy.active_deadline_seconds = Some(0),
+                "spec.runPolicy.activeDeadlineSeconds",
+            ),
+            (
+                |s| {
+                    s.run_policy.scheduling_policy = Some(SchedulingPolicy {
+                        min_available: Some(5),
+                        ..Default::default()
+                    })
+                },
+                "spec.runPolicy.schedulingPolicy.minAvailable",
+            ),
+        ];
+        for (i, (breaker, field)) in cases.into_iter().enumerate() {
+            let mut spec = minimal();
+            breaker(&mut spec);
+            assert_eq!(fields(&spec), vec![field.to_string()], "case {i}: {field}");
+        }
+    }
+
+    #[test]
+    fn every_failure_is_reported_with_a_message_that_starts_with_its_field() {
+        let mut spec = minimal();
+        spec.workers = 0;
+        spec.tiles_per_worker = 5;
+        spec.training.batch_size = 0;
+        let errors = validate_spec(&spec).expect_err("invalid");
+        assert_eq!(errors.len(), 3, "{errors:?}");
+        for e in &errors {
+            assert!(e.to_string().starts_with(&e.field), "{e:?}");
+        }
+        assert_eq!(
+            errors[1].to_string(),
+            "spec.tilesPerWorker must be 1, 2, 4 or 8 (got 5)"
+        );
+    }
+}
