@@ -3,8 +3,9 @@
 //! the TCP data path unless `--data-path grpc`.
 //!
 //! Prints one JSON line per size with nccl-tests' definitions: algbw = bytes / time,
-//! busbw = algbw * 2 (n - 1) / n; bandwidths in GB/s where 1 GB = 1e9 bytes. Then one line
-//! `{"baseline":"tcp_stream","gbps":..}` (same unit).
+//! busbw = algbw * 2 (n - 1) / n; bandwidths in GB/s where 1 GB = 1e9 bytes; and `busbw_vs_tcp`, busbw over the
+//! baseline. Then one line `{"baseline":"tcp_stream","gbps":..}` (same unit): the mean of a raw TCP stream
+//! measured before and after the ranks ran (`gbps_before`, `gbps_after`).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -110,13 +111,51 @@ fn main() -> Result<()> {
 const MALLOC_TUNABLES: &str =
     "glibc.malloc.mmap_threshold=67108864:glibc.malloc.trim_threshold=1073741824";
 
-/// Spawns the ranks, then measures the TCP baseline.
+/// Measures the TCP baseline, runs the ranks, measures the baseline again (the machine's load drifts), then
+/// prints rank 0's lines with `busbw_vs_tcp` (busbw over the mean of the two baselines) and the baseline line.
 fn run_parent(args: &Args) -> Result<()> {
     let exe = std::env::current_exe().context("locating this binary")?;
+    let before = (!args.no_baseline)
+        .then(|| tcp_baseline(&exe, args.baseline_bytes))
+        .transpose()?;
+    let lines = run_ranks(args, &exe)?;
+    let after = (!args.no_baseline)
+        .then(|| tcp_baseline(&exe, args.baseline_bytes))
+        .transpose()?;
+    let baseline = before.zip(after).map(|(b, a)| (b + a) / 2.0);
+    for line in lines {
+        let mut value: serde_json::Value = serde_json::from_str(&line)
+            .with_context(|| format!("rank 0 printed a line that is not JSON: {line}"))?;
+        if let (Some(tcp), Some(busbw)) = (baseline, value["busbw_gbps"].as_f64()) {
+            value["busbw_vs_tcp"] = serde_json::json!(round3(busbw / tcp));
+        }
+        println!("{value}");
+    }
+    if let (Some(gbps), Some(before), Some(after)) = (baseline, before, after) {
+        println!(
+            "{}",
+            serde_json::json!({
+                "baseline": "tcp_stream",
+                "bytes": args.baseline_bytes,
+                "gbps": round3(gbps),
+                "gbps_before": round3(before),
+                "gbps_after": round3(after),
+            })
+        );
+    }
+    Ok(())
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+/// Spawns one process per rank and returns the JSON lines rank 0 printed.
+fn run_ranks(args: &Args, exe: &std::path::Path) -> Result<Vec<String>> {
     let master_port = free_port()?;
     let mut children: Vec<Child> = Vec::new();
     for rank in 0..args.ranks {
-        let mut cmd = Command::new(&exe);
+        let mut cmd = Command::new(exe);
         cmd.arg("--ranks")
             .arg(args.ranks.to_string())
             .arg("--sizes")
@@ -154,7 +193,7 @@ fn run_parent(args: &Args) -> Result<()> {
             cmd.env("GLIBC_TUNABLES", MALLOC_TUNABLES);
         }
         cmd.stdout(if rank == 0 {
-            Stdio::inherit()
+            Stdio::piped()
         } else {
             Stdio::null()
         });
@@ -162,6 +201,13 @@ fn run_parent(args: &Args) -> Result<()> {
             cmd.spawn()
                 .with_context(|| format!("spawning rank {rank}"))?,
         );
+    }
+    // Rank 0's few lines are read in full before waiting, so a full pipe never blocks it.
+    let mut out = String::new();
+    if let Some(stdout) = children.first_mut().and_then(|c| c.stdout.as_mut()) {
+        stdout
+            .read_to_string(&mut out)
+            .context("reading rank 0's output")?;
     }
     let mut failed = Vec::new();
     for (rank, child) in children.iter_mut().enumerate() {
@@ -175,14 +221,7 @@ fn run_parent(args: &Args) -> Result<()> {
     if !failed.is_empty() {
         bail!("ranks {failed:?} failed");
     }
-    if !args.no_baseline {
-        let gbps = tcp_baseline(&exe, args.baseline_bytes)?;
-        println!(
-            "{}",
-            serde_json::json!({"baseline": "tcp_stream", "bytes": args.baseline_bytes, "gbps": gbps})
-        );
-    }
-    Ok(())
+    Ok(out.lines().map(str::to_string).collect())
 }
 
 /// How this rank process's malloc is configured, for the JSON lines.

@@ -1,0 +1,59 @@
+//! `allreduce-bench` runs its ranks as processes and prints the JSON lines its README and notes rely on:
+//! one per size with nccl-tests' fields and the ratio to the TCP baseline, then the baseline itself.
+
+use std::process::Command;
+
+#[test]
+fn the_bench_prints_a_line_per_size_and_the_tcp_baseline() {
+    let out = Command::new(env!("CARGO_BIN_EXE_allreduce-bench"))
+        .args(["--ranks", "3", "--sizes", "4096,65540", "--iters", "2"])
+        .args(["--warmup", "1", "--baseline-bytes", "4194304"])
+        .output()
+        .expect("running allreduce-bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    for (line, bytes) in lines.iter().zip([4096, 65540]) {
+        assert_eq!(line["ranks"], 3);
+        assert_eq!(line["bytes"], bytes);
+        assert!(line["time_us"].as_f64().is_some_and(|v| v > 0.0), "{line}");
+        for field in ["algbw_gbps", "busbw_gbps", "busbw_vs_tcp"] {
+            assert!(
+                line[field].as_f64().is_some_and(|v| v >= 0.0),
+                "{field}: {line}"
+            );
+        }
+        // nccl-tests: busbw = algbw * 2 (n - 1) / n.
+        let (alg, bus) = (
+            line["algbw_gbps"].as_f64().unwrap(),
+            line["busbw_gbps"].as_f64().unwrap(),
+        );
+        assert!(
+            (bus - alg * 4.0 / 3.0).abs() <= 0.002 + bus * 0.01,
+            "{line}"
+        );
+    }
+    let baseline = &lines[2];
+    assert_eq!(baseline["baseline"], "tcp_stream");
+    for field in ["gbps", "gbps_before", "gbps_after"] {
+        assert!(
+            baseline[field].as_f64().is_some_and(|v| v > 0.0),
+            "{baseline}"
+        );
+    }
+}
+
+#[test]
+fn a_size_that_is_not_whole_floats_is_refused_by_name() {
+    let out = Command::new(env!("CARGO_BIN_EXE_allreduce-bench"))
+        .args(["--ranks", "2", "--sizes", "4097"])
+        .output()
+        .expect("running allreduce-bench");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--sizes: 4097"), "{stderr}");
+}
