@@ -16,6 +16,9 @@ pub const LABEL_JOB_NAME: &str = "rdu.dev/job-name";
 pub const LABEL_RANK: &str = "rdu.dev/rank";
 /// Label on every rank's pod with the gang generation (restart count) it belongs to.
 pub const LABEL_GENERATION: &str = "rdu.dev/generation";
+/// Pod annotation the device plugin sets to the tiles the pod holds (`rdu0-tile0,rdu0-tile1`); the operator
+/// copies it into `status.ranks[].tiles`.
+pub const TILES_ANNOTATION: &str = "rdu.dev/tiles";
 
 /// Port of the rendezvous served by rank 0.
 pub const MASTER_PORT: u16 = 29500;

@@ -82,6 +82,9 @@ if [[ $DRY_RUN == 0 ]]; then
     kubectl logs "$pod" || true
   done
   kubectl get rdujob "$JOB" -o jsonpath='{.status.result}'; echo
+  # The tiles each rank got, as the device plugin published them on its pod.
+  kubectl get pods -l "rdu.dev/job-name=$JOB" \
+    -o custom-columns='POD:.metadata.name,NODE:.spec.nodeName,TILES:.metadata.annotations.rdu\.dev/tiles'
   [[ "$phase" == Succeeded ]] || { echo "rdujob/$JOB ended $phase" >&2; exit 1; }
 else
   echo "+ kubectl logs <every pod labelled rdu.dev/job-name=$JOB>" >&2

@@ -1,6 +1,8 @@
 //! The Helm chart renders, its objects are accepted by the API server (server-side dry run), and its
-//! ClusterRole/Role grant exactly the operator's API use (COMMON contract), nothing more.
+//! ClusterRole/Role grant exactly the operator's API use (COMMON contract), nothing more, and the device plugin's
+//! role exactly the pod annotation it writes.
 
+use rdu_device_plugin::annotate::{KubeAnnotator, PodAnnotator};
 use rdu_e2e::{
     Components, ControlPlane, assets_or_skip, create_namespace, helm_template, install_crd, kubectl,
 };
@@ -24,9 +26,12 @@ fn grants(rules: &[(&str, &[&str], &[&str])]) -> Grants {
     set
 }
 
-fn rendered_grants(docs: &[Value], kind: &str) -> Grants {
+/// What the rendered `kind` objects named `name` grant.
+fn rendered_grants(docs: &[Value], kind: &str, name: &str) -> Grants {
     let mut set = Grants::new();
-    for doc in docs.iter().filter(|d| d["kind"].as_str() == Some(kind)) {
+    for doc in docs.iter().filter(|d| {
+        d["kind"].as_str() == Some(kind) && d["metadata"]["name"].as_str() == Some(name)
+    }) {
         for rule in doc["rules"].as_sequence().into_iter().flatten() {
             let strings = |key: &str| -> Vec<String> {
                 rule[key]
@@ -84,13 +89,32 @@ fn the_chart_grants_exactly_the_operators_api_use() {
             &["get"],
         ),
     ]);
-    assert_eq!(rendered_grants(&docs, "ClusterRole"), cluster);
+    assert_eq!(
+        rendered_grants(&docs, "ClusterRole", "rdu-rdu-operator"),
+        cluster
+    );
+    // The device plugin's own role: only writing pods' `rdu.dev/tiles` annotation.
+    assert_eq!(
+        rendered_grants(&docs, "ClusterRole", "rdu-rdu-operator-device-plugin"),
+        grants(&[("", &["pods"], &["patch"])])
+    );
+    let roles = docs
+        .iter()
+        .filter(|d| d["kind"].as_str().is_some_and(|k| k.ends_with("Role")))
+        .count();
+    assert_eq!(
+        roles, 3,
+        "the operator's ClusterRole and Role, the plugin's ClusterRole"
+    );
     let lease = grants(&[(
         "coordination.k8s.io",
         &["leases"],
         &["get", "create", "update"],
     )]);
-    assert_eq!(rendered_grants(&docs, "Role"), lease);
+    assert_eq!(
+        rendered_grants(&docs, "Role", "rdu-rdu-operator-leader-election"),
+        lease
+    );
     let role = docs
         .iter()
         .find(|d| d["kind"].as_str() == Some("Role"))
@@ -249,6 +273,87 @@ async fn the_charts_service_account_may_do_what_the_operator_does_and_no_more() 
         assert!(
             !can(verb, resource, namespace),
             "the operator must not be allowed to {verb} {resource} in {namespace}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_device_plugin_may_only_annotate_pods_and_its_annotator_works_under_that_role() {
+    let Some(assets) = assets_or_skip("device plugin service account") else {
+        return;
+    };
+    let plane = ControlPlane::start(&assets, Components::default())
+        .await
+        .expect("control plane");
+    install_crd(&plane).await.expect("CRD");
+    create_namespace(&plane, NAMESPACE)
+        .await
+        .expect("namespace");
+    create_namespace(&plane, "ml").await.expect("namespace");
+    let rendered = helm_template("rdu", NAMESPACE, &[]).expect("helm template");
+    kubectl(
+        &plane,
+        &["apply", "--server-side", "-f", "-"],
+        Some(&rendered),
+    )
+    .expect("chart applies");
+    let pod = r#"{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "mnist-worker-0", "namespace": "ml"},
+        "spec": {"containers": [{"name": "worker", "image": "rdu-worker"}]}}"#;
+    kubectl(&plane, &["apply", "-f", "-"], Some(pod)).expect("a rank pod");
+
+    let account = "rdu-rdu-operator-device-plugin";
+    let token = rdu_e2e::service_account_token(&plane, NAMESPACE, account).expect("token");
+    let kubeconfig = plane
+        .write_kubeconfig("plugin", account, &token, NAMESPACE)
+        .expect("kubeconfig");
+    let client = rdu_e2e::kubeconfig::client(&kubeconfig)
+        .await
+        .expect("client");
+    let annotator = KubeAnnotator::new(client);
+    annotator
+        .annotate("ml", "mnist-worker-0", "rdu0-tile0,rdu0-tile1")
+        .await
+        .expect("the plugin's role allows the annotation");
+    annotator
+        .annotate("ml", "mnist-worker-0", "rdu2-tile0,rdu2-tile1")
+        .await
+        .expect("and rewriting it");
+    let written = kubectl(
+        &plane,
+        &[
+            "get",
+            "pod",
+            "mnist-worker-0",
+            "-n",
+            "ml",
+            "-o",
+            "jsonpath={.metadata.annotations.rdu\\.dev/tiles}",
+        ],
+        None,
+    )
+    .expect("read back");
+    assert_eq!(written.trim(), "rdu2-tile0,rdu2-tile1");
+
+    let can = |verb: &str, resource: &str| -> bool {
+        let out = rdu_e2e::kubectl_in(
+            &kubeconfig,
+            &["auth", "can-i", verb, resource, "-n", "ml"],
+            None,
+        )
+        .expect("kubectl");
+        String::from_utf8_lossy(&out.stdout).trim() == "yes"
+    };
+    assert!(can("patch", "pods"));
+    for (verb, resource) in [
+        ("get", "pods"),
+        ("delete", "pods"),
+        ("create", "pods"),
+        ("get", "secrets"),
+        ("patch", "rdujobs.rdu.dev"),
+    ] {
+        assert!(
+            !can(verb, resource),
+            "the device plugin must not be allowed to {verb} {resource}"
         );
     }
 }

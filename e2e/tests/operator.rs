@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use rdu_crds::RduJob;
+use rdu_device_plugin::annotate::{KubeAnnotator, PodAnnotator};
 use rdu_e2e::{
     Components, ControlPlane, assets_or_skip, create_namespace, helm_template, install_crd,
     kubectl, operator_binary, poll_until, ports::free_port, service_account_token,
@@ -280,6 +281,23 @@ async fn the_operator_runs_the_job_lifecycle_under_the_charts_rbac() {
     // All exit 0, rank 0 with its result -> Succeeded, result copied.
     report_all(&pods, &names, "Running", None).await;
     wait_phase(&plane, &jobs, "life", "Running").await;
+
+    // The device plugin publishes a rank's tiles on its pod; the operator reports them per rank.
+    KubeAnnotator::new(client.clone())
+        .annotate(JOBS, "life-worker-2", "rdu1-tile0,rdu1-tile1")
+        .await
+        .expect("annotate as the device plugin does");
+    poll_until("rank 2's tiles in status", TIMEOUT, || async {
+        let s = status(&jobs, "life").await?;
+        if s["ranks"][2]["tiles"] == json!(["rdu1-tile0", "rdu1-tile1"]) {
+            Ok(())
+        } else {
+            Err(s["ranks"][2].to_string())
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", plane.log_tail("rdu-operator", 40)));
+
     for name in &names {
         let message = (name == "life-worker-0").then_some(RESULT);
         report(&pods, name, "Succeeded", Some(0), message).await;

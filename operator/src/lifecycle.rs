@@ -61,6 +61,8 @@ struct PodView {
     rank: u32,
     generation: u32,
     node: Option<String>,
+    /// The tiles the device plugin published on the pod (`rdu.dev/tiles`), empty until it has.
+    tiles: Vec<String>,
     terminating: bool,
     state: PodState,
 }
@@ -120,6 +122,19 @@ impl PodView {
             rank,
             generation,
             node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+            tiles: pod
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(consts::TILES_ANNOTATION))
+                .map(|v| {
+                    v.split(',')
+                        .map(str::trim)
+                        .filter(|t| !t.is_empty())
+                        .map(String::from)
+                        .collect()
+                })
+                .unwrap_or_default(),
             terminating: pod.metadata.deletion_timestamp.is_some(),
             state,
         })
@@ -574,7 +589,7 @@ impl Step<'_> {
                 rank: p.rank,
                 pod: p.name.clone(),
                 node: p.node.clone(),
-                tiles: Vec::new(),
+                tiles: p.tiles.clone(),
             })
             .collect();
         ranks.sort_by_key(|r| r.rank);

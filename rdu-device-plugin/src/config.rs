@@ -32,6 +32,11 @@ pub enum ConfigError {
         "--status-addr / statusAddr `{value}` is not HOST:PORT (e.g. 0.0.0.0:9464, or `off`): {reason}"
     )]
     StatusAddr { value: String, reason: String },
+    #[error(
+        "--annotate-pods / annotatePods learns each pod's tiles from the kubelet's pod-resources API: set \
+         --pod-resources-socket to its socket, or drop --annotate-pods"
+    )]
+    AnnotateWithoutPodResources,
 }
 
 /// The flags of the `rdu-device-plugin` binary; any flag set wins over the config file.
@@ -42,7 +47,7 @@ pub enum ConfigError {
 )]
 pub struct Flags {
     /// YAML config file (camelCase keys: devicePluginDir, rdusPerNode, tilesPerRdu, resourceMode, nodeName,
-    /// healthFile, statusAddr, checkpointFile, podResourcesSocket).
+    /// healthFile, statusAddr, checkpointFile, podResourcesSocket, annotatePods).
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Directory of kubelet.sock and the plugin's socket [default: /var/lib/kubelet/device-plugins].
@@ -74,6 +79,10 @@ pub struct Flags {
     /// [default: /var/lib/kubelet/pod-resources/kubelet.sock].
     #[arg(long)]
     pub pod_resources_socket: Option<PathBuf>,
+    /// Write each pod's tiles on the pod as the annotation `rdu.dev/tiles` (the operator reports them in
+    /// status.ranks[].tiles); needs the pod-resources socket and API access to patch pods.
+    #[arg(long)]
+    pub annotate_pods: bool,
 }
 
 /// The YAML config file.
@@ -89,6 +98,7 @@ pub struct FileConfig {
     pub status_addr: Option<String>,
     pub checkpoint_file: Option<PathBuf>,
     pub pod_resources_socket: Option<PathBuf>,
+    pub annotate_pods: Option<bool>,
 }
 
 /// The resolved configuration.
@@ -103,6 +113,8 @@ pub struct PluginConfig {
     pub checkpoint_file: PathBuf,
     /// `None` when reading pod resources is off.
     pub pod_resources_socket: Option<PathBuf>,
+    /// Publish each pod's tiles as the `rdu.dev/tiles` annotation.
+    pub annotate_pods: bool,
 }
 
 impl FileConfig {
@@ -148,6 +160,18 @@ impl PluginConfig {
                 }
             })?)
         };
+        let pod_resources_socket = Some(
+            flags
+                .pod_resources_socket
+                .clone()
+                .or(file.pod_resources_socket)
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_POD_RESOURCES_SOCKET)),
+        )
+        .filter(|p| p.as_os_str() != "off");
+        let annotate_pods = flags.annotate_pods || file.annotate_pods.unwrap_or(false);
+        if annotate_pods && pod_resources_socket.is_none() {
+            return Err(ConfigError::AnnotateWithoutPodResources);
+        }
         Ok(PluginConfig {
             device_plugin_dir: flags
                 .device_plugin_dir
@@ -167,14 +191,8 @@ impl PluginConfig {
                 .clone()
                 .or(file.checkpoint_file)
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_CHECKPOINT_FILE)),
-            pod_resources_socket: Some(
-                flags
-                    .pod_resources_socket
-                    .clone()
-                    .or(file.pod_resources_socket)
-                    .unwrap_or_else(|| PathBuf::from(DEFAULT_POD_RESOURCES_SOCKET)),
-            )
-            .filter(|p| p.as_os_str() != "off"),
+            pod_resources_socket,
+            annotate_pods,
         })
     }
 }
@@ -224,6 +242,27 @@ mod tests {
         assert_eq!(config.resource_mode, ResourceMode::Rdu);
         assert_eq!(config.status_addr, None);
         assert_eq!(config.pod_resources_socket, None);
+    }
+
+    #[test]
+    fn annotating_pods_needs_the_pod_resources_socket() {
+        let on = Flags::try_parse_from(["rdu-device-plugin", "--annotate-pods"]).unwrap();
+        assert!(PluginConfig::resolve(&on).unwrap().annotate_pods);
+        let off = Flags::try_parse_from([
+            "rdu-device-plugin",
+            "--annotate-pods",
+            "--pod-resources-socket",
+            "off",
+        ])
+        .unwrap();
+        let err = PluginConfig::resolve(&off).unwrap_err().to_string();
+        assert!(err.contains("--pod-resources-socket"), "{err}");
+        let file: FileConfig = serde_yaml_ng::from_str("annotatePods: true").unwrap();
+        assert!(
+            PluginConfig::merge(&Flags::default(), file)
+                .unwrap()
+                .annotate_pods
+        );
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! - [`kubelet_double`]: a kubelet for tests and benchmarks.
 
 pub mod affinity;
+pub mod annotate;
 pub mod checkpoint;
 pub mod config;
 pub mod health;

@@ -2,6 +2,7 @@
 
 use anyhow::Context;
 use clap::Parser;
+use rdu_device_plugin::annotate::{KubeAnnotator, TilePublisher};
 use rdu_device_plugin::config::{Flags, PluginConfig};
 use rdu_device_plugin::health::watch_health_file;
 use rdu_device_plugin::node::TileNode;
@@ -56,12 +57,21 @@ async fn main() -> anyhow::Result<()> {
         None => None,
     };
 
+    let publisher = if config.annotate_pods {
+        let client = kube::Client::try_default().await.context(
+            "--annotate-pods needs API access (the in-cluster service account or a kubeconfig)",
+        )?;
+        Some(TilePublisher::new(Box::new(KubeAnnotator::new(client))))
+    } else {
+        None
+    };
     let _pod_resources = config.pod_resources_socket.clone().map(|socket| {
         spawn_pod_resources_poller(
             node.clone(),
             socket,
             POD_RESOURCES_INTERVAL,
             POD_RESOURCES_GRACE,
+            publisher,
         )
     });
 

@@ -2,6 +2,7 @@
 //! /var/lib/kubelet/pod-resources/kubelet.sock): fills in pod and rank in the tile status, and frees tiles
 //! of pods that are gone (the device plugin API never tells a plugin about frees).
 
+use crate::annotate::TilePublisher;
 use crate::node::TileNode;
 use crate::podresources_api::ListPodResourcesRequest;
 use crate::podresources_api::pod_resources_lister_client::PodResourcesListerClient;
@@ -82,12 +83,14 @@ pub async fn list_pod_devices(
 }
 
 /// Polls the pod-resources API every `interval` and reconciles the node's allocations with it; tiles
-/// allocated less than `grace` ago are kept even when no pod lists them yet.
+/// allocated less than `grace` ago are kept even when no pod lists them yet. With a `publisher`, each pod's
+/// tiles are also written on the pod as the `rdu.dev/tiles` annotation.
 pub fn spawn_pod_resources_poller(
     node: Arc<TileNode>,
     socket: PathBuf,
     interval: Duration,
     grace: Duration,
+    mut publisher: Option<TilePublisher>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut ticker = tokio::time::interval(interval);
@@ -106,6 +109,11 @@ pub fn spawn_pod_resources_poller(
                             pods = pods.len(),
                             "allocations reconciled with the kubelet's pod resources"
                         );
+                    }
+                    if let Some(publisher) = publisher.as_mut()
+                        && let Err(e) = publisher.publish(&pods).await
+                    {
+                        tracing::warn!(error = %e, "cannot publish a pod's tiles; retrying at the next poll");
                     }
                 }
                 Err(e) if !warned => {

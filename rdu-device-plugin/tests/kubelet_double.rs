@@ -1,6 +1,7 @@
 //! The device plugin against an in-process kubelet double on temporary unix sockets: registration,
 //! re-registration after a kubelet restart, ListAndWatch health updates, preferred allocation, Allocate.
 
+use rdu_device_plugin::annotate::{AnnotateError, PodAnnotator, TilePublisher};
 use rdu_device_plugin::api::device_plugin_client::DevicePluginClient;
 use rdu_device_plugin::api::{
     AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest, Empty,
@@ -20,6 +21,25 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tonic::Streaming;
 use tonic::transport::Channel;
+
+/// Records the pod annotations the plugin writes, as `namespace/name=tiles`.
+#[derive(Clone, Default)]
+struct Annotations(Arc<std::sync::Mutex<Vec<String>>>);
+
+impl PodAnnotator for Annotations {
+    fn annotate<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+        tiles: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<(), AnnotateError>> {
+        self.0
+            .lock()
+            .unwrap()
+            .push(format!("{namespace}/{name}={tiles}"));
+        Box::pin(async { Ok(()) })
+    }
+}
 
 /// Upper bound for anything to happen; tests poll, never sleep.
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -546,11 +566,13 @@ async fn pod_resources_name_the_pod_and_rank_and_free_ended_pods() {
         ),
         ("ml", "other", "example.com/gpu", &["gpu0"]),
     ]);
+    let annotations = Annotations::default();
     let _poller = spawn_pod_resources_poller(
         plugin.node.clone(),
         pod_resources_socket,
         Duration::from_millis(20),
         Duration::ZERO,
+        Some(TilePublisher::new(Box::new(annotations.clone()))),
     );
     let status = until_status(&plugin.node, |s| {
         s.tiles[4].pod.is_some() && s.tiles[5].pod.is_some()
@@ -559,6 +581,16 @@ async fn pod_resources_name_the_pod_and_rank_and_free_ended_pods() {
     assert_eq!(status.tiles[4].pod.as_deref(), Some("ml/mnist-worker-3"));
     assert_eq!(status.tiles[5].rank, Some(3));
     assert_eq!(status.tiles_allocated, 2);
+    // The pod's tiles are published on it, once, for the operator's status.ranks[].tiles.
+    let started = std::time::Instant::now();
+    while annotations.0.lock().unwrap().is_empty() {
+        assert!(started.elapsed() < DEADLINE, "no annotation written");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        annotations.0.lock().unwrap().clone(),
+        vec!["ml/mnist-worker-3=rdu1-tile0,rdu1-tile1".to_string()]
+    );
     // The pod ends: the kubelet no longer lists it and its tiles are free again.
     lister.set_pods(&[]);
     until_status(&plugin.node, |s| s.tiles_allocated == 0).await;

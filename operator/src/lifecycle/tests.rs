@@ -172,6 +172,22 @@ fn only_missing_ranks_are_created_and_created_condition_waits_for_all() {
 }
 
 #[test]
+fn ranks_report_the_tiles_the_device_plugin_published_on_their_pods() {
+    let j = with_status(job("mnist", None, 2), JobPhase::Pending, 0, &[0, 1]);
+    let mut observed = pods(&[p(0, 0, "Running"), p(1, 0, "Running")]);
+    observed[1].metadata.annotations = Some(
+        [(
+            consts::TILES_ANNOTATION.to_string(),
+            "rdu6-tile0, rdu6-tile1,".to_string(),
+        )]
+        .into(),
+    );
+    let d = decide(&j, &observed, at(2));
+    assert!(d.status.ranks[0].tiles.is_empty(), "not yet published");
+    assert_eq!(d.status.ranks[1].tiles, vec!["rdu6-tile0", "rdu6-tile1"]);
+}
+
+#[test]
 fn all_ranks_running_moves_to_running_with_counts() {
     let j = with_status(job("mnist", None, 2), JobPhase::Pending, 0, &[0, 1]);
     let d = decide(&j, &pods(&[p(0, 0, "Running"), p(1, 0, "Running")]), at(2));
