@@ -201,6 +201,21 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_spec_breaking_the_crd_rules_is_refused_naming_its_field() {
+        let bad = crate::test_fixtures::MINIMAL.replace("batchSize: 8", "batchSize: 0");
+        match read(&vars(&bad)) {
+            Err(WorkerError::Config { field, reason }) => {
+                assert_eq!(field, env::JOB_SPEC);
+                assert!(
+                    reason.contains("spec.training.batchSize must be at least 1"),
+                    "{reason}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
     fn tiles_come_from_the_mask_then_the_list_then_the_spec() {
         assert_eq!(tile_count(Some("0x0000000f"), Some("a,b"), 1).unwrap(), 4);
         assert_eq!(
