@@ -30,8 +30,11 @@ pub fn run(get: impl Fn(&str) -> Option<String>) -> i32 {
     };
     let span = tracing::info_span!("worker", rank = env.rank, job = %env.job_name);
     let _entered = span.enter();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    // One thread for the collective and its socket readers: the rank's compute runs on its tile threads, and on
+    // small hosts extra runtime threads only contend with them and with the peer ranks (allreduce-bench, 2 ranks
+    // x 16 MiB: 2.0-2.8 GB/s single-threaded against 1.6-2.1 GB/s with 2 runtime threads per rank; a 7 MB
+    // gradient at 2 ranks trained 7.8-8.1k samples/s against 6.1-7.0k).
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {

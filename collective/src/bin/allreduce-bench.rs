@@ -51,12 +51,12 @@ struct Args {
     /// Bytes sent over the raw TCP baseline stream.
     #[arg(long, default_value_t = 1 << 30)]
     baseline_bytes: u64,
-    /// Tokio worker threads per rank process (0: tokio's default, one per core).
+    /// Run each rank on tokio's multi-thread runtime instead of the single-threaded one `rdu-worker` uses.
+    #[arg(long)]
+    multi_thread: bool,
+    /// With --multi-thread: worker threads per rank process (0: tokio's default, one per core).
     #[arg(long, default_value_t = 0)]
     worker_threads: usize,
-    /// Run each rank on a single-threaded tokio runtime instead.
-    #[arg(long)]
-    current_thread: bool,
     /// Ranks per fake node (node = rank / this); groups ranks for `hierarchical`.
     #[arg(long, default_value_t = 1)]
     ranks_per_node: u32,
@@ -178,8 +178,8 @@ fn run_ranks(args: &Args, exe: &std::path::Path) -> Result<Vec<String>> {
             .arg(args.ranks_per_node.to_string())
             .arg("--worker-threads")
             .arg(args.worker_threads.to_string());
-        if args.current_thread {
-            cmd.arg("--current-thread");
+        if args.multi_thread {
+            cmd.arg("--multi-thread");
         }
         cmd.arg("--rank")
             .arg(rank.to_string())
@@ -288,7 +288,7 @@ fn run_rank(
     algorithm: Algorithm,
     data_path: DataPath,
 ) -> Result<()> {
-    let runtime = if args.current_thread {
+    let runtime = if !args.multi_thread {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -352,6 +352,7 @@ fn run_rank(
                         "ranks_per_node": args.ranks_per_node.max(1),
                         "iters": iters,
                         "malloc": malloc_label(),
+                        "runtime": if args.multi_thread { "multi_thread" } else { "current_thread" },
                         "time_us": (secs * 1e6 * 10.0).round() / 10.0,
                         "algbw_gbps": (algbw * 1000.0).round() / 1000.0,
                         "busbw_gbps": (busbw * 1000.0).round() / 1000.0,
