@@ -8,6 +8,7 @@ use rdu_e2e::{
 };
 use serde_yaml_ng::Value;
 use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
 
 const NAMESPACE: &str = "rdu-system";
 
@@ -187,11 +188,10 @@ async fn the_rendered_chart_is_accepted_by_the_api_server() {
     }
 }
 
-#[tokio::test]
-async fn the_charts_service_account_may_do_what_the_operator_does_and_no_more() {
-    let Some(assets) = assets_or_skip("chart service account") else {
-        return;
-    };
+/// A control plane with the CRD, the namespaces `rdu-system` and `ml`, and the chart applied; `None` when the
+/// control-plane binaries are missing and not required.
+async fn plane_with_chart(test: &str) -> Option<ControlPlane> {
+    let assets = assets_or_skip(test)?;
     let plane = ControlPlane::start(&assets, Components::default())
         .await
         .expect("control plane");
@@ -207,22 +207,38 @@ async fn the_charts_service_account_may_do_what_the_operator_does_and_no_more() 
         Some(&rendered),
     )
     .expect("chart applies");
-    let token =
-        rdu_e2e::service_account_token(&plane, NAMESPACE, "rdu-rdu-operator").expect("token");
-    let kubeconfig = plane
-        .write_kubeconfig("sa", "rdu-operator-sa", &token, NAMESPACE)
-        .expect("kubeconfig");
-    // `kind/status` would name an object called "status": subresources go through --subresource.
-    let can = |verb: &str, resource: &str, namespace: &str| -> bool {
-        let (resource, subresource) = resource.split_once('/').unwrap_or((resource, ""));
-        let subresource = format!("--subresource={subresource}");
-        let mut args = vec!["auth", "can-i", verb, resource, "-n", namespace];
-        if subresource != "--subresource=" {
-            args.push(&subresource);
-        }
-        let out = rdu_e2e::kubectl_in(&kubeconfig, &args, None).expect("kubectl");
-        String::from_utf8_lossy(&out.stdout).trim() == "yes"
+    Some(plane)
+}
+
+/// A kubeconfig authenticating as the chart's ServiceAccount `account`.
+fn account_kubeconfig(plane: &ControlPlane, account: &str) -> PathBuf {
+    let token = rdu_e2e::service_account_token(plane, NAMESPACE, account).expect("token");
+    plane
+        .write_kubeconfig(account, account, &token, NAMESPACE)
+        .expect("kubeconfig")
+}
+
+/// `kubectl auth can-i` as the kubeconfig's user; `kind/status` style resources are asked as a subresource
+/// (as one argument they would name an object called "status").
+fn can_i(kubeconfig: &Path, verb: &str, resource: &str, namespace: &str) -> bool {
+    let (resource, subresource) = match resource.split_once('/') {
+        Some((resource, sub)) => (resource, Some(format!("--subresource={sub}"))),
+        None => (resource, None),
     };
+    let mut args = vec!["auth", "can-i", verb, resource, "-n", namespace];
+    args.extend(subresource.as_deref());
+    let out = rdu_e2e::kubectl_in(kubeconfig, &args, None).expect("kubectl");
+    String::from_utf8_lossy(&out.stdout).trim() == "yes"
+}
+
+#[tokio::test]
+async fn the_charts_service_account_may_do_what_the_operator_does_and_no_more() {
+    let Some(plane) = plane_with_chart("chart service account").await else {
+        return;
+    };
+    let kubeconfig = account_kubeconfig(&plane, "rdu-rdu-operator");
+    let can =
+        |verb: &str, resource: &str, namespace: &str| can_i(&kubeconfig, verb, resource, namespace);
     for (verb, resource) in [
         ("watch", "rdujobs.rdu.dev"),
         ("patch", "rdujobs.rdu.dev/status"),
@@ -279,33 +295,14 @@ async fn the_charts_service_account_may_do_what_the_operator_does_and_no_more() 
 
 #[tokio::test]
 async fn the_device_plugin_may_only_annotate_pods_and_its_annotator_works_under_that_role() {
-    let Some(assets) = assets_or_skip("device plugin service account") else {
+    let Some(plane) = plane_with_chart("device plugin service account").await else {
         return;
     };
-    let plane = ControlPlane::start(&assets, Components::default())
-        .await
-        .expect("control plane");
-    install_crd(&plane).await.expect("CRD");
-    create_namespace(&plane, NAMESPACE)
-        .await
-        .expect("namespace");
-    create_namespace(&plane, "ml").await.expect("namespace");
-    let rendered = helm_template("rdu", NAMESPACE, &[]).expect("helm template");
-    kubectl(
-        &plane,
-        &["apply", "--server-side", "-f", "-"],
-        Some(&rendered),
-    )
-    .expect("chart applies");
     let pod = r#"{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "mnist-worker-0", "namespace": "ml"},
         "spec": {"containers": [{"name": "worker", "image": "rdu-worker"}]}}"#;
     kubectl(&plane, &["apply", "-f", "-"], Some(pod)).expect("a rank pod");
 
-    let account = "rdu-rdu-operator-device-plugin";
-    let token = rdu_e2e::service_account_token(&plane, NAMESPACE, account).expect("token");
-    let kubeconfig = plane
-        .write_kubeconfig("plugin", account, &token, NAMESPACE)
-        .expect("kubeconfig");
+    let kubeconfig = account_kubeconfig(&plane, "rdu-rdu-operator-device-plugin");
     let client = rdu_e2e::kubeconfig::client(&kubeconfig)
         .await
         .expect("client");
@@ -334,15 +331,7 @@ async fn the_device_plugin_may_only_annotate_pods_and_its_annotator_works_under_
     .expect("read back");
     assert_eq!(written.trim(), "rdu2-tile0,rdu2-tile1");
 
-    let can = |verb: &str, resource: &str| -> bool {
-        let out = rdu_e2e::kubectl_in(
-            &kubeconfig,
-            &["auth", "can-i", verb, resource, "-n", "ml"],
-            None,
-        )
-        .expect("kubectl");
-        String::from_utf8_lossy(&out.stdout).trim() == "yes"
-    };
+    let can = |verb: &str, resource: &str| can_i(&kubeconfig, verb, resource, "ml");
     assert!(can("patch", "pods"));
     for (verb, resource) in [
         ("get", "pods"),
