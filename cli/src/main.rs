@@ -69,7 +69,7 @@ fn main() {
     let code = match cli.command {
         Command::Worker => {
             rdu_worker::single_threaded_gemm();
-            init_worker_logs();
+            rdu_worker::init_logs();
             rdu_worker::run_from_process_env()
         }
         Command::Run { file, workers } => {
@@ -81,7 +81,7 @@ fn main() {
             repeat,
         } => with_runtime(|| async move { bench::run(&file, &ranks, repeat).await }),
         Command::Compile { file, out } => {
-            init_worker_logs();
+            rdu_worker::init_logs();
             rdu_worker::pef::compile_file(&file, &out)
         }
         Command::Tilestat { url } => with_runtime(|| async move {
@@ -122,16 +122,4 @@ where
             e.exit_code()
         }
     }
-}
-
-/// A rank's logs: plain text on stderr (the parent prefixes each line with the rank).
-fn init_worker_logs() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .init();
 }

@@ -23,6 +23,19 @@ pub mod train;
 pub use error::WorkerError;
 pub use run::{run, run_from_process_env};
 
+/// A rank's logs: plain text on stderr, `RUST_LOG` or `info` (local mode prefixes each line with the rank;
+/// in a pod, `kubectl logs` shows them as they are).
+pub fn init_logs() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+}
+
 /// The env var that sizes matrixmultiply's own thread pool (read once, at the first sgemm).
 const GEMM_THREADS_VAR: &str = "MATMUL_NUM_THREADS";
 

@@ -26,14 +26,7 @@ enum Command {
 fn main() {
     rdu_worker::single_threaded_gemm();
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .init();
+    rdu_worker::init_logs();
     let code = match cli.command {
         Command::Run => rdu_worker::run_from_process_env(),
         Command::Compile { file, out } => rdu_worker::pef::compile_file(&file, &out),

@@ -2,7 +2,10 @@
 //! f32 buffer (so the gradient is one contiguous buffer to all-reduce). Forward and backward use
 //! `matrixmultiply::sgemm`; a batch is split across the rank's tiles, one compute thread per tile.
 
+use rdu_crds::ModelSpec;
+
 use crate::buckets::{self, Bucket};
+use crate::data::Splits;
 use crate::rng::Rng;
 
 const INIT_STREAM: u64 = 0x1417;
@@ -38,6 +41,12 @@ impl BatchStats {
 }
 
 impl Mlp {
+    /// The job's model: `spec.model.hiddenSizes` between the data's input width and its number of classes.
+    pub fn for_job(model: &ModelSpec, splits: &Splits) -> Mlp {
+        let hidden: Vec<usize> = model.hidden_sizes.iter().map(|&h| h as usize).collect();
+        Mlp::new(splits.train.dim, &hidden, splits.classes)
+    }
+
     pub fn new(input: usize, hidden: &[usize], classes: usize) -> Mlp {
         let mut sizes = vec![input];
         sizes.extend_from_slice(hidden);

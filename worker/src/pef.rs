@@ -52,13 +52,7 @@ impl Pef {
 /// The model's layer widths for `spec`, taking input size and classes from the data when omitted.
 pub fn model_for(spec: &RduJobSpec, base_dir: &Path) -> Result<Mlp, WorkerError> {
     let splits = data::load(&spec.data, &spec.model, base_dir)?;
-    let hidden: Vec<usize> = spec
-        .model
-        .hidden_sizes
-        .iter()
-        .map(|&h| h as usize)
-        .collect();
-    Ok(Mlp::new(splits.train.dim, &hidden, splits.classes))
+    Ok(Mlp::for_job(&spec.model, &splits))
 }
 
 /// Compiles `spec` (data read relative to `base_dir`); `spec.compile.minWorldSize` (1 without a
@@ -161,13 +155,7 @@ pub fn check_job(spec: &RduJobSpec, splits: &Splits, world_size: u32) -> Result<
         return Ok(());
     };
     let pef = read(Path::new(path))?;
-    let hidden: Vec<usize> = spec
-        .model
-        .hidden_sizes
-        .iter()
-        .map(|&h| h as usize)
-        .collect();
-    let model = Mlp::new(splits.train.dim, &hidden, splits.classes);
+    let model = Mlp::for_job(&spec.model, splits);
     check_run(&pef, &model, spec, world_size)?;
     tracing::info!(pef = %path, checksum = %pef.checksum, "running the compiled PEF");
     Ok(())

@@ -73,13 +73,7 @@ pub async fn train(
     splits: &Splits,
 ) -> Result<TrainOutcome, WorkerError> {
     let spec = &env.spec;
-    let hidden: Vec<usize> = spec
-        .model
-        .hidden_sizes
-        .iter()
-        .map(|&h| h as usize)
-        .collect();
-    let model = Mlp::new(splits.train.dim, &hidden, splits.classes);
+    let model = Mlp::for_job(&spec.model, splits);
     let sampler = DistributedSampler {
         dataset_len: splits.train.len(),
         world_size: env.world_size as usize,
