@@ -125,17 +125,9 @@ fn the_chart_grants_exactly_the_operators_api_use() {
 
 #[tokio::test]
 async fn the_rendered_chart_is_accepted_by_the_api_server() {
-    let Some(assets) = assets_or_skip("chart dry run") else {
+    let Some(plane) = plane_with_namespaces("chart dry run").await else {
         return;
     };
-    let plane = ControlPlane::start(&assets, Components::default())
-        .await
-        .expect("control plane");
-    install_crd(&plane).await.expect("CRD");
-    create_namespace(&plane, NAMESPACE)
-        .await
-        .expect("namespace");
-    create_namespace(&plane, "ml").await.expect("namespace");
 
     let kind_values = rdu_e2e::workspace_root().join("e2e/kind/values.yaml");
     let kind_values = kind_values.display().to_string();
@@ -188,9 +180,9 @@ async fn the_rendered_chart_is_accepted_by_the_api_server() {
     }
 }
 
-/// A control plane with the CRD, the namespaces `rdu-system` and `ml`, and the chart applied; `None` when the
-/// control-plane binaries are missing and not required.
-async fn plane_with_chart(test: &str) -> Option<ControlPlane> {
+/// A control plane with the CRD and the namespaces `rdu-system` and `ml`; `None` when the control-plane
+/// binaries are missing and not required.
+async fn plane_with_namespaces(test: &str) -> Option<ControlPlane> {
     let assets = assets_or_skip(test)?;
     let plane = ControlPlane::start(&assets, Components::default())
         .await
@@ -200,6 +192,12 @@ async fn plane_with_chart(test: &str) -> Option<ControlPlane> {
         .await
         .expect("namespace");
     create_namespace(&plane, "ml").await.expect("namespace");
+    Some(plane)
+}
+
+/// [`plane_with_namespaces`] with the chart applied.
+async fn plane_with_chart(test: &str) -> Option<ControlPlane> {
+    let plane = plane_with_namespaces(test).await?;
     let rendered = helm_template("rdu", NAMESPACE, &[]).expect("helm template");
     kubectl(
         &plane,
