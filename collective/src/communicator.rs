@@ -16,6 +16,7 @@ use crate::config::{Algorithm, CommConfig, DataPath, PeerInfo, host_port, listen
 use crate::engine::{self, Wire};
 use crate::error::CollectiveError;
 use crate::fault::FailState;
+use crate::inbox::Inbox;
 use crate::kernels::BufferPool;
 use crate::link::Link;
 use crate::net;
@@ -24,7 +25,7 @@ use crate::proto::collective_client::CollectiveClient;
 use crate::rendezvous::{self, RendezvousService, RendezvousTable};
 use crate::tcp::{self, DataPort};
 use crate::topology::{Plan, Topology};
-use crate::transport::{CollectiveService, InboundRouter, Inbox};
+use crate::transport::{CollectiveService, InboundRouter};
 
 /// Idle send buffers kept for reuse (about what is in flight: link queues plus windows).
 const POOLED_BUFFERS: usize = 32;
@@ -164,7 +165,6 @@ impl Communicator {
         let data_port = DataPort::new(
             router.clone(),
             RequireToken::new(&cfg.identity.token),
-            cfg.chunk_elems() * 4,
             cfg.timeout,
         );
         let connections = {

@@ -6,16 +6,14 @@ use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use bytes::Bytes;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::error::CollectiveError;
 use crate::fault::FailState;
-use crate::kernels::{add_from_le, copy_from_le};
+use crate::inbox::{Apply, Inbox, InboxError};
 use crate::link::{ChunkId, Link};
 use crate::segments::ChunkGrid;
-use crate::transport::{Inbox, InboxError};
 
 /// Chunks sent to a root to be reduced there.
 pub(crate) const PHASE_GATHER: u32 = 1;
@@ -53,14 +51,17 @@ impl Wire<'_> {
         }
     }
 
-    async fn send(
-        &self,
-        dst: u32,
-        phase: u32,
-        segment: usize,
-        chunk: usize,
-        values: &[f32],
-    ) -> Result<(), CollectiveError> {
+    /// This operation's name for chunk `chunk` of `segment` in `phase`.
+    fn id(&self, phase: u32, segment: usize, chunk: usize) -> ChunkId {
+        ChunkId {
+            op_id: self.op_id,
+            phase,
+            segment: segment as u32,
+            chunk: chunk as u32,
+        }
+    }
+
+    async fn send(&self, dst: u32, id: ChunkId, values: &[f32]) -> Result<(), CollectiveError> {
         let link = self
             .links
             .get(dst as usize)
@@ -69,56 +70,31 @@ impl Wire<'_> {
                 rank: dst,
                 reason: "no link to this rank".into(),
             })?;
-        let id = ChunkId {
-            op_id: self.op_id,
-            phase,
-            segment: segment as u32,
-            chunk: chunk as u32,
-        };
         self.bounded(link.send(id, values)).await
     }
 
-    /// Receives the next chunk from `src`, which must be exactly the expected one.
+    /// Receives the next chunk from `src`, which must be exactly the expected one with
+    /// `dst.len()` values, and applies it to `dst`.
     async fn recv(
         &self,
         inbox: &mut Inbox,
         src: u32,
-        phase: u32,
-        segment: usize,
-        chunk: usize,
-        elems: usize,
-    ) -> Result<Bytes, CollectiveError> {
-        let message = self
-            .bounded(async {
-                inbox.next(self.generation).await.map_err(|e| match e {
+        expected: ChunkId,
+        dst: &mut [f32],
+        apply: Apply,
+    ) -> Result<(), CollectiveError> {
+        self.bounded(async {
+            inbox
+                .receive(self.generation, expected, dst, apply)
+                .await
+                .map_err(|e| match e {
                     InboxError::Lost(reason) => CollectiveError::PeerLost { rank: src, reason },
                     InboxError::Violation(reason) => {
                         CollectiveError::Protocol { rank: src, reason }
                     }
                 })
-            })
-            .await?;
-        let expected = (self.op_id, phase, segment as u32, chunk as u32);
-        let got = (message.op_id, message.phase, message.segment, message.chunk);
-        if got != expected {
-            return Err(CollectiveError::Protocol {
-                rank: src,
-                reason: format!(
-                    "expected (op, phase, segment, chunk) {expected:?}, got {got:?}; ranks disagree on the sequence of collectives"
-                ),
-            });
-        }
-        if message.payload.len() != elems * 4 {
-            return Err(CollectiveError::Protocol {
-                rank: src,
-                reason: format!(
-                    "chunk of {} bytes where {} were expected; ranks disagree on the buffer length",
-                    message.payload.len(),
-                    elems * 4
-                ),
-            });
-        }
-        Ok(message.payload)
+        })
+        .await
     }
 }
 
@@ -216,7 +192,7 @@ pub(crate) async fn ring(
                     received.reach(received_before[t - 1] + k + 1).await;
                 }
                 let cell = grid.lock(seg, k).await;
-                wire.send(right, PHASE_RING + t as u32, seg, k, &cell)
+                wire.send(right, wire.id(PHASE_RING + t as u32, seg, k), &cell)
                     .await?;
                 drop(cell);
                 sent.advance();
@@ -231,18 +207,17 @@ pub(crate) async fn ring(
                 if t + 1 >= n {
                     sent.reach(sent_before[t + 1 - n] + k + 1).await;
                 }
-                let elems = grid.len_of(seg, k);
-                let data = wire
-                    .recv(inbox, left, PHASE_RING + t as u32, seg, k, elems)
-                    .await?;
-                {
-                    let mut cell = grid.lock(seg, k).await;
-                    if t < n - 1 {
-                        add_from_le(&mut cell, &data);
-                    } else {
-                        copy_from_le(&mut cell, &data);
-                    }
-                }
+                let apply = if t < n - 1 { Apply::Add } else { Apply::Copy };
+                let mut cell = grid.lock(seg, k).await;
+                wire.recv(
+                    inbox,
+                    left,
+                    wire.id(PHASE_RING + t as u32, seg, k),
+                    &mut cell,
+                    apply,
+                )
+                .await?;
+                drop(cell);
                 received.advance();
             }
         }
@@ -269,17 +244,23 @@ pub(crate) async fn reduce_to_root(
     let chunks = grid.chunks_in(0);
     if wire.me != root {
         for k in 0..chunks {
-            wire.send(root, PHASE_GATHER, 0, k, &grid.lock(0, k).await)
+            wire.send(root, wire.id(PHASE_GATHER, 0, k), &grid.lock(0, k).await)
                 .await?;
         }
         return Ok(());
     }
     for k in 0..chunks {
-        let elems = grid.len_of(0, k);
+        let mut cell = grid.lock(0, k).await;
         for &src in &group[1..] {
             let inbox = inbox_of(inboxes, src)?;
-            let data = wire.recv(inbox, src, PHASE_GATHER, 0, k, elems).await?;
-            add_from_le(&mut grid.lock(0, k).await, &data);
+            wire.recv(
+                inbox,
+                src,
+                wire.id(PHASE_GATHER, 0, k),
+                &mut cell,
+                Apply::Add,
+            )
+            .await?;
         }
     }
     Ok(())
@@ -301,16 +282,22 @@ pub(crate) async fn bcast_from_root(
         for k in 0..chunks {
             let cell = grid.lock(0, k).await;
             for &dst in group.iter().filter(|&&r| r != root) {
-                wire.send(dst, PHASE_BCAST, 0, k, &cell).await?;
+                wire.send(dst, wire.id(PHASE_BCAST, 0, k), &cell).await?;
             }
         }
         return Ok(());
     }
     let inbox = inbox_of(inboxes, root)?;
     for k in 0..chunks {
-        let elems = grid.len_of(0, k);
-        let data = wire.recv(inbox, root, PHASE_BCAST, 0, k, elems).await?;
-        copy_from_le(&mut grid.lock(0, k).await, &data);
+        let mut cell = grid.lock(0, k).await;
+        wire.recv(
+            inbox,
+            root,
+            wire.id(PHASE_BCAST, 0, k),
+            &mut cell,
+            Apply::Copy,
+        )
+        .await?;
     }
     Ok(())
 }
@@ -335,15 +322,20 @@ pub(crate) async fn star(
     let chunks = grid.chunks_in(0);
     if wire.me == root {
         for k in 0..chunks {
-            let elems = grid.len_of(0, k);
             let mut cell = grid.lock(0, k).await;
             for &src in &group[1..] {
                 let inbox = inbox_of(inboxes, src)?;
-                let data = wire.recv(inbox, src, PHASE_GATHER, 0, k, elems).await?;
-                add_from_le(&mut cell, &data);
+                wire.recv(
+                    inbox,
+                    src,
+                    wire.id(PHASE_GATHER, 0, k),
+                    &mut cell,
+                    Apply::Add,
+                )
+                .await?;
             }
             for &dst in &group[1..] {
-                wire.send(dst, PHASE_BCAST, 0, k, &cell).await?;
+                wire.send(dst, wire.id(PHASE_BCAST, 0, k), &cell).await?;
             }
         }
         return Ok(());
@@ -353,7 +345,7 @@ pub(crate) async fn star(
     let sender = async {
         for k in 0..chunks {
             let cell = grid.lock(0, k).await;
-            wire.send(root, PHASE_GATHER, 0, k, &cell).await?;
+            wire.send(root, wire.id(PHASE_GATHER, 0, k), &cell).await?;
             drop(cell);
             sent.advance();
         }
@@ -364,9 +356,15 @@ pub(crate) async fn star(
             // The sum of chunk k cannot exist before this rank sent chunk k; waiting keeps the
             // overwrite after the copy even so.
             sent.reach(k + 1).await;
-            let elems = grid.len_of(0, k);
-            let data = wire.recv(inbox, root, PHASE_BCAST, 0, k, elems).await?;
-            copy_from_le(&mut grid.lock(0, k).await, &data);
+            let mut cell = grid.lock(0, k).await;
+            wire.recv(
+                inbox,
+                root,
+                wire.id(PHASE_BCAST, 0, k),
+                &mut cell,
+                Apply::Copy,
+            )
+            .await?;
         }
         Ok::<(), CollectiveError>(())
     };

@@ -100,6 +100,21 @@ pub(crate) fn le_bytes(values: &[f32]) -> Cow<'_, [u8]> {
     }
 }
 
+/// The memory of `values` as bytes to receive into: on a little-endian machine these bytes
+/// are the values' little-endian encoding, so a chunk read into them needs no further copy.
+#[cfg(target_endian = "little")]
+pub(crate) fn le_bytes_mut(values: &mut [f32]) -> &mut [u8] {
+    // SAFETY: the byte slice covers exactly the memory of `values` (size_of_val), which stays
+    // mutably borrowed for the result's lifetime; u8 has alignment 1, and every byte pattern
+    // written through it forms a valid f32 (f32 has no invalid bit patterns).
+    unsafe {
+        std::slice::from_raw_parts_mut(
+            values.as_mut_ptr().cast::<u8>(),
+            std::mem::size_of_val(values),
+        )
+    }
+}
+
 /// `dst[i] += src[i]`; `src` must hold exactly `dst.len() * 4` bytes (checked by the caller).
 pub(crate) fn add_from_le(dst: &mut [f32], src: &[u8]) {
     let (words, _) = src.as_chunks::<4>();
@@ -157,6 +172,17 @@ mod tests {
         let expected: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
         assert_eq!(&*le_bytes(&v), &expected[..]);
         assert!(le_bytes(&[]).is_empty());
+    }
+
+    #[cfg(target_endian = "little")]
+    #[test]
+    fn bytes_written_through_le_bytes_mut_are_decoded_as_values() {
+        let v = [1.5f32, -0.0, f32::MAX, f32::MIN_POSITIVE];
+        let encoded: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let mut back = [0f32; 4];
+        le_bytes_mut(&mut back).copy_from_slice(&encoded);
+        assert!(v.iter().zip(&back).all(|(a, b)| a.to_bits() == b.to_bits()));
+        assert!(le_bytes_mut(&mut []).is_empty());
     }
 
     #[test]

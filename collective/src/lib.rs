@@ -13,6 +13,7 @@ mod engine;
 mod error;
 mod fault;
 mod frame;
+mod inbox;
 mod kernels;
 mod link;
 mod net;

@@ -32,7 +32,6 @@ pub fn chunk_count(seg_len: usize, chunk_elems: usize) -> usize {
 /// locks are async: a sender holds one while the chunk is written to a socket.
 pub(crate) struct ChunkGrid<'a> {
     cells: Vec<Mutex<&'a mut [f32]>>,
-    lens: Vec<usize>,
     first_cell: Vec<usize>,
 }
 
@@ -49,12 +48,7 @@ impl<'a> ChunkGrid<'a> {
             cells.extend(segment.chunks_mut(chunk_elems.max(1)).map(Mutex::new));
         }
         first_cell.push(cells.len());
-        let lens = cells.iter_mut().map(|c| c.get_mut().len()).collect();
-        ChunkGrid {
-            cells,
-            lens,
-            first_cell,
-        }
+        ChunkGrid { cells, first_cell }
     }
 
     #[cfg(test)]
@@ -64,11 +58,6 @@ impl<'a> ChunkGrid<'a> {
 
     pub(crate) fn chunks_in(&self, segment: usize) -> usize {
         self.first_cell[segment + 1] - self.first_cell[segment]
-    }
-
-    /// Number of values in one chunk.
-    pub(crate) fn len_of(&self, segment: usize, chunk: usize) -> usize {
-        self.lens[self.first_cell[segment] + chunk]
     }
 
     /// Locks one chunk.
@@ -127,7 +116,6 @@ mod tests {
         );
         assert_eq!(**grid.lock(1, 1).await, [6.0]);
         assert_eq!(**grid.lock(2, 0).await, [7.0, 8.0]);
-        assert_eq!((grid.len_of(1, 1), grid.len_of(2, 0)), (1, 2));
         grid.lock(0, 1).await[0] = 42.0;
         drop(grid);
         assert_eq!(buf[2], 42.0);

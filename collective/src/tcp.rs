@@ -2,14 +2,14 @@
 //! ranks (hello with the job token and generation, then header + payload frames, see `frame`),
 //! on the same port as the `Collective` gRPC server, which still carries aborts and accepts
 //! `Send` streams. Compared with a gRPC stream this skips protobuf's payload copy and tonic's
-//! re-buffering of HTTP/2 frames on both ends: the sender writes the encoded chunk straight to
-//! the socket and the receiver reads it straight into a recycled buffer.
+//! re-buffering of HTTP/2 frames on both ends: the sender writes its values straight to the
+//! socket, and the admitted socket goes to the peer's inbox, whose collective reads each chunk
+//! straight into the values it updates.
 
 use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::BufMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -20,49 +20,36 @@ use tracing::Instrument;
 
 use crate::auth::RequireToken;
 use crate::error::CollectiveError;
-use crate::frame::{self, ChunkHeader, HEADER_LEN, HELLO_FIXED, REPLY_FIXED};
-use crate::kernels::BufferPool;
+use crate::frame::{self, HELLO_FIXED, REPLY_FIXED};
+use crate::inbox::Handoff;
 use crate::link::Link;
-use crate::proto;
-use crate::transport::{ChunkReceiver, Handoff, InboundRouter, InboxError};
+use crate::transport::{ChunkReceiver, InboundRouter};
 
-/// Chunks a reader task may hold ready before the collective takes them.
-const READ_AHEAD: usize = 2;
 /// gRPC connections waiting for tonic to take them.
 const GRPC_BACKLOG: usize = 16;
-/// Idle receive buffers kept per rank.
-const POOLED_RECEIVE_BUFFERS: usize = 16;
 
 /// The receiving side of the data path: who may open a stream, and into which inbox it goes.
 pub(crate) struct DataPort {
     router: Arc<InboundRouter>,
     token: RequireToken,
-    max_payload: usize,
     handshake_timeout: Duration,
-    pool: Arc<BufferPool>,
 }
 
 impl DataPort {
     pub(crate) fn new(
         router: Arc<InboundRouter>,
         token: RequireToken,
-        max_payload: usize,
         handshake_timeout: Duration,
     ) -> Arc<Self> {
         Arc::new(DataPort {
             router,
             token,
-            max_payload,
             handshake_timeout,
-            pool: BufferPool::new(POOLED_RECEIVE_BUFFERS),
         })
     }
 
     /// Checks the hello of a new data stream; on success the inbox slot to hand it to.
-    async fn admit(
-        &self,
-        stream: &mut TcpStream,
-    ) -> Result<(u32, u64, oneshot::Sender<Handoff>), Status> {
+    async fn admit(&self, stream: &mut TcpStream) -> Result<oneshot::Sender<Handoff>, Status> {
         let incomplete = |e: io::Error| Status::invalid_argument(format!("incomplete hello: {e}"));
         let mut fixed = [0u8; HELLO_FIXED];
         stream.read_exact(&mut fixed).await.map_err(incomplete)?;
@@ -73,14 +60,13 @@ impl DataPort {
         if !self.token.accepts(&token) {
             return Err(Status::unauthenticated("wrong job token"));
         }
-        let slot = self.router.open(hello.from_rank, hello.generation)?;
-        Ok((hello.from_rank, hello.generation, slot))
+        self.router.open(hello.from_rank, hello.generation)
     }
 
-    /// Admits (or refuses, with a reply saying why) one data stream, then reads its chunks.
+    /// Admits (or refuses, with a reply saying why) one data stream and hands it to its inbox.
     async fn serve(self: Arc<Self>, mut stream: TcpStream) {
         let admitted = tokio::time::timeout(self.handshake_timeout, self.admit(&mut stream)).await;
-        let (from_rank, generation, slot) = match admitted {
+        let slot = match admitted {
             Ok(Ok(admitted)) => admitted,
             Ok(Err(refusal)) => {
                 tracing::warn!(code = ?refusal.code(), reason = refusal.message(), "data stream refused");
@@ -100,13 +86,8 @@ impl DataPort {
         {
             return;
         }
-        let (tx, rx) = mpsc::channel(READ_AHEAD);
-        if slot.send(Handoff::tcp(rx)).is_err() {
-            return;
-        }
-        read_chunks(stream, generation, self.max_payload, &self.pool, tx)
-            .instrument(tracing::debug_span!("data stream", from_rank))
-            .await;
+        // The collective reads its chunks from here on; the inbox closes it when dropped.
+        let _ = slot.send(Handoff::tcp(stream));
     }
 }
 
@@ -158,78 +139,6 @@ async fn route(stream: TcpStream, port: Arc<DataPort>, grpc: mpsc::Sender<io::Re
         Ok(Err(error)) => tracing::debug!(%error, "connection failed before its first byte"),
         Err(_) => tracing::debug!("connection silent within the timeout; closed"),
     }
-}
-
-/// Reads chunk frames into `chunks` until the stream ends, breaks the protocol, or the
-/// receiving side drops its inbox.
-async fn read_chunks(
-    mut reader: TcpStream,
-    generation: u64,
-    max_payload: usize,
-    pool: &Arc<BufferPool>,
-    chunks: mpsc::Sender<Result<proto::Chunk, InboxError>>,
-) {
-    loop {
-        let next = tokio::select! {
-            biased;
-            _ = chunks.closed() => return,
-            next = read_chunk(&mut reader, generation, max_payload, pool) => next,
-        };
-        match next {
-            Ok(Some(chunk)) => {
-                if chunks.send(Ok(chunk)).await.is_err() {
-                    return;
-                }
-            }
-            // Dropping the sender tells the inbox the stream ended.
-            Ok(None) => return,
-            Err(error) => {
-                let _ = chunks.send(Err(error)).await;
-                return;
-            }
-        }
-    }
-}
-
-/// One frame; `None` when the peer closed the stream.
-async fn read_chunk(
-    reader: &mut TcpStream,
-    generation: u64,
-    max_payload: usize,
-    pool: &Arc<BufferPool>,
-) -> Result<Option<proto::Chunk>, InboxError> {
-    let mut header = [0u8; HEADER_LEN];
-    match reader.read_exact(&mut header).await {
-        Ok(_) => {}
-        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(InboxError::Lost(format!("reading its stream: {e}"))),
-    }
-    let header = ChunkHeader::decode(&header);
-    let len = header.len as usize;
-    if len > max_payload {
-        return Err(InboxError::Violation(format!(
-            "chunk of {len} bytes is over the {max_payload}-byte limit"
-        )));
-    }
-    let mut payload = pool.take(len);
-    while payload.len() < len {
-        let want = len - payload.len();
-        let n = reader
-            .read_buf(&mut (&mut payload).limit(want))
-            .await
-            .map_err(|e| InboxError::Lost(format!("reading its stream: {e}")))?;
-        if n == 0 {
-            return Err(InboxError::Lost("its stream ended inside a chunk".into()));
-        }
-    }
-    Ok(Some(proto::Chunk {
-        generation,
-        op_id: header.op_id,
-        phase: header.phase,
-        segment: header.segment,
-        chunk: header.chunk,
-        payload: pool.wrap(payload),
-    }))
 }
 
 /// Connects to `peer`'s data port at `address` and introduces this rank; the link then
@@ -300,17 +209,16 @@ async fn connect_until(address: &str, deadline: Instant) -> Result<TcpStream, St
 
 #[cfg(test)]
 mod tests {
-    use bytes::Bytes;
     use tokio_stream::StreamExt;
 
     use super::*;
     use crate::fault::FailState;
+    use crate::frame::ChunkHeader;
+    use crate::inbox::{Apply, Inbox};
     use crate::link::ChunkId;
-    use crate::transport::Inbox;
 
     const TOKEN: &str = "secret";
     const GENERATION: u64 = 7;
-    const MAX_PAYLOAD: usize = 64;
 
     /// Rank 1 of 3 with its data port listening.
     struct Harness {
@@ -329,7 +237,6 @@ mod tests {
         let port = DataPort::new(
             Arc::new(router),
             RequireToken::new(TOKEN),
-            MAX_PAYLOAD,
             Duration::from_secs(10),
         );
         Harness {
@@ -351,17 +258,6 @@ mod tests {
         let mut message = vec![0u8; len];
         stream.read_exact(&mut message).await.unwrap();
         (stream, code)
-    }
-
-    fn frame_bytes(chunk: u32, payload: &[u8]) -> Vec<u8> {
-        let header = ChunkHeader {
-            op_id: 3,
-            phase: 16,
-            segment: 1,
-            chunk,
-            len: payload.len() as u32,
-        };
-        [&header.encode()[..], payload].concat()
     }
 
     #[tokio::test]
@@ -398,48 +294,33 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn chunks_arrive_in_order_then_the_end_of_the_stream_is_reported() {
+    async fn an_admitted_stream_goes_to_its_senders_inbox() {
         let mut h = harness().await;
         let (mut stream, code) = hello(&h.address, 2, GENERATION, TOKEN).await;
         assert_eq!(code, Code::Ok);
-        stream.write_all(&frame_bytes(0, b"abcd")).await.unwrap();
-        stream.write_all(&frame_bytes(1, b"")).await.unwrap();
-        stream.shutdown().await.unwrap();
-        let inbox = h.inboxes[2].as_mut().unwrap();
-        let first = inbox.next(GENERATION).await.unwrap();
-        assert_eq!(
-            (first.generation, first.op_id, first.phase, first.segment),
-            (GENERATION, 3, 16, 1)
-        );
-        assert_eq!(
-            (first.chunk, first.payload),
-            (0, Bytes::from_static(b"abcd"))
-        );
-        let second = inbox.next(GENERATION).await.unwrap();
-        assert_eq!((second.chunk, second.payload.len()), (1, 0));
-        assert!(matches!(
-            inbox.next(GENERATION).await,
-            Err(InboxError::Lost(reason)) if reason.contains("ended")
-        ));
-    }
-
-    #[tokio::test]
-    async fn an_oversized_chunk_is_a_violation_not_an_allocation() {
-        let mut h = harness().await;
-        let (mut stream, _) = hello(&h.address, 0, GENERATION, TOKEN).await;
-        let header = ChunkHeader {
-            op_id: 0,
+        let id = ChunkId {
+            op_id: 3,
             phase: 16,
-            segment: 0,
+            segment: 1,
             chunk: 0,
-            len: u32::MAX,
+        };
+        let header = ChunkHeader {
+            op_id: id.op_id,
+            phase: id.phase,
+            segment: id.segment,
+            chunk: id.chunk,
+            len: 4,
         };
         stream.write_all(&header.encode()).await.unwrap();
-        let inbox = h.inboxes[0].as_mut().unwrap();
-        assert!(matches!(
-            inbox.next(GENERATION).await,
-            Err(InboxError::Violation(reason)) if reason.contains("limit")
-        ));
+        stream.write_all(&2.5f32.to_le_bytes()).await.unwrap();
+        let mut value = [0f32];
+        let inbox = h.inboxes[2].as_mut().unwrap();
+        inbox
+            .receive(GENERATION, id, &mut value, Apply::Copy)
+            .await
+            .unwrap();
+        assert_eq!(value, [2.5]);
+        assert!(matches!(h.inboxes[0], Some(Inbox::Waiting(_))));
     }
 
     #[tokio::test]
@@ -474,13 +355,12 @@ mod tests {
         };
         link.send(id, &values).await.unwrap();
         let inbox = h.inboxes[0].as_mut().unwrap();
-        let got = inbox.next(GENERATION).await.unwrap();
-        assert_eq!(
-            (got.generation, got.op_id, got.phase, got.segment, got.chunk),
-            (GENERATION, 5, 2, 0, 4)
-        );
-        let expected: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        assert_eq!(got.payload, Bytes::from(expected));
+        let mut got = [0f32; 2];
+        inbox
+            .receive(GENERATION, id, &mut got, Apply::Copy)
+            .await
+            .unwrap();
+        assert_eq!(got, values);
         // Closing finishes once the receiver let go of the stream.
         let closing = link.close();
         h.inboxes.clear();

@@ -1,118 +1,22 @@
-//! Receiving chunks: the `Collective` server (and the TCP data port) route each peer's incoming
-//! stream to that peer's inbox. One long-lived stream per directed pair (sent by a `link`), so
-//! chunks from one peer arrive in the order it sent them.
+//! Accepting peers' streams: the `Collective` server (and the TCP data port) route each peer's
+//! incoming stream to that peer's inbox (see `inbox`). One long-lived stream per directed pair
+//! (sent by a `link`), so chunks from one peer arrive in the order it sent them.
 
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{oneshot, watch};
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::error::CollectiveError;
 use crate::fault::FailState;
+use crate::inbox::{Handoff, Inbox};
 use crate::proto;
 
 /// Metadata key naming the sending rank of a `Send` stream.
 pub const FROM_RANK: &str = "x-rdu-from-rank";
 /// Metadata key naming the generation of a `Send` stream.
 pub const GENERATION: &str = "x-rdu-generation";
-
-/// A peer's incoming stream, handed by the server to the receiving side. Dropping it lets the
-/// server answer the gRPC call, or closes the TCP data stream.
-pub(crate) struct Handoff {
-    source: Source,
-    received: u64,
-    done: Option<oneshot::Sender<u64>>,
-}
-
-/// Where a peer's chunks come from.
-enum Source {
-    /// A gRPC `Send` stream, read directly by the collective.
-    Grpc(Box<Streaming<proto::Chunk>>),
-    /// Chunks read ahead from a raw TCP data stream by its reader task (see `tcp`).
-    Tcp(mpsc::Receiver<Result<proto::Chunk, InboxError>>),
-}
-
-impl Handoff {
-    /// A TCP data stream whose reader task feeds `chunks`.
-    pub(crate) fn tcp(chunks: mpsc::Receiver<Result<proto::Chunk, InboxError>>) -> Self {
-        Handoff {
-            source: Source::Tcp(chunks),
-            received: 0,
-            done: None,
-        }
-    }
-
-    /// The next message; `Ok(None)` when the peer ended the stream.
-    async fn message(&mut self) -> Result<Option<proto::Chunk>, InboxError> {
-        match &mut self.source {
-            Source::Grpc(stream) => stream.message().await.map_err(|status| {
-                InboxError::Lost(format!("{:?}: {}", status.code(), status.message()))
-            }),
-            Source::Tcp(chunks) => chunks.recv().await.transpose(),
-        }
-    }
-}
-
-impl Drop for Handoff {
-    fn drop(&mut self) {
-        if let Some(done) = self.done.take() {
-            let _ = done.send(self.received);
-        }
-    }
-}
-
-/// Why reading from a peer failed.
-#[derive(Debug)]
-pub(crate) enum InboxError {
-    /// The stream broke or ended (peer gone).
-    Lost(String),
-    /// The peer sent something it must not.
-    Violation(String),
-}
-
-/// The receiving end of one peer's stream: waiting for the peer to open it, then open.
-pub(crate) enum Inbox {
-    Waiting(oneshot::Receiver<Handoff>),
-    Open(Box<Handoff>),
-    Closed(String),
-}
-
-impl Inbox {
-    /// The next chunk of this peer's stream, of this rank's generation. Cancel safe.
-    pub(crate) async fn next(&mut self, generation: u64) -> Result<proto::Chunk, InboxError> {
-        if let Inbox::Waiting(handoff) = self {
-            *self = match handoff.await {
-                Ok(h) => Inbox::Open(Box::new(h)),
-                Err(_) => Inbox::Closed("this rank's server stopped".into()),
-            };
-        }
-        let result = match self {
-            Inbox::Open(h) => match h.message().await {
-                Ok(Some(chunk)) if chunk.generation == generation => {
-                    h.received += 1;
-                    return Ok(chunk);
-                }
-                Ok(Some(chunk)) => {
-                    return Err(InboxError::Violation(format!(
-                        "chunk of generation {} on a stream of generation {generation}",
-                        chunk.generation
-                    )));
-                }
-                Ok(None) => "its stream to this rank ended".to_string(),
-                Err(InboxError::Lost(reason)) => reason,
-                Err(violation @ InboxError::Violation(_)) => {
-                    *self = Inbox::Closed("it broke the protocol".into());
-                    return Err(violation);
-                }
-            },
-            Inbox::Closed(reason) => return Err(InboxError::Lost(reason.clone())),
-            Inbox::Waiting(_) => "stream not open".to_string(),
-        };
-        *self = Inbox::Closed(result.clone());
-        Err(InboxError::Lost(result))
-    }
-}
 
 /// What a rank does with incoming streams and aborts; the gRPC service adapts it.
 pub(crate) trait ChunkReceiver: Send + Sync + 'static {
@@ -238,11 +142,7 @@ impl<R: ChunkReceiver> proto::collective_server::Collective for CollectiveServic
         let generation = metadata_u64(request.metadata(), GENERATION)?;
         let slot = self.0.open(from, generation)?;
         let (done_tx, done_rx) = oneshot::channel();
-        let handoff = Handoff {
-            source: Source::Grpc(Box::new(request.into_inner())),
-            received: 0,
-            done: Some(done_tx),
-        };
+        let handoff = Handoff::grpc(request.into_inner(), done_tx);
         if slot.send(handoff).is_err() {
             return Err(Status::unavailable("rank is shutting down"));
         }
