@@ -185,7 +185,10 @@ async fn read_payload(
             .map_err(broken)?;
         return Ok(());
     }
-    scratch.resize(ADD_PIECE.min(dst.len() * 4), 0);
+    let need = ADD_PIECE.min(dst.len() * 4);
+    if scratch.len() < need {
+        scratch.resize(need, 0);
+    }
     for piece in dst.chunks_mut(ADD_PIECE / 4) {
         let bytes = &mut scratch[..piece.len() * 4];
         stream.read_exact(bytes).await.map_err(broken)?;
