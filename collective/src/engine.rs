@@ -77,12 +77,13 @@ impl Wire<'_> {
     /// `dst.len()` values, and applies it to `dst`.
     async fn recv(
         &self,
-        inbox: &mut Inbox,
+        inboxes: &mut [Option<Inbox>],
         src: u32,
         expected: ChunkId,
         dst: &mut [f32],
         apply: Apply,
     ) -> Result<(), CollectiveError> {
+        let inbox = inbox_of(inboxes, src)?;
         self.bounded(async {
             inbox
                 .receive(self.generation, expected, dst, apply)
@@ -182,7 +183,6 @@ pub(crate) async fn ring(
     let received_before = prefix(&recv_seg);
     let sent = Progress::new();
     let received = Progress::new();
-    let inbox = inbox_of(inboxes, left)?;
 
     let sender = async {
         for t in 0..steps {
@@ -209,14 +209,8 @@ pub(crate) async fn ring(
                 }
                 let apply = if t < n - 1 { Apply::Add } else { Apply::Copy };
                 let mut cell = grid.lock(seg, k).await;
-                wire.recv(
-                    inbox,
-                    left,
-                    wire.id(PHASE_RING + t as u32, seg, k),
-                    &mut cell,
-                    apply,
-                )
-                .await?;
+                let id = wire.id(PHASE_RING + t as u32, seg, k);
+                wire.recv(inboxes, left, id, &mut cell, apply).await?;
                 drop(cell);
                 received.advance();
             }
@@ -250,18 +244,22 @@ pub(crate) async fn reduce_to_root(
         return Ok(());
     }
     for k in 0..chunks {
-        let mut cell = grid.lock(0, k).await;
-        for &src in &group[1..] {
-            let inbox = inbox_of(inboxes, src)?;
-            wire.recv(
-                inbox,
-                src,
-                wire.id(PHASE_GATHER, 0, k),
-                &mut cell,
-                Apply::Add,
-            )
-            .await?;
-        }
+        add_chunk_of_each(wire, inboxes, &group[1..], k, &mut grid.lock(0, k).await).await?;
+    }
+    Ok(())
+}
+
+/// A root's share of a gather: adds chunk `k` of each of `srcs`, in that order, into `cell`.
+async fn add_chunk_of_each(
+    wire: &Wire<'_>,
+    inboxes: &mut [Option<Inbox>],
+    srcs: &[u32],
+    k: usize,
+    cell: &mut [f32],
+) -> Result<(), CollectiveError> {
+    for &src in srcs {
+        let id = wire.id(PHASE_GATHER, 0, k);
+        wire.recv(inboxes, src, id, cell, Apply::Add).await?;
     }
     Ok(())
 }
@@ -287,17 +285,10 @@ pub(crate) async fn bcast_from_root(
         }
         return Ok(());
     }
-    let inbox = inbox_of(inboxes, root)?;
     for k in 0..chunks {
         let mut cell = grid.lock(0, k).await;
-        wire.recv(
-            inbox,
-            root,
-            wire.id(PHASE_BCAST, 0, k),
-            &mut cell,
-            Apply::Copy,
-        )
-        .await?;
+        let id = wire.id(PHASE_BCAST, 0, k);
+        wire.recv(inboxes, root, id, &mut cell, Apply::Copy).await?;
     }
     Ok(())
 }
@@ -323,17 +314,7 @@ pub(crate) async fn star(
     if wire.me == root {
         for k in 0..chunks {
             let mut cell = grid.lock(0, k).await;
-            for &src in &group[1..] {
-                let inbox = inbox_of(inboxes, src)?;
-                wire.recv(
-                    inbox,
-                    src,
-                    wire.id(PHASE_GATHER, 0, k),
-                    &mut cell,
-                    Apply::Add,
-                )
-                .await?;
-            }
+            add_chunk_of_each(wire, inboxes, &group[1..], k, &mut cell).await?;
             for &dst in &group[1..] {
                 wire.send(dst, wire.id(PHASE_BCAST, 0, k), &cell).await?;
             }
@@ -341,7 +322,6 @@ pub(crate) async fn star(
         return Ok(());
     }
     let sent = Progress::new();
-    let inbox = inbox_of(inboxes, root)?;
     let sender = async {
         for k in 0..chunks {
             let cell = grid.lock(0, k).await;
@@ -357,14 +337,8 @@ pub(crate) async fn star(
             // overwrite after the copy even so.
             sent.reach(k + 1).await;
             let mut cell = grid.lock(0, k).await;
-            wire.recv(
-                inbox,
-                root,
-                wire.id(PHASE_BCAST, 0, k),
-                &mut cell,
-                Apply::Copy,
-            )
-            .await?;
+            let id = wire.id(PHASE_BCAST, 0, k);
+            wire.recv(inboxes, root, id, &mut cell, Apply::Copy).await?;
         }
         Ok::<(), CollectiveError>(())
     };

@@ -271,6 +271,15 @@ mod tests {
         header.encode().into_iter().chain(payload).collect()
     }
 
+    async fn take(
+        inbox: &mut Inbox,
+        expected: ChunkId,
+        values: &mut [f32],
+        apply: Apply,
+    ) -> Result<(), InboxError> {
+        inbox.receive(GENERATION, expected, values, apply).await
+    }
+
     /// An open inbox reading a TCP stream, and the peer's end of that stream.
     async fn connected() -> (Inbox, TcpStream) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -293,8 +302,7 @@ mod tests {
             peer
         });
         let mut values = vec![1.0f32; len];
-        inbox
-            .receive(GENERATION, id(0), &mut values, Apply::Add)
+        take(&mut inbox, id(0), &mut values, Apply::Add)
             .await
             .unwrap();
         assert!(
@@ -303,15 +311,12 @@ mod tests {
                 .enumerate()
                 .all(|(i, v)| *v == i as f32 * 0.5 + 1.0)
         );
-        inbox
-            .receive(GENERATION, id(1), &mut values, Apply::Copy)
+        take(&mut inbox, id(1), &mut values, Apply::Copy)
             .await
             .unwrap();
         assert!(values.iter().enumerate().all(|(i, v)| *v == i as f32 * 0.5));
         drop(writer.await.unwrap());
-        let error = inbox
-            .receive(GENERATION, id(2), &mut values, Apply::Add)
-            .await;
+        let error = take(&mut inbox, id(2), &mut values, Apply::Add).await;
         assert!(
             matches!(error, Err(InboxError::Lost(r)) if r.contains("stream to this rank ended"))
         );
@@ -324,13 +329,9 @@ mod tests {
         peer.write_all(&whole[..whole.len() - 2]).await.unwrap();
         drop(peer);
         let mut values = [0f32; 2];
-        let error = inbox
-            .receive(GENERATION, id(0), &mut values, Apply::Copy)
-            .await;
+        let error = take(&mut inbox, id(0), &mut values, Apply::Copy).await;
         assert!(matches!(error, Err(InboxError::Lost(r)) if r.contains("inside a chunk")));
-        let again = inbox
-            .receive(GENERATION, id(0), &mut values, Apply::Copy)
-            .await;
+        let again = take(&mut inbox, id(0), &mut values, Apply::Copy).await;
         assert!(matches!(again, Err(InboxError::Lost(r)) if r.contains("inside a chunk")));
     }
 
@@ -339,17 +340,13 @@ mod tests {
         let (mut inbox, mut peer) = connected().await;
         peer.write_all(&frame(id(5), &[1.0])).await.unwrap();
         let mut values = [0f32];
-        let error = inbox
-            .receive(GENERATION, id(4), &mut values, Apply::Add)
-            .await;
+        let error = take(&mut inbox, id(4), &mut values, Apply::Add).await;
         assert!(
             matches!(error, Err(InboxError::Violation(ref r)) if r.contains("sequence of collectives")),
             "{error:?}"
         );
         assert_eq!(values, [0.0]);
-        let again = inbox
-            .receive(GENERATION, id(5), &mut values, Apply::Add)
-            .await;
+        let again = take(&mut inbox, id(5), &mut values, Apply::Add).await;
         assert!(matches!(again, Err(InboxError::Lost(r)) if r.contains("broke the protocol")));
     }
 
@@ -360,9 +357,7 @@ mod tests {
         huge[20..24].copy_from_slice(&u32::MAX.to_le_bytes());
         peer.write_all(&huge).await.unwrap();
         let mut values = [0f32; 4];
-        let error = inbox
-            .receive(GENERATION, id(0), &mut values, Apply::Copy)
-            .await;
+        let error = take(&mut inbox, id(0), &mut values, Apply::Copy).await;
         assert!(
             matches!(error, Err(InboxError::Violation(ref r)) if r.contains("4294967295 bytes where 16")),
             "{error:?}"
