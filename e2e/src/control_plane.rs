@@ -36,7 +36,8 @@ pub enum ControlPlaneError {
 pub struct Components {
     /// kube-scheduler: binds pods to Nodes.
     pub scheduler: bool,
-    /// kube-controller-manager with the garbage collector and the ServiceAccount controller.
+    /// kube-controller-manager with the garbage collector, the ServiceAccount controller and the
+    /// ValidatingAdmissionPolicy status controller (which type-checks policies).
     pub controller_manager: bool,
 }
 
@@ -159,7 +160,10 @@ impl ControlPlane {
             let mut kcm = Command::new(&assets.kube_controller_manager);
             kcm.arg(format!("--kubeconfig={}", plane.admin_kubeconfig.display()))
                 .arg("--leader-elect=false")
-                .arg("--controllers=garbage-collector-controller,serviceaccount-controller")
+                .arg(
+                    "--controllers=garbage-collector-controller,serviceaccount-controller,\
+                     validatingadmissionpolicy-status-controller",
+                )
                 .arg("--use-service-account-credentials=false")
                 .arg("--bind-address=127.0.0.1")
                 .arg(format!("--secure-port={port}"))

@@ -1,14 +1,19 @@
 //! The Helm chart renders, its objects are accepted by the API server (server-side dry run), and its
 //! ClusterRole/Role grant exactly the operator's API use (COMMON contract), nothing more, and the device plugin's
-//! role exactly the pod annotation it writes.
+//! role exactly the pod annotation it writes, on its own node's pods only.
 
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, Patch, PatchParams};
+use rdu_crds::consts::TILES_ANNOTATION;
 use rdu_device_plugin::annotate::{KubeAnnotator, PodAnnotator};
 use rdu_e2e::{
-    Components, ControlPlane, assets_or_skip, create_namespace, helm_template, install_crd, kubectl,
+    Components, ControlPlane, assets_or_skip, create_namespace, helm_template, install_crd,
+    kubectl, poll_until,
 };
 use serde_yaml_ng::Value;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 const NAMESPACE: &str = "rdu-system";
 
@@ -125,7 +130,7 @@ fn the_chart_grants_exactly_the_operators_api_use() {
 
 #[tokio::test]
 async fn the_rendered_chart_is_accepted_by_the_api_server() {
-    let Some(plane) = plane_with_namespaces("chart dry run").await else {
+    let Some(plane) = plane_with_namespaces("chart dry run", Components::default()).await else {
         return;
     };
 
@@ -182,9 +187,9 @@ async fn the_rendered_chart_is_accepted_by_the_api_server() {
 
 /// A control plane with the CRD and the namespaces `rdu-system` and `ml`; `None` when the control-plane
 /// binaries are missing and not required.
-async fn plane_with_namespaces(test: &str) -> Option<ControlPlane> {
+async fn plane_with_namespaces(test: &str, components: Components) -> Option<ControlPlane> {
     let assets = assets_or_skip(test)?;
-    let plane = ControlPlane::start(&assets, Components::default())
+    let plane = ControlPlane::start(&assets, components)
         .await
         .expect("control plane");
     install_crd(&plane).await.expect("CRD");
@@ -196,8 +201,8 @@ async fn plane_with_namespaces(test: &str) -> Option<ControlPlane> {
 }
 
 /// [`plane_with_namespaces`] with the chart applied.
-async fn plane_with_chart(test: &str) -> Option<ControlPlane> {
-    let plane = plane_with_namespaces(test).await?;
+async fn plane_with_chart(test: &str, components: Components) -> Option<ControlPlane> {
+    let plane = plane_with_namespaces(test, components).await?;
     let rendered = helm_template("rdu", NAMESPACE, &[]).expect("helm template");
     kubectl(
         &plane,
@@ -231,7 +236,7 @@ fn can_i(kubeconfig: &Path, verb: &str, resource: &str, namespace: &str) -> bool
 
 #[tokio::test]
 async fn the_charts_service_account_may_do_what_the_operator_does_and_no_more() {
-    let Some(plane) = plane_with_chart("chart service account").await else {
+    let Some(plane) = plane_with_chart("chart service account", Components::default()).await else {
         return;
     };
     let kubeconfig = account_kubeconfig(&plane, "rdu-rdu-operator");
@@ -291,43 +296,201 @@ async fn the_charts_service_account_may_do_what_the_operator_does_and_no_more() 
     }
 }
 
+/// A pod `name` in `namespace` bound to `node` (none when empty), running as `account`.
+fn pod_on(name: &str, namespace: &str, node: &str, account: &str) -> String {
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"app": "rdu"}},
+        "spec": {
+            "nodeName": (!node.is_empty()).then_some(node),
+            "serviceAccountName": account,
+            "containers": [{"name": "main", "image": "rdu-worker"}],
+        },
+    })
+    .to_string()
+}
+
+/// The `rdu.dev/tiles` annotation of pod `ml/name`.
+fn tiles_of(plane: &ControlPlane, name: &str) -> String {
+    let path = format!(
+        "jsonpath={{.metadata.annotations.{}}}",
+        TILES_ANNOTATION.replace('.', "\\.")
+    );
+    let out =
+        kubectl(plane, &["get", "pod", name, "-n", "ml", "-o", &path], None).expect("read back");
+    out.trim().to_string()
+}
+
+/// A merge patch of pod `ml/name` as `client`'s user (sent without reading the pod, which the plugin may not).
+async fn patch_as(
+    client: &kube::Client,
+    name: &str,
+    patch: &str,
+    dry_run: bool,
+) -> Result<Pod, kube::Error> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "ml");
+    let patch: serde_json::Value = serde_json::from_str(patch).expect("patch JSON");
+    let params = PatchParams {
+        dry_run,
+        ..PatchParams::default()
+    };
+    pods.patch(name, &params, &Patch::Merge(patch)).await
+}
+
 #[tokio::test]
-async fn the_device_plugin_may_only_annotate_pods_and_its_annotator_works_under_that_role() {
-    let Some(plane) = plane_with_chart("device plugin service account").await else {
+async fn the_device_plugin_may_only_annotate_pods_on_its_own_node() {
+    let Some(plane) = plane_with_chart(
+        "device plugin service account",
+        // With the controller that type-checks the policy.
+        Components {
+            controller_manager: true,
+            ..Components::default()
+        },
+    )
+    .await
+    else {
         return;
     };
-    let pod = r#"{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "mnist-worker-0", "namespace": "ml"},
-        "spec": {"containers": [{"name": "worker", "image": "rdu-worker"}]}}"#;
-    kubectl(&plane, &["apply", "-f", "-"], Some(pod)).expect("a rank pod");
-
-    let kubeconfig = account_kubeconfig(&plane, "rdu-rdu-operator-device-plugin");
-    let client = rdu_e2e::kubeconfig::client(&kubeconfig)
-        .await
-        .expect("client");
-    let annotator = KubeAnnotator::new(client);
-    annotator
-        .annotate("ml", "mnist-worker-0", "rdu0-tile0,rdu0-tile1")
-        .await
-        .expect("the plugin's role allows the annotation");
-    annotator
-        .annotate("ml", "mnist-worker-0", "rdu2-tile0,rdu2-tile1")
-        .await
-        .expect("and rewriting it");
-    let written = kubectl(
+    const PLUGIN: &str = "rdu-rdu-operator-device-plugin";
+    for node in ["node-a", "node-b"] {
+        let node =
+            format!(r#"{{"apiVersion": "v1", "kind": "Node", "metadata": {{"name": "{node}"}}}}"#);
+        kubectl(&plane, &["apply", "-f", "-"], Some(&node)).expect("a node");
+    }
+    for (name, namespace, node, account) in [
+        ("plugin-a", NAMESPACE, "node-a", PLUGIN),
+        ("mnist-worker-0", "ml", "node-a", "default"),
+        ("mnist-worker-1", "ml", "node-b", "default"),
+        ("mnist-worker-2", "ml", "", "default"),
+    ] {
+        let pod = pod_on(name, namespace, node, account);
+        kubectl(&plane, &["apply", "-f", "-"], Some(&pod)).expect("a pod");
+    }
+    // The plugin's token as the kubelet mounts it: bound to its pod, which names the node.
+    let token = kubectl(
         &plane,
         &[
-            "get",
-            "pod",
-            "mnist-worker-0",
+            "create",
+            "token",
+            PLUGIN,
             "-n",
-            "ml",
-            "-o",
-            "jsonpath={.metadata.annotations.rdu\\.dev/tiles}",
+            NAMESPACE,
+            "--duration=1h",
+            "--bound-object-kind=Pod",
+            "--bound-object-name=plugin-a",
         ],
         None,
     )
-    .expect("read back");
-    assert_eq!(written.trim(), "rdu2-tile0,rdu2-tile1");
+    .expect("a token bound to the plugin's pod");
+    let kubeconfig = plane
+        .write_kubeconfig("plugin-on-node-a", PLUGIN, token.trim(), NAMESPACE)
+        .expect("kubeconfig");
+    // The API server enforces a new policy once its informer has it: wait for a server-side dry run
+    // (admitted, never stored) of an annotation the policy refuses to be refused.
+    let client = rdu_e2e::kubeconfig::client(&kubeconfig)
+        .await
+        .expect("client");
+    poll_until(
+        "the device plugin's policy in force",
+        Duration::from_secs(30),
+        || async {
+            let tiles = r#"{"metadata": {"annotations": {"rdu.dev/tiles": "x"}}}"#;
+            match patch_as(&client, "mnist-worker-1", tiles, true).await {
+                Err(refused) if refused.to_string().contains("may not annotate") => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await
+    .expect("policy in force");
+    // The API server type-checks the policy's CEL against the Pod schema; it must find nothing to warn of.
+    let checked = poll_until(
+        "the policy type-checked",
+        Duration::from_secs(30),
+        || async {
+            let policy = kubectl(
+                &plane,
+                &[
+                    "get",
+                    "validatingadmissionpolicy",
+                    "rdu-rdu-operator-device-plugin-own-node",
+                    "-o",
+                    "json",
+                ],
+                None,
+            )
+            .map_err(|e| e.to_string())?;
+            let policy: serde_json::Value =
+                serde_json::from_str(&policy).map_err(|e| e.to_string())?;
+            let status = &policy["status"];
+            if status["observedGeneration"] == policy["metadata"]["generation"]
+                && !status["typeChecking"].is_null()
+            {
+                Ok(status["typeChecking"].clone())
+            } else {
+                Err(format!("status {status}"))
+            }
+        },
+    )
+    .await
+    .expect("type checking");
+    assert!(checked.get("expressionWarnings").is_none(), "{checked}");
+    let annotator = KubeAnnotator::new(client.clone());
+    annotator
+        .annotate("ml", "mnist-worker-0", "rdu0-tile0,rdu0-tile1")
+        .await
+        .expect("the plugin may annotate a pod on its node");
+    annotator
+        .annotate("ml", "mnist-worker-0", "rdu2-tile0,rdu2-tile1")
+        .await
+        .expect("and rewrite the annotation");
+    assert_eq!(tiles_of(&plane, "mnist-worker-0"), "rdu2-tile0,rdu2-tile1");
+
+    for (pod, why) in [
+        (
+            "mnist-worker-1",
+            "may not annotate pod mnist-worker-1 on node node-b",
+        ),
+        (
+            "mnist-worker-2",
+            "may not annotate pod mnist-worker-2, which is on no node",
+        ),
+    ] {
+        let refused = annotator.annotate("ml", pod, "rdu0-tile0").await;
+        let message = refused.expect_err("another node's pod").to_string();
+        assert!(message.contains(why), "{message}");
+        assert_eq!(tiles_of(&plane, pod), "");
+    }
+    let only_tiles = "may change only the rdu.dev/tiles annotation";
+    for change in [
+        r#"{"metadata": {"labels": {"app": "other"}}}"#,
+        r#"{"metadata": {"labels": {"app": null}}}"#,
+        r#"{"metadata": {"annotations": {"other": "1"}}}"#,
+        r#"{"metadata": {"finalizers": ["example.com/keep"]}}"#,
+        r#"{"spec": {"activeDeadlineSeconds": 5}}"#,
+    ] {
+        let refused = patch_as(&client, "mnist-worker-0", change, false)
+            .await
+            .expect_err("only the tiles annotation");
+        assert!(
+            refused.to_string().contains(only_tiles),
+            "{change}: {refused}"
+        );
+    }
+
+    // A token that names no node (not from a pod) is refused with the reason.
+    let unbound = account_kubeconfig(&plane, PLUGIN);
+    let client = rdu_e2e::kubeconfig::client(&unbound).await.expect("client");
+    let refused = KubeAnnotator::new(client)
+        .annotate("ml", "mnist-worker-0", "rdu0-tile0")
+        .await
+        .expect_err("no node in the token");
+    assert!(
+        refused.to_string().contains("token names no node"),
+        "{refused}"
+    );
+    assert_eq!(tiles_of(&plane, "mnist-worker-0"), "rdu2-tile0,rdu2-tile1");
 
     let can = |verb: &str, resource: &str| can_i(&kubeconfig, verb, resource, "ml");
     assert!(can("patch", "pods"));
