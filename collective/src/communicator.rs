@@ -331,6 +331,9 @@ impl Communicator {
                     match plan {
                         Plan::Ring => engine::ring(wire, inboxes, &comm.all_ranks, buf).await,
                         Plan::Star => engine::star(wire, inboxes, &comm.all_ranks, buf).await,
+                        Plan::Doubling => {
+                            engine::doubling(wire, inboxes, &comm.all_ranks, buf).await
+                        }
                         Plan::Hierarchical => comm.hierarchical(wire, inboxes, buf).await,
                     }
                 })

@@ -182,7 +182,8 @@ pub struct PeerInfo {
 /// How `all_reduce_*` moves data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Algorithm {
-    /// Star for small buffers, hierarchical when ranks share nodes, ring otherwise.
+    /// For small buffers recursive doubling (2^k ranks) or the star, then hierarchical when ranks
+    /// share nodes, ring otherwise.
     #[default]
     Auto,
     /// Reduce-scatter then all-gather around all ranks.

@@ -21,6 +21,8 @@ pub(crate) const PHASE_GATHER: u32 = 1;
 pub(crate) const PHASE_BCAST: u32 = 2;
 /// Ring step `t` uses phase `PHASE_RING + t`.
 pub(crate) const PHASE_RING: u32 = 16;
+/// Recursive-doubling step `s` uses phase `PHASE_DOUBLING + s`.
+pub(crate) const PHASE_DOUBLING: u32 = 1 << 16;
 
 /// Everything one collective operation needs to talk to peers.
 pub(crate) struct Wire<'a> {
@@ -321,27 +323,93 @@ pub(crate) async fn star(
         }
         return Ok(());
     }
-    let sent = Progress::new();
-    let sender = async {
-        for k in 0..chunks {
-            let cell = grid.lock(0, k).await;
-            wire.send(root, wire.id(PHASE_GATHER, 0, k), &cell).await?;
-            drop(cell);
-            sent.advance();
-        }
-        Ok::<(), CollectiveError>(())
+    let to_root = Exchange {
+        to: root,
+        send_phase: PHASE_GATHER,
+        from: root,
+        receive_phase: PHASE_BCAST,
+        // The sum of chunk k cannot exist before this rank sent chunk k; the exchange keeps the
+        // overwrite after the send even so.
+        apply: Apply::Copy,
     };
-    let receiver = async {
-        for k in 0..chunks {
-            // The sum of chunk k cannot exist before this rank sent chunk k; waiting keeps the
-            // overwrite after the copy even so.
-            sent.reach(k + 1).await;
-            let mut cell = grid.lock(0, k).await;
-            let id = wire.id(PHASE_BCAST, 0, k);
-            wire.recv(inboxes, root, id, &mut cell, Apply::Copy).await?;
-        }
-        Ok::<(), CollectiveError>(())
-    };
-    tokio::try_join!(sender, receiver)?;
+    to_root.run(wire, inboxes, &grid).await
+}
+
+/// Recursive-doubling all-reduce over a group of 2^k ranks, for small buffers: log2(n) hops in
+/// which every rank works, where the star takes two hops through one busy root. At step `s` each
+/// rank swaps its whole buffer with the rank whose position differs in bit `s` and adds what it
+/// receives. IEEE addition is commutative, so both partners compute the same bits, and by
+/// induction every rank ends with the same sum.
+pub(crate) async fn doubling(
+    wire: &Wire<'_>,
+    inboxes: &mut [Option<Inbox>],
+    group: &[u32],
+    buf: &mut [f32],
+) -> Result<(), CollectiveError> {
+    let n = group.len();
+    if !n.is_power_of_two() {
+        return Err(CollectiveError::InvalidArgument {
+            field: "group",
+            reason: format!("recursive doubling needs a power-of-two group, not {n} ranks"),
+        });
+    }
+    let p = position(group, wire.me)?;
+    let grid = ChunkGrid::new(buf, 1, wire.chunk_elems);
+    for step in 0..n.trailing_zeros() {
+        let partner = group[p ^ (1 << step)];
+        let swap = Exchange {
+            to: partner,
+            send_phase: PHASE_DOUBLING + step,
+            from: partner,
+            receive_phase: PHASE_DOUBLING + step,
+            apply: Apply::Add,
+        };
+        swap.run(wire, inboxes, &grid).await?;
+    }
     Ok(())
+}
+
+/// Sends every chunk of a one-segment buffer to `to` while receiving the same chunks from
+/// `from` and applying them; chunk `k` is received only after it was sent, so what is sent is
+/// always this rank's value from before the exchange.
+struct Exchange {
+    to: u32,
+    send_phase: u32,
+    from: u32,
+    receive_phase: u32,
+    apply: Apply,
+}
+
+impl Exchange {
+    async fn run(
+        &self,
+        wire: &Wire<'_>,
+        inboxes: &mut [Option<Inbox>],
+        grid: &ChunkGrid<'_>,
+    ) -> Result<(), CollectiveError> {
+        let chunks = grid.chunks_in(0);
+        let sent = Progress::new();
+        let sender = async {
+            for k in 0..chunks {
+                let cell = grid.lock(0, k).await;
+                wire.send(self.to, wire.id(self.send_phase, 0, k), &cell)
+                    .await?;
+                drop(cell);
+                sent.advance();
+            }
+            Ok::<(), CollectiveError>(())
+        };
+        let receiver = async {
+            for k in 0..chunks {
+                sent.reach(k + 1).await;
+                let mut cell = grid.lock(0, k).await;
+                let id = wire.id(self.receive_phase, 0, k);
+                wire.recv(inboxes, self.from, id, &mut cell, self.apply)
+                    .await?;
+            }
+            Ok::<(), CollectiveError>(())
+        };
+        tokio::try_join!(sender, receiver)?;
+        Ok(())
+    }
 }

@@ -3,9 +3,9 @@
 
 use crate::config::{Algorithm, PeerInfo};
 
-/// `Auto` uses the star (two hops, lowest latency) up to this many bytes; above, the ring's
-/// bandwidth wins (measured with 4 ranks: star 441 us vs ring 1039 us at 4 KiB, 597 vs 1403 us
-/// at 64 KiB, about even at 256 KiB).
+/// `Auto` uses a latency-bound algorithm up to this many bytes (recursive doubling on 2^k ranks,
+/// the star otherwise); above, the ring's bandwidth wins (measured with 4 ranks: star 441 us vs
+/// ring 1039 us at 4 KiB, 597 vs 1403 us at 64 KiB, about even at 256 KiB).
 pub const AUTO_STAR_MAX_BYTES: usize = 64 << 10;
 
 /// The algorithm actually run, after `Auto` is resolved.
@@ -14,6 +14,7 @@ pub(crate) enum Plan {
     Ring,
     Hierarchical,
     Star,
+    Doubling,
 }
 
 impl Plan {
@@ -27,6 +28,9 @@ impl Plan {
             Algorithm::Ring => Plan::Ring,
             Algorithm::Star => Plan::Star,
             Algorithm::Hierarchical => Plan::Hierarchical,
+            Algorithm::Auto if bytes <= AUTO_STAR_MAX_BYTES && world.is_power_of_two() => {
+                Plan::Doubling
+            }
             Algorithm::Auto if bytes <= AUTO_STAR_MAX_BYTES => Plan::Star,
             Algorithm::Auto if topology.multi_rank_nodes(world) => Plan::Hierarchical,
             Algorithm::Auto => Plan::Ring,
@@ -105,11 +109,20 @@ mod tests {
     }
 
     #[test]
-    fn auto_picks_star_for_small_hierarchical_for_shared_nodes_else_ring() {
+    fn auto_picks_doubling_or_star_for_small_hierarchical_for_shared_nodes_else_ring() {
         let shared = Topology::new(&[peer(0, "a"), peer(1, "a"), peer(2, "b")], 0);
         let flat = Topology::new(&[peer(0, "a"), peer(1, "b")], 0);
         let big = AUTO_STAR_MAX_BYTES + 4;
         assert_eq!(Plan::choose(Algorithm::Auto, 4096, 3, &shared), Plan::Star);
+        assert_eq!(
+            Plan::choose(Algorithm::Auto, AUTO_STAR_MAX_BYTES, 2, &flat),
+            Plan::Doubling
+        );
+        assert_eq!(
+            Plan::choose(Algorithm::Auto, 4096, 8, &flat),
+            Plan::Doubling
+        );
+        assert_eq!(Plan::choose(Algorithm::Auto, 4096, 6, &flat), Plan::Star);
         assert_eq!(
             Plan::choose(Algorithm::Auto, big, 3, &shared),
             Plan::Hierarchical

@@ -124,6 +124,17 @@ async fn five_ranks_on_two_uneven_nodes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_ranks_agree_bitwise_after_three_doubling_steps() {
+    // Auto runs recursive doubling on small buffers over 2^k ranks: here 3 steps.
+    let comms = world(8, |r| format!("node{r}"), TIMEOUT).await;
+    for len in [1, 7, 1000, 16_000] {
+        let bufs = all_reduce(&comms, len, Algorithm::Auto).await;
+        assert_sum_and_identical(&bufs, len, &format!("8 ranks auto len {len}"));
+    }
+    join_all(comms.into_iter().map(Communicator::shutdown)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mean_divides_the_sum_and_repeated_calls_stay_in_step() {
     let comms = world(3, |r| format!("n{r}"), TIMEOUT).await;
     for round in 0..3 {
