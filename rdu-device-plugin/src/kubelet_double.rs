@@ -154,11 +154,13 @@ impl KubeletDouble {
 /// The kubelet's pod-resources API: answers `List` with whatever pods are set.
 pub struct PodResourcesDouble {
     pods: Arc<std::sync::Mutex<Vec<PodResources>>>,
+    lists: Arc<std::sync::atomic::AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
 struct PodLister {
     pods: Arc<std::sync::Mutex<Vec<PodResources>>>,
+    lists: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 #[tonic::async_trait]
@@ -167,6 +169,7 @@ impl PodResourcesLister for PodLister {
         &self,
         _request: Request<ListPodResourcesRequest>,
     ) -> Result<Response<ListPodResourcesResponse>, Status> {
+        self.lists.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let pods = self
             .pods
             .lock()
@@ -186,14 +189,23 @@ impl PodResourcesDouble {
             source,
         })?;
         let pods = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let lister = PodLister { pods: pods.clone() };
+        let lists = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let lister = PodLister {
+            pods: pods.clone(),
+            lists: lists.clone(),
+        };
         let task = tokio::spawn(async move {
             let _ = tonic::transport::Server::builder()
                 .add_service(PodResourcesListerServer::new(lister))
                 .serve_with_incoming(UnixListenerStream::new(listener))
                 .await;
         });
-        Ok(PodResourcesDouble { pods, task })
+        Ok(PodResourcesDouble { pods, lists, task })
+    }
+
+    /// How many `List` calls were answered.
+    pub fn lists(&self) -> usize {
+        self.lists.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Sets the pods `List` returns: `(namespace, name, resource, device IDs)`.

@@ -80,6 +80,8 @@ pub struct TileNode {
     inner: Mutex<Inner>,
     devices: watch::Sender<Arc<Vec<DeviceHealth>>>,
     metrics: Arc<PluginMetrics>,
+    /// Woken by every kubelet Allocate, so the pod-resources poller can look soon after.
+    allocated: tokio::sync::Notify,
 }
 
 impl TileNode {
@@ -140,6 +142,7 @@ impl TileNode {
             inner: Mutex::new(inner),
             devices,
             metrics: Arc::new(PluginMetrics::new()),
+            allocated: tokio::sync::Notify::new(),
         };
         node.metrics
             .tiles_total
@@ -233,6 +236,11 @@ impl TileNode {
         allocations.pop().ok_or(NodeError::EmptyRequest)
     }
 
+    /// Returns after the next kubelet Allocate (at once if one came since the last call).
+    pub async fn allocation_made(&self) {
+        self.allocated.notified().await;
+    }
+
     /// Allocate for every container of one request: all are checked before any is allocated, so a
     /// refused request leaves nothing half-allocated.
     pub fn allocate_containers(
@@ -266,6 +274,7 @@ impl TileNode {
             self.mark_allocated(&mut inner, tiles, Owner::default());
         }
         drop(inner);
+        self.allocated.notify_one();
         let allocations = per_container
             .into_iter()
             .map(|tiles| ContainerAllocation {

@@ -82,9 +82,16 @@ pub async fn list_pod_devices(
         .collect())
 }
 
-/// Polls the pod-resources API every `interval` and reconciles the node's allocations with it; tiles
-/// allocated less than `grace` ago are kept even when no pod lists them yet. With a `publisher`, each pod's
-/// tiles are also written on the pod as the `rdu.dev/tiles` annotation.
+/// Pod resources are read this often for a while after a kubelet Allocate: the kubelet lists the pod once
+/// its container exists, usually within a second, and its tiles should not wait a whole `interval`.
+const AFTER_ALLOCATE_EVERY: Duration = Duration::from_millis(250);
+/// How many such reads follow one Allocate (3 s in all).
+const AFTER_ALLOCATE_READS: u32 = 12;
+
+/// Polls the pod-resources API every `interval`, and every [`AFTER_ALLOCATE_EVERY`] for a while after each
+/// Allocate, and reconciles the node's allocations with it; tiles allocated less than `grace` ago are kept
+/// even when no pod lists them yet. With a `publisher`, each pod's tiles are also written on the pod as the
+/// `rdu.dev/tiles` annotation.
 pub fn spawn_pod_resources_poller(
     node: Arc<TileNode>,
     socket: PathBuf,
@@ -96,8 +103,13 @@ pub fn spawn_pod_resources_poller(
         let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut warned = false;
+        let mut quick_reads = 0u32;
         loop {
-            ticker.tick().await;
+            tokio::select! {
+                _ = ticker.tick() => {}
+                _ = node.allocation_made() => quick_reads = AFTER_ALLOCATE_READS,
+                _ = tokio::time::sleep(AFTER_ALLOCATE_EVERY), if quick_reads > 0 => quick_reads -= 1,
+            }
             if !socket.exists() {
                 continue;
             }

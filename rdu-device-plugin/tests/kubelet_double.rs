@@ -545,6 +545,49 @@ async fn fragmented_nodes_get_packed_preferred_allocations() {
 }
 
 #[tokio::test]
+async fn an_allocate_has_pod_resources_read_soon_not_at_the_next_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let pod_resources_dir = tempfile::tempdir().unwrap();
+    let pod_resources_socket = pod_resources_dir.path().join("kubelet.sock");
+    let lister = PodResourcesDouble::start(&pod_resources_socket).unwrap();
+    let mut kubelet = KubeletDouble::start(dir.path()).unwrap();
+    let plugin = RunningPlugin::start(dir.path(), node(8, 4, ResourceMode::Tile, None));
+    let registration = registered(&mut kubelet).await;
+    let mut client = kubelet.dial_plugin(&registration).await.unwrap();
+    let annotations = Annotations::default();
+    // An interval no test outlives: only the first read (at start) comes from it.
+    let _poller = spawn_pod_resources_poller(
+        plugin.node.clone(),
+        pod_resources_socket,
+        Duration::from_secs(3600),
+        Duration::from_secs(60),
+        Some(TilePublisher::new(Box::new(annotations.clone()))),
+    );
+    let started = std::time::Instant::now();
+    while lister.lists() == 0 {
+        assert!(started.elapsed() < DEADLINE, "no first read");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    allocate(&mut client, &[strings(&["rdu2-tile0"])])
+        .await
+        .unwrap();
+    // The kubelet creates the container after Allocate; only then does it list the pod.
+    lister.set_pods(&[("ml", "mnist-worker-1", "rdu.dev/tile", &["rdu2-tile0"])]);
+    while annotations.0.lock().unwrap().is_empty() {
+        assert!(
+            started.elapsed() < DEADLINE,
+            "the pod's tiles waited for the interval"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        annotations.0.lock().unwrap().clone(),
+        vec!["ml/mnist-worker-1=rdu2-tile0".to_string()]
+    );
+    plugin.shutdown().await;
+}
+
+#[tokio::test]
 async fn pod_resources_name_the_pod_and_rank_and_free_ended_pods() {
     let dir = tempfile::tempdir().unwrap();
     let pod_resources_dir = tempfile::tempdir().unwrap();
