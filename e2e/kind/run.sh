@@ -2,7 +2,7 @@
 # For users with Docker (DESIGN 7, rung 5): create a kind cluster, build and load the three images,
 # helm install the chart, run examples/digits.yaml, wait for Succeeded, print every rank's log, and
 # delete the cluster.
-#   bash e2e/kind/run.sh              # needs docker, kind, kubectl, helm
+#   bash e2e/kind/run.sh              # needs docker, kind (>= 0.23: Kubernetes >= 1.30), kubectl, helm
 #   bash e2e/kind/run.sh --dry-run    # prints the commands instead of running them (no Docker needed)
 # Env: RDU_KIND_CLUSTER (default rdu-e2e), RDU_KIND_KEEP=1 keeps the cluster, RDU_KIND_TIMEOUT (s, 900).
 set -euo pipefail
