@@ -193,10 +193,8 @@ pub(crate) async fn ring(
                 if t > 0 {
                     received.reach(received_before[t - 1] + k + 1).await;
                 }
-                let cell = grid.lock(seg, k).await;
-                wire.send(right, wire.id(PHASE_RING + t as u32, seg, k), &cell)
-                    .await?;
-                drop(cell);
+                let id = wire.id(PHASE_RING + t as u32, seg, k);
+                wire.send(right, id, &grid.lock(seg, k).await).await?;
                 sent.advance();
             }
         }
@@ -210,10 +208,9 @@ pub(crate) async fn ring(
                     sent.reach(sent_before[t + 1 - n] + k + 1).await;
                 }
                 let apply = if t < n - 1 { Apply::Add } else { Apply::Copy };
-                let mut cell = grid.lock(seg, k).await;
                 let id = wire.id(PHASE_RING + t as u32, seg, k);
-                wire.recv(inboxes, left, id, &mut cell, apply).await?;
-                drop(cell);
+                wire.recv(inboxes, left, id, &mut grid.lock(seg, k).await, apply)
+                    .await?;
                 received.advance();
             }
         }
@@ -391,10 +388,8 @@ impl Exchange {
         let sent = Progress::new();
         let sender = async {
             for k in 0..chunks {
-                let cell = grid.lock(0, k).await;
-                wire.send(self.to, wire.id(self.send_phase, 0, k), &cell)
-                    .await?;
-                drop(cell);
+                let id = wire.id(self.send_phase, 0, k);
+                wire.send(self.to, id, &grid.lock(0, k).await).await?;
                 sent.advance();
             }
             Ok::<(), CollectiveError>(())
@@ -402,8 +397,8 @@ impl Exchange {
         let receiver = async {
             for k in 0..chunks {
                 sent.reach(k + 1).await;
-                let mut cell = grid.lock(0, k).await;
                 let id = wire.id(self.receive_phase, 0, k);
+                let mut cell = grid.lock(0, k).await;
                 wire.recv(inboxes, self.from, id, &mut cell, self.apply)
                     .await?;
             }

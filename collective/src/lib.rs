@@ -37,5 +37,5 @@ pub use config::{
 pub use error::CollectiveError;
 pub use rendezvous::{RendezvousHandler, RendezvousService, RendezvousTable};
 pub use segments::{chunk_count, segment_range, segment_ranges};
-pub use topology::AUTO_STAR_MAX_BYTES;
+pub use topology::AUTO_SMALL_MAX_BYTES;
 pub use transport::{FROM_RANK, GENERATION};

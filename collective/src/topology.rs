@@ -6,7 +6,7 @@ use crate::config::{Algorithm, PeerInfo};
 /// `Auto` uses a latency-bound algorithm up to this many bytes (recursive doubling on 2^k ranks,
 /// the star otherwise); above, the ring's bandwidth wins (measured with 4 ranks: star 441 us vs
 /// ring 1039 us at 4 KiB, 597 vs 1403 us at 64 KiB, about even at 256 KiB).
-pub const AUTO_STAR_MAX_BYTES: usize = 64 << 10;
+pub const AUTO_SMALL_MAX_BYTES: usize = 64 << 10;
 
 /// The algorithm actually run, after `Auto` is resolved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,10 +28,10 @@ impl Plan {
             Algorithm::Ring => Plan::Ring,
             Algorithm::Star => Plan::Star,
             Algorithm::Hierarchical => Plan::Hierarchical,
-            Algorithm::Auto if bytes <= AUTO_STAR_MAX_BYTES && world.is_power_of_two() => {
+            Algorithm::Auto if bytes <= AUTO_SMALL_MAX_BYTES && world.is_power_of_two() => {
                 Plan::Doubling
             }
-            Algorithm::Auto if bytes <= AUTO_STAR_MAX_BYTES => Plan::Star,
+            Algorithm::Auto if bytes <= AUTO_SMALL_MAX_BYTES => Plan::Star,
             Algorithm::Auto if topology.multi_rank_nodes(world) => Plan::Hierarchical,
             Algorithm::Auto => Plan::Ring,
         }
@@ -112,10 +112,10 @@ mod tests {
     fn auto_picks_doubling_or_star_for_small_hierarchical_for_shared_nodes_else_ring() {
         let shared = Topology::new(&[peer(0, "a"), peer(1, "a"), peer(2, "b")], 0);
         let flat = Topology::new(&[peer(0, "a"), peer(1, "b")], 0);
-        let big = AUTO_STAR_MAX_BYTES + 4;
+        let big = AUTO_SMALL_MAX_BYTES + 4;
         assert_eq!(Plan::choose(Algorithm::Auto, 4096, 3, &shared), Plan::Star);
         assert_eq!(
-            Plan::choose(Algorithm::Auto, AUTO_STAR_MAX_BYTES, 2, &flat),
+            Plan::choose(Algorithm::Auto, AUTO_SMALL_MAX_BYTES, 2, &flat),
             Plan::Doubling
         );
         assert_eq!(

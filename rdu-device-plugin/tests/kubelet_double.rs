@@ -544,21 +544,53 @@ async fn fragmented_nodes_get_packed_preferred_allocations() {
     plugin.shutdown().await;
 }
 
+/// A registered plugin of 8 RDUs x 4 tiles beside the kubelet's pod-resources API.
+struct PodResourcesRig {
+    lister: PodResourcesDouble,
+    socket: PathBuf,
+    plugin: RunningPlugin,
+    client: DevicePluginClient<Channel>,
+    _kubelet: KubeletDouble,
+    _dirs: [tempfile::TempDir; 2],
+}
+
+impl PodResourcesRig {
+    async fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let pod_resources_dir = tempfile::tempdir().unwrap();
+        let socket = pod_resources_dir.path().join("kubelet.sock");
+        let lister = PodResourcesDouble::start(&socket).unwrap();
+        let mut kubelet = KubeletDouble::start(dir.path()).unwrap();
+        let plugin = RunningPlugin::start(dir.path(), node(8, 4, ResourceMode::Tile, None));
+        let registration = registered(&mut kubelet).await;
+        let client = kubelet.dial_plugin(&registration).await.unwrap();
+        PodResourcesRig {
+            lister,
+            socket,
+            plugin,
+            client,
+            _kubelet: kubelet,
+            _dirs: [dir, pod_resources_dir],
+        }
+    }
+}
+
 #[tokio::test]
 async fn an_allocate_has_pod_resources_read_soon_not_at_the_next_interval() {
-    let dir = tempfile::tempdir().unwrap();
-    let pod_resources_dir = tempfile::tempdir().unwrap();
-    let pod_resources_socket = pod_resources_dir.path().join("kubelet.sock");
-    let lister = PodResourcesDouble::start(&pod_resources_socket).unwrap();
-    let mut kubelet = KubeletDouble::start(dir.path()).unwrap();
-    let plugin = RunningPlugin::start(dir.path(), node(8, 4, ResourceMode::Tile, None));
-    let registration = registered(&mut kubelet).await;
-    let mut client = kubelet.dial_plugin(&registration).await.unwrap();
+    // (Named bindings keep the kubelet double and the directories alive to the end.)
+    let PodResourcesRig {
+        lister,
+        socket,
+        plugin,
+        mut client,
+        _kubelet,
+        _dirs,
+    } = PodResourcesRig::start().await;
     let annotations = Annotations::default();
     // An interval no test outlives: only the first read (at start) comes from it.
     let _poller = spawn_pod_resources_poller(
         plugin.node.clone(),
-        pod_resources_socket,
+        socket,
         Duration::from_secs(3600),
         Duration::from_secs(60),
         Some(TilePublisher::new(Box::new(annotations.clone()))),
@@ -589,14 +621,15 @@ async fn an_allocate_has_pod_resources_read_soon_not_at_the_next_interval() {
 
 #[tokio::test]
 async fn pod_resources_name_the_pod_and_rank_and_free_ended_pods() {
-    let dir = tempfile::tempdir().unwrap();
-    let pod_resources_dir = tempfile::tempdir().unwrap();
-    let pod_resources_socket = pod_resources_dir.path().join("kubelet.sock");
-    let lister = PodResourcesDouble::start(&pod_resources_socket).unwrap();
-    let mut kubelet = KubeletDouble::start(dir.path()).unwrap();
-    let plugin = RunningPlugin::start(dir.path(), node(8, 4, ResourceMode::Tile, None));
-    let registration = registered(&mut kubelet).await;
-    let mut client = kubelet.dial_plugin(&registration).await.unwrap();
+    // (Named bindings keep the kubelet double and the directories alive to the end.)
+    let PodResourcesRig {
+        lister,
+        socket,
+        plugin,
+        mut client,
+        _kubelet,
+        _dirs,
+    } = PodResourcesRig::start().await;
     allocate(&mut client, &[strings(&["rdu1-tile0", "rdu1-tile1"])])
         .await
         .unwrap();
@@ -612,7 +645,7 @@ async fn pod_resources_name_the_pod_and_rank_and_free_ended_pods() {
     let annotations = Annotations::default();
     let _poller = spawn_pod_resources_poller(
         plugin.node.clone(),
-        pod_resources_socket,
+        socket,
         Duration::from_millis(20),
         Duration::ZERO,
         Some(TilePublisher::new(Box::new(annotations.clone()))),
