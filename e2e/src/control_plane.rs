@@ -8,6 +8,7 @@ use crate::pki::{self, PkiError};
 use crate::poll::{PollError, poll_until};
 use crate::ports::free_port;
 use crate::process::Managed;
+use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
@@ -37,8 +38,30 @@ pub struct Components {
     /// kube-scheduler: binds pods to Nodes.
     pub scheduler: bool,
     /// kube-controller-manager with the garbage collector, the ServiceAccount controller and the
-    /// ValidatingAdmissionPolicy status controller (which type-checks policies).
+    /// ValidatingAdmissionPolicy status controller (which type-checks policies); with `node`, every
+    /// default controller (Deployments, DaemonSets, EndpointSlices, node lifecycle, volumes...).
     pub controller_manager: bool,
+    /// Serve a real node (e2e/src/node) too.
+    pub node: Option<NodeAccess>,
+}
+
+/// What a real node needs of the control plane.
+#[derive(Debug, Clone, Copy)]
+pub struct NodeAccess {
+    /// The node's address (the gateway of its pod bridge): the API server binds and advertises it, so
+    /// the `kubernetes` Service leads pods to it, and reaches kubelets on it (their InternalIP).
+    pub address: Ipv4Addr,
+    /// The Service CIDR; its first address is the `kubernetes` Service's ClusterIP.
+    pub service_cidr: (Ipv4Addr, u8),
+    /// The node's name: its kubelet authenticates as `system:node:<name>`.
+    pub name: &'static str,
+}
+
+impl NodeAccess {
+    /// The `kubernetes` Service's ClusterIP (the Service CIDR's first address).
+    pub fn kubernetes_service_ip(&self) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(self.service_cidr.0) + 1)
+    }
 }
 
 /// A running control plane.
@@ -49,6 +72,8 @@ pub struct ControlPlane {
     pub admin_kubeconfig: PathBuf,
     /// CA of the API server's serving certificate.
     pub ca_cert: PathBuf,
+    /// With a node: a kubeconfig for its kubelet (`system:node:<name>`, group `system:nodes`).
+    pub node_kubeconfig: Option<PathBuf>,
     processes: Vec<Managed>,
     dir: TempDir,
 }
@@ -58,17 +83,28 @@ impl ControlPlane {
     pub async fn start(assets: &Assets, components: Components) -> Result<Self, ControlPlaneError> {
         let dir = tempfile::Builder::new().prefix("rdu-e2e-").tempdir()?;
         let root = dir.path().to_path_buf();
-        let pki = pki::generate(&root)?;
+        let node = components.node;
+        let extra_ips: Vec<Ipv4Addr> = node
+            .iter()
+            .flat_map(|n| [n.address, n.kubernetes_service_ip()])
+            .collect();
+        let pki = pki::generate(&root, &extra_ips)?;
         let admin_token = random_token();
-        std::fs::write(
-            root.join("tokens.csv"),
-            format!("{admin_token},admin,admin,\"{ADMIN_GROUP}\"\n"),
-        )?;
+        let mut tokens = format!("{admin_token},admin,admin,\"{ADMIN_GROUP}\"\n");
+        let node_token = random_token();
+        if let Some(n) = node {
+            tokens.push_str(&format!(
+                "{node_token},system:node:{name},system:node:{name},\"system:nodes\"\n",
+                name = n.name
+            ));
+        }
+        std::fs::write(root.join("tokens.csv"), tokens)?;
 
         let etcd_port = free_port()?;
         let etcd_peer_port = free_port()?;
         let api_port = free_port()?;
-        let server = format!("https://127.0.0.1:{api_port}");
+        let api_address = node.map_or(Ipv4Addr::LOCALHOST, |n| n.address);
+        let server = format!("https://{api_address}:{api_port}");
         let admin_kubeconfig = root.join("admin.kubeconfig");
         std::fs::write(
             &admin_kubeconfig,
@@ -98,8 +134,8 @@ impl ControlPlane {
         let mut apiserver = Command::new(&assets.kube_apiserver);
         apiserver
             .arg(format!("--etcd-servers=http://127.0.0.1:{etcd_port}"))
-            .arg("--bind-address=127.0.0.1")
-            .arg("--advertise-address=127.0.0.1")
+            .arg(format!("--bind-address={api_address}"))
+            .arg(format!("--advertise-address={api_address}"))
             .arg(format!("--secure-port={api_port}"))
             .arg(format!(
                 "--cert-dir={}",
@@ -116,7 +152,13 @@ impl ControlPlane {
                 root.join("tokens.csv").display()
             ))
             .arg("--authorization-mode=RBAC,Node")
-            .arg("--service-cluster-ip-range=10.0.0.0/24")
+            .arg(match node {
+                Some(n) => format!(
+                    "--service-cluster-ip-range={}/{}",
+                    n.service_cidr.0, n.service_cidr.1
+                ),
+                None => "--service-cluster-ip-range=10.0.0.0/24".to_string(),
+            })
             .arg("--service-account-issuer=https://kubernetes.default.svc")
             .arg(format!(
                 "--service-account-key-file={}",
@@ -128,12 +170,35 @@ impl ControlPlane {
             ))
             .arg("--allow-privileged=true")
             .arg("--v=1");
+        let mut node_kubeconfig = None;
+        if let Some(n) = node {
+            // As kubeadm does: the API server calls kubelets (logs, exec) with a client certificate in
+            // system:masters, at their InternalIP.
+            let (cert, key) = pki::client_certificate(
+                &root,
+                "apiserver-kubelet-client",
+                "kube-apiserver-kubelet-client",
+                ADMIN_GROUP,
+            )?;
+            apiserver
+                .arg(format!("--kubelet-client-certificate={}", cert.display()))
+                .arg(format!("--kubelet-client-key={}", key.display()))
+                .arg("--kubelet-preferred-address-types=InternalIP");
+            let path = root.join("kubelet.kubeconfig");
+            let user = format!("system:node:{}", n.name);
+            std::fs::write(
+                &path,
+                kubeconfig::render(&server, &pki.ca_cert, &user, &node_token, "default"),
+            )?;
+            node_kubeconfig = Some(path);
+        }
         processes.push(Managed::spawn("kube-apiserver", apiserver, &root)?);
 
         let mut plane = Self {
             server,
             admin_kubeconfig,
             ca_cert: pki.ca_cert,
+            node_kubeconfig,
             processes,
             dir,
         };
@@ -160,10 +225,15 @@ impl ControlPlane {
             let mut kcm = Command::new(&assets.kube_controller_manager);
             kcm.arg(format!("--kubeconfig={}", plane.admin_kubeconfig.display()))
                 .arg("--leader-elect=false")
-                .arg(
+                .arg(if node.is_some() {
+                    // root-ca-cert-publisher (kube-root-ca.crt, which every projected
+                    // ServiceAccount token volume needs) is among the defaults.
+                    "--controllers=*"
+                } else {
                     "--controllers=garbage-collector-controller,serviceaccount-controller,\
-                     validatingadmissionpolicy-status-controller",
-                )
+                     validatingadmissionpolicy-status-controller"
+                })
+                .arg(format!("--root-ca-file={}", plane.ca_cert.display()))
                 .arg("--use-service-account-credentials=false")
                 .arg("--bind-address=127.0.0.1")
                 .arg(format!("--secure-port={port}"))

@@ -1,6 +1,7 @@
 //! Harness for the real control-plane tests: starts etcd and kube-apiserver (and, when a test needs them,
 //! kube-scheduler and kube-controller-manager) from `KUBEBUILDER_ASSETS`, the envtest convention, and
-//! gives tests a kubeconfig, a kube client, kubectl, helm and the operator binary.
+//! gives tests a kubeconfig, a kube client, kubectl, helm and the operator binary; and a real node
+//! (`node`: containerd, kubelet, kube-proxy, CoreDNS) with images assembled from the Dockerfiles (`image`).
 //!
 //! Without `KUBEBUILDER_ASSETS` a test skips with a message, unless `RDU_REQUIRE_CONTROL_PLANE=1`
 //! (CI), where the missing binaries are an error.
@@ -8,7 +9,9 @@
 pub mod assets;
 pub mod cluster;
 pub mod control_plane;
+pub mod image;
 pub mod kubeconfig;
+pub mod node;
 pub mod pki;
 pub mod poll;
 pub mod ports;
@@ -19,6 +22,6 @@ pub use assets::{Assets, AssetsError, assets_or_skip};
 pub use cluster::{
     ClusterError, create_namespace, install_crd, kubectl, kubectl_as, service_account_token,
 };
-pub use control_plane::{Components, ControlPlane, ControlPlaneError};
+pub use control_plane::{Components, ControlPlane, ControlPlaneError, NodeAccess};
 pub use poll::{PollError, poll_until};
 pub use tools::{ToolError, helm_template, kubectl_in, operator_binary, workspace_root};

@@ -1,6 +1,5 @@
 //! Polling with a deadline: how tests wait for the cluster (never a bare sleep).
 
-use std::future::Future;
 use std::time::{Duration, Instant};
 
 /// How often a condition is re-checked.
@@ -15,17 +14,14 @@ pub struct PollError {
     pub last: String,
 }
 
-/// Re-runs `check` until it returns `Ok(Some(value))`, or fails after `timeout` with the last `Ok(None)`
-/// reason or error text. `check` returns `Err(description)` for "not yet, and here is what I saw".
-pub async fn poll_until<T, F, Fut>(
+/// Re-runs `check` until it returns `Ok(value)`, or fails after `timeout` with the last error text.
+/// `check` (an async closure, or a closure returning a future) returns `Err(description)` for "not yet,
+/// and here is what I saw".
+pub async fn poll_until<T>(
     what: &str,
     timeout: Duration,
-    mut check: F,
-) -> Result<T, PollError>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, String>>,
-{
+    mut check: impl AsyncFnMut() -> Result<T, String>,
+) -> Result<T, PollError> {
     let start = Instant::now();
     loop {
         let last = match check().await {
@@ -68,7 +64,7 @@ mod tests {
 
     #[tokio::test]
     async fn reports_the_last_observation_on_timeout() {
-        let err = poll_until::<(), _, _>("never", Duration::ZERO, || async {
+        let err = poll_until::<()>("never", Duration::ZERO, || async {
             Err("still no".to_string())
         })
         .await

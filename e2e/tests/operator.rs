@@ -161,6 +161,7 @@ async fn operator_plane() -> Option<ControlPlane> {
     let components = Components {
         scheduler: false,
         controller_manager: true,
+        node: None,
     };
     let mut plane = ControlPlane::start(&assets, components)
         .await

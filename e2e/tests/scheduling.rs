@@ -53,6 +53,7 @@ async fn the_scheduler_packs_16_ranks_of_4_tiles_onto_two_32_tile_nodes_and_leav
     let components = Components {
         scheduler: true,
         controller_manager: false,
+        node: None,
     };
     let plane = ControlPlane::start(&assets, components)
         .await

@@ -1,0 +1,55 @@
+//! Cluster services the node runs as host processes: CoreDNS (cluster DNS on the node's address, port
+//! 53, answering from the API server with its `kubernetes` plugin) and kube-proxy (iptables mode: the
+//! Service ClusterIPs, among them the `kubernetes` Service that pods reach the API server through).
+
+use std::net::Ipv4Addr;
+use std::path::Path;
+
+/// CoreDNS's Corefile: the cluster domain and reverse zones, from the API server; nothing else is
+/// answered (no forwarding: a test node has no upstream).
+pub fn corefile(address: Ipv4Addr, kubeconfig: &Path, context: &str) -> String {
+    format!(
+        "cluster.local:53 in-addr.arpa:53 ip6.arpa:53 {{\n    bind {address}\n    errors\n    \
+         kubernetes cluster.local in-addr.arpa ip6.arpa {{\n        kubeconfig {kubeconfig} {context}\n        \
+         pods insecure\n        ttl 5\n    }}\n}}\n",
+        kubeconfig = kubeconfig.display(),
+    )
+}
+
+/// kube-proxy's arguments. It leaves conntrack sysctls and route_localnet alone (this machine's settings
+/// are not the test's to change) and serves its metrics and health on loopback ports.
+pub fn kube_proxy_args(
+    kubeconfig: &Path,
+    node_name: &str,
+    pod_cidr: (Ipv4Addr, u8),
+    metrics_port: u16,
+    healthz_port: u16,
+) -> Vec<String> {
+    vec![
+        format!("--kubeconfig={}", kubeconfig.display()),
+        format!("--hostname-override={node_name}"),
+        "--proxy-mode=iptables".into(),
+        format!("--cluster-cidr={}/{}", pod_cidr.0, pod_cidr.1),
+        format!("--metrics-bind-address=127.0.0.1:{metrics_port}"),
+        format!("--healthz-bind-address=127.0.0.1:{healthz_port}"),
+        "--conntrack-max-per-core=0".into(),
+        "--conntrack-tcp-timeout-established=0".into(),
+        "--conntrack-tcp-timeout-close-wait=0".into(),
+        "--iptables-localhost-nodeports=false".into(),
+        "--v=1".into(),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn coredns_serves_only_the_cluster_zones_on_the_node_address() {
+        let text = corefile(Ipv4Addr::new(10, 217, 0, 1), Path::new("/k.conf"), "ctx");
+        assert!(text.starts_with("cluster.local:53 in-addr.arpa:53 ip6.arpa:53 {"));
+        assert!(text.contains("bind 10.217.0.1"));
+        assert!(text.contains("kubeconfig /k.conf ctx"));
+        assert!(!text.contains("forward"));
+    }
+}

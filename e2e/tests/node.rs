@@ -1,0 +1,765 @@
+//! Real pods on a real kubelet (e2e/src/node), everything as a user does it: the three images assembled
+//! from the Dockerfiles, `helm install` of the chart (the operator and the device plugin run as pods), the
+//! node's `rdu.dev/tile` from the kubelet, `kubectl apply -f examples/digits.yaml`, the job's result from
+//! rank 0's termination message, `kubectl logs` of every rank; then faults with real processes and bad
+//! input. `bash e2e/node/run.sh` runs it (as root, with Debian's containerd, runc, CNI plugins and umoci)
+//! and prints the JSON line it writes to `RDU_NODE_BENCH_OUT`.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Event, Node as NodeObject, Pod};
+use kube::Api;
+use kube::api::{ListParams, LogParams};
+use rdu_crds::RduJob;
+use rdu_e2e::image::{self, Inputs};
+use rdu_e2e::node::network::Network;
+use rdu_e2e::node::{self, Image, Node, NodeBins};
+use rdu_e2e::{Assets, Components, ControlPlane, kubectl, poll_until, workspace_root};
+use serde_json::{Value, json};
+
+/// The chart's release and namespace.
+const RELEASE: &str = "rdu";
+const SYSTEM_NAMESPACE: &str = "rdu-system";
+/// The simulated node: one RDU of four tiles, so a rank asking for eight never fits.
+const RDUS: u32 = 1;
+const TILES_PER_RDU: u32 = 4;
+/// Env var naming the file the summary JSON line is written to.
+const BENCH_OUT_ENV: &str = "RDU_NODE_BENCH_OUT";
+/// Env var naming the directory of the binaries the images are assembled from (default target/debug).
+const IMAGE_BINARIES_ENV: &str = "RDU_E2E_IMAGE_BINARIES";
+const SHORT: Duration = Duration::from_secs(60);
+const LONG: Duration = Duration::from_secs(300);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chart_and_the_digits_job_run_on_a_real_node() {
+    let Some((assets, bins)) = node::node_or_skip("node") else {
+        return;
+    };
+    let mut cluster = Cluster::start(&assets, bins).await;
+    let mut summary = serde_json::Map::new();
+    summary.insert("bench".into(), json!("node_digits"));
+    summary.insert(
+        "node_ready_seconds".into(),
+        json!(cluster.started.elapsed().as_secs_f64()),
+    );
+
+    let installed = Instant::now();
+    cluster.helm_install();
+    cluster
+        .wait_tiles(TILES_PER_RDU * RDUS, "after helm install")
+        .await;
+    summary.insert(
+        "helm_install_to_tiles_seconds".into(),
+        json!(installed.elapsed().as_secs_f64()),
+    );
+
+    let digits = cluster.digits_run().await;
+    summary.extend(digits);
+
+    let faults = cluster
+        .gang_restart_resumes_from_a_checkpoint_that_outlives_the_pods()
+        .await;
+    summary.extend(faults);
+
+    let seconds = cluster.kubelet_restart_brings_the_tiles_back().await;
+    summary.insert("kubelet_restart_to_tiles_seconds".into(), json!(seconds));
+
+    let (image_seconds, unschedulable_seconds) = cluster.bad_input_gets_a_reason().await;
+    summary.insert("image_error_reported_seconds".into(), json!(image_seconds));
+    summary.insert(
+        "unschedulable_reported_seconds".into(),
+        json!(unschedulable_seconds),
+    );
+
+    let line = Value::Object(summary).to_string();
+    println!("{line}");
+    if let Some(path) = std::env::var_os(BENCH_OUT_ENV) {
+        std::fs::write(path, format!("{line}\n")).expect("write the summary");
+    }
+}
+
+/// The control plane, the node and the images.
+struct Cluster {
+    // Dropped in this order: the node (it deletes its pods through the CRI) before the control plane.
+    node: Node,
+    plane: ControlPlane,
+    client: kube::Client,
+    started: Instant,
+    /// The digits run's global steps (the undisturbed run).
+    undisturbed_steps: Option<u64>,
+}
+
+impl Cluster {
+    async fn start(assets: &Assets, bins: NodeBins) -> Self {
+        let started = Instant::now();
+        let out = tempfile::Builder::new()
+            .prefix("rdu-images-")
+            .tempdir()
+            .expect("tempdir");
+        let images = assemble_images(out.path());
+        let components = Components {
+            scheduler: true,
+            controller_manager: true,
+            node: Some(node::access()),
+        };
+        // The bridge first: the API server binds the node's address.
+        let network = Network::create().unwrap_or_else(|e| panic!("node network: {e}"));
+        let plane = ControlPlane::start(assets, components)
+            .await
+            .expect("control plane");
+        let node = Node::start(&plane, network, bins, &images)
+            .await
+            .unwrap_or_else(|e| panic!("node: {e}"));
+        let client = plane.admin_client().await.expect("client");
+        Self {
+            node,
+            plane,
+            client,
+            started,
+            undisturbed_steps: None,
+        }
+    }
+
+    fn kubectl(&self, args: &[&str]) -> String {
+        kubectl(&self.plane, args, None).unwrap_or_else(|e| panic!("{e}\n{}", self.diagnose()))
+    }
+
+    fn apply(&self, yaml: &str) {
+        kubectl(&self.plane, &["apply", "-f", "-"], Some(yaml))
+            .unwrap_or_else(|e| panic!("{e}\n{}", self.diagnose()));
+    }
+
+    /// What a person would look at when something is stuck.
+    fn diagnose(&self) -> String {
+        let run = |args: &[&str]| {
+            kubectl(&self.plane, args, None)
+                .unwrap_or_else(|e| format!("(kubectl {}: {e})", args.join(" ")))
+        };
+        let operator_logs = run(&[
+            "logs",
+            "-n",
+            SYSTEM_NAMESPACE,
+            "deploy/rdu-rdu-operator",
+            "--tail=30",
+        ]);
+        format!(
+            "--- pods\n{}\n--- rdujobs\n{}\n--- events\n{}\n--- operator\n{operator_logs}\n--- kubelet\n{}\n--- containerd\n{}",
+            run(&["get", "pods", "-A", "-o", "wide"]),
+            run(&["get", "rdujobs", "-A", "-o", "yaml"]),
+            run(&["get", "events", "-A", "--sort-by=.lastTimestamp"]),
+            self.node.log_tail("kubelet", 30),
+            self.node.log_tail("containerd", 15),
+        )
+    }
+
+    /// Polls `check` until it yields a value, failing with diagnostics.
+    async fn wait<T>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        check: impl AsyncFn() -> Result<T, String>,
+    ) -> T {
+        let outcome = poll_until(what, timeout, check).await;
+        outcome.unwrap_or_else(|e| panic!("{e}\n{}", self.diagnose()))
+    }
+
+    async fn get<K>(&self, api: Api<K>, name: &str) -> Result<Value, String>
+    where
+        K: kube::Resource
+            + Clone
+            + serde::de::DeserializeOwned
+            + serde::Serialize
+            + std::fmt::Debug,
+    {
+        let object = api
+            .get(name)
+            .await
+            .map_err(|e| format!("get {name}: {e}"))?;
+        serde_json::to_value(object).map_err(|e| e.to_string())
+    }
+
+    async fn job(&self, name: &str) -> Result<Value, String> {
+        self.get(
+            Api::<RduJob>::namespaced(self.client.clone(), "default"),
+            name,
+        )
+        .await
+    }
+
+    async fn pod(&self, name: &str) -> Result<Value, String> {
+        self.get(Api::<Pod>::namespaced(self.client.clone(), "default"), name)
+            .await
+    }
+
+    async fn system_pod(&self, name: &str) -> Result<Value, String> {
+        self.get(
+            Api::<Pod>::namespaced(self.client.clone(), SYSTEM_NAMESPACE),
+            name,
+        )
+        .await
+    }
+
+    /// A pod's log through the API server (which asks the kubelet), as `kubectl logs` reads it.
+    async fn logs_in(&self, namespace: &str, pod: &str) -> Result<String, String> {
+        Api::<Pod>::namespaced(self.client.clone(), namespace)
+            .logs(pod, &LogParams::default())
+            .await
+            .map_err(|e| format!("logs of {pod}: {e}"))
+    }
+
+    /// `helm install` of the chart, pointed at the node's kubelet directories.
+    fn helm_install(&self) {
+        let chart = workspace_root().join("charts/rdu-operator");
+        let kubelet = &self.node.kubelet_paths;
+        let sets = [
+            format!(
+                "devicePlugin.kubeletDevicePluginsDir={}",
+                kubelet.device_plugins().display()
+            ),
+            format!(
+                "devicePlugin.kubeletPodResourcesDir={}",
+                kubelet.pod_resources().display()
+            ),
+            format!(
+                "devicePlugin.stateDir={}",
+                self.node.dir().join("rdu-device-plugin").display()
+            ),
+            format!("devicePlugin.rdusPerNode={RDUS}"),
+            format!("devicePlugin.tilesPerRdu={TILES_PER_RDU}"),
+        ];
+        let kubeconfig = format!("--kubeconfig={}", self.plane.admin_kubeconfig.display());
+        let chart = chart.display().to_string();
+        let mut args = vec![
+            "install",
+            RELEASE,
+            chart.as_str(),
+            "--namespace",
+            SYSTEM_NAMESPACE,
+            "--create-namespace",
+            kubeconfig.as_str(),
+        ];
+        for set in &sets {
+            args.extend(["--set", set.as_str()]);
+        }
+        rdu_e2e::tools::run_ok(&rdu_e2e::tools::helm_binary(), &args, None)
+            .unwrap_or_else(|e| panic!("helm install: {e}"));
+    }
+
+    /// Waits until the node's allocatable `rdu.dev/tile` is `count`.
+    async fn wait_tiles(&self, count: u32, when: &str) {
+        let want = count.to_string();
+        let nodes = Api::<NodeObject>::all(self.client.clone());
+        self.wait(
+            &format!("{count} allocatable rdu.dev/tile {when}"),
+            LONG,
+            async || {
+                let node = self.get(nodes.clone(), node::NODE_NAME).await?;
+                let have = node["status"]["allocatable"]["rdu.dev/tile"]
+                    .as_str()
+                    .unwrap_or("none")
+                    .to_string();
+                if have == want {
+                    Ok(())
+                } else {
+                    Err(format!("allocatable rdu.dev/tile: {have}"))
+                }
+            },
+        )
+        .await;
+    }
+
+    async fn wait_phase(&self, name: &str, phase: &str, timeout: Duration) -> Value {
+        self.wait(
+            &format!("RduJob {name} to be {phase}"),
+            timeout,
+            async || {
+                let job = self.job(name).await?;
+                let have = job["status"]["phase"].as_str().unwrap_or("").to_string();
+                if have == phase {
+                    Ok(job)
+                } else if have == "Failed" {
+                    panic!(
+                        "RduJob {name} failed: {}\n{}",
+                        job["status"],
+                        self.diagnose()
+                    );
+                } else {
+                    Err(format!("phase {have:?}"))
+                }
+            },
+        )
+        .await
+    }
+
+    /// `kubectl logs <pod>`: what a user reads.
+    fn kubectl_logs(&self, pod: &str) -> String {
+        self.kubectl(&["logs", pod, "-n", "default"])
+    }
+
+    /// The digits example as a user runs it; checks the result, the ranks' tiles and every rank's log.
+    async fn digits_run(&mut self) -> serde_json::Map<String, Value> {
+        let yaml = std::fs::read_to_string(workspace_root().join("examples/digits.yaml"))
+            .expect("example");
+        let applied = Instant::now();
+        self.apply(&yaml);
+        self.wait_phase("digits", "Running", LONG).await;
+        let running = applied.elapsed().as_secs_f64();
+        let job = self.wait_phase("digits", "Succeeded", LONG).await;
+        let succeeded = applied.elapsed().as_secs_f64();
+        let workers = job["spec"]["workers"].as_u64().expect("workers") as u32;
+
+        // status.result is rank 0's termination message.
+        let rank0 = self.pod("digits-worker-0").await.expect("rank 0's pod");
+        let message = rank0["status"]["containerStatuses"][0]["state"]["terminated"]["message"]
+            .as_str()
+            .unwrap_or_else(|| panic!("rank 0 left no termination message: {}", rank0["status"]));
+        let from_rank0: Value = serde_json::from_str(message).expect("termination message is JSON");
+        let result = &job["status"]["result"];
+        for field in [
+            "finalLoss",
+            "testAccuracy",
+            "samplesPerSecond",
+            "trainSeconds",
+            "globalSteps",
+        ] {
+            assert_eq!(
+                result[field], from_rank0[field],
+                "status.result.{field}: {result} vs {from_rank0}"
+            );
+        }
+        let steps = result["globalSteps"].as_u64().expect("globalSteps");
+        self.undisturbed_steps = Some(steps);
+
+        // Every rank: its tiles in status, its log with the rank on every line, the seeds' final line, and
+        // the SF_RNT_TILE_AFFINITY it was given matching those tiles.
+        let ranks = job["status"]["ranks"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(ranks.len(), workers as usize, "status.ranks: {ranks:?}");
+        let mut all_tiles = Vec::new();
+        for rank in 0..workers {
+            let entry = ranks
+                .iter()
+                .find(|r| r["rank"] == rank)
+                .expect("rank in status");
+            let tiles: Vec<String> = entry["tiles"]
+                .as_array()
+                .unwrap_or_else(|| panic!("status.ranks[{rank}].tiles is empty: {entry}"))
+                .iter()
+                .filter_map(|t| t.as_str().map(str::to_string))
+                .collect();
+            assert_eq!(tiles.len(), 1, "rank {rank} tiles {tiles:?}");
+            let pod = format!("digits-worker-{rank}");
+            let log = self.kubectl_logs(&pod);
+            assert!(!log.trim().is_empty(), "no log for {pod}");
+            for line in log.lines() {
+                assert!(
+                    line.contains(&format!("rank={rank}")),
+                    "{pod}: a line without its rank: {line}"
+                );
+            }
+            assert!(
+                log.lines()
+                    .any(|l| l.contains("inner train loop time")
+                        && l.contains("e2e samples_per_sec")),
+                "{pod}: no final line\n{log}"
+            );
+            let affinity = field_of(&log, "tile_affinity")
+                .unwrap_or_else(|| panic!("{pod}: no tile_affinity\n{log}"));
+            assert_eq!(
+                parse_mask(&affinity),
+                mask_of(&tiles),
+                "{pod}: SF_RNT_TILE_AFFINITY {affinity} vs tiles {tiles:?}"
+            );
+            all_tiles.extend(tiles);
+        }
+        all_tiles.sort();
+        all_tiles.dedup();
+        assert_eq!(
+            all_tiles.len(),
+            workers as usize,
+            "ranks share tiles: {all_tiles:?}"
+        );
+
+        let mut out = serde_json::Map::new();
+        out.insert("apply_to_running_seconds".into(), json!(running));
+        out.insert("apply_to_succeeded_seconds".into(), json!(succeeded));
+        out.insert("digits_result".into(), result.clone());
+        out
+    }
+
+    /// A job whose checkpoints live on a claim: the device plugin's pod is deleted while it runs (the
+    /// DaemonSet brings it back, no allocation lost), then one worker's process is killed; the gang
+    /// restarts with generation + 1, resumes from the last checkpoint and ends with the planned steps.
+    async fn gang_restart_resumes_from_a_checkpoint_that_outlives_the_pods(
+        &mut self,
+    ) -> serde_json::Map<String, Value> {
+        let mut out = serde_json::Map::new();
+        self.kubectl(&["delete", "rdujob", "digits", "-n", "default", "--wait=true"]);
+        let pv_dir = self.node.dir().join("pv-checkpoints");
+        std::fs::create_dir_all(&pv_dir).expect("pv dir");
+        set_mode(&pv_dir, 0o777);
+        self.apply(&static_volume(&pv_dir));
+
+        let example = workspace_root().join("examples/digits-checkpointed.yaml");
+        let yaml = std::fs::read_to_string(&example).expect("examples/digits-checkpointed.yaml");
+        let mut job: Value = serde_yaml_ng::from_str(&yaml).expect("example YAML");
+        let name = job["metadata"]["name"].as_str().expect("name").to_string();
+        // Long enough to fault mid-run, with the undisturbed run's steps per epoch.
+        let epochs = job["spec"]["training"]["epochs"].as_u64().expect("epochs");
+        job["spec"]["training"]["epochs"] = json!(epochs * 4);
+        self.apply(&serde_json::to_string(&job).expect("JSON"));
+        self.wait_phase(&name, "Running", LONG).await;
+
+        // The device plugin's pod goes; the DaemonSet's next one finds every allocation.
+        let deleted = Instant::now();
+        let old = self.plugin_pod().await.expect("a ready device plugin pod");
+        self.kubectl(&[
+            "delete",
+            "pod",
+            &old,
+            "-n",
+            SYSTEM_NAMESPACE,
+            "--wait=false",
+        ]);
+        let workers = job["spec"]["workers"].as_u64().expect("workers") as u32;
+        let status = self
+            .wait(
+                "a new device plugin pod that knows the job's allocations",
+                SHORT,
+                async || {
+                    let pod = self.plugin_pod().await?;
+                    if pod == old {
+                        return Err("the old pod is still there".into());
+                    }
+                    let ip = self.system_pod(&pod).await?["status"]["podIP"]
+                        .as_str()
+                        .map(str::to_string)
+                        .ok_or("no pod IP yet")?;
+                    let url = format!("http://{ip}:9464/status");
+                    let status = rdu_device_plugin::tilestat::fetch(&url)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    if status.tiles_allocated == workers {
+                        Ok(status)
+                    } else {
+                        Err(format!("{} tiles allocated", status.tiles_allocated))
+                    }
+                },
+            )
+            .await;
+        out.insert(
+            "plugin_pod_back_seconds".into(),
+            json!(deleted.elapsed().as_secs_f64()),
+        );
+        assert_eq!(status.tiles_total, RDUS * TILES_PER_RDU);
+        self.wait_tiles(RDUS * TILES_PER_RDU, "with the new device plugin")
+            .await;
+
+        // Kill rank 1's process once two checkpoints exist.
+        let interval = job["spec"]["checkpoint"]["intervalSteps"]
+            .as_u64()
+            .expect("intervalSteps");
+        let rank0 = format!("{name}-worker-0");
+        self.wait("two checkpoints' worth of steps", LONG, async || {
+            let log = self.logs_in("default", &rank0).await?;
+            let steps = log
+                .lines()
+                .filter_map(|l| field_of(l, "global_steps"))
+                .filter_map(|s| s.parse::<u64>().ok())
+                .max();
+            match steps {
+                Some(s) if s >= 2 * interval => Ok(()),
+                other => Err(format!("global steps {other:?}")),
+            }
+        })
+        .await;
+        let planned = field_of(&self.kubectl_logs(&rank0), "total_steps")
+            .and_then(|s| s.parse::<u64>().ok())
+            .expect("total_steps in rank 0's log");
+        let victim = self
+            .pod(&format!("{name}-worker-1"))
+            .await
+            .expect("rank 1's pod");
+        let container = victim["status"]["containerStatuses"][0]["containerID"]
+            .as_str()
+            .expect("containerID")
+            .to_string();
+        let pid = self
+            .node
+            .container_pid(&container)
+            .expect("ctr")
+            .expect("rank 1 is running");
+        let killed = std::process::Command::new("kill")
+            .args(["-9", &pid.to_string()])
+            .status()
+            .expect("kill");
+        assert!(killed.success());
+
+        self.wait("the gang restarted with generation 1", LONG, async || {
+            let job = self.job(&name).await?;
+            if job["status"]["restarts"].as_u64() == Some(1) {
+                Ok(())
+            } else {
+                Err(format!("{}", job["status"]))
+            }
+        })
+        .await;
+        let job = self.wait_phase(&name, "Succeeded", LONG).await;
+        let log = self.kubectl_logs(&rank0);
+        assert!(
+            log.contains("generation=1"),
+            "rank 0's new log is not generation 1:\n{log}"
+        );
+        let resumed = log
+            .lines()
+            .find(|l| l.contains("resumed from checkpoint"))
+            .and_then(|l| field_of(l, "step"))
+            .and_then(|s| s.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("generation 1 did not resume from a checkpoint:\n{log}"));
+        assert!(
+            resumed >= interval && resumed % interval == 0,
+            "resumed from step {resumed}"
+        );
+        let steps = job["status"]["result"]["globalSteps"]
+            .as_u64()
+            .expect("globalSteps");
+        assert_eq!(
+            steps, planned,
+            "the restarted run ended at another step than planned"
+        );
+        let per_epoch = self.undisturbed_steps.expect("digits ran") / epochs;
+        assert_eq!(
+            steps,
+            per_epoch * epochs * 4,
+            "steps differ from the undisturbed run's per epoch"
+        );
+        let claim = serde_json::from_str::<Value>(&self.kubectl(&[
+            "get",
+            "pvc",
+            &format!("{name}-checkpoints"),
+            "-n",
+            "default",
+            "-o",
+            "json",
+        ]))
+        .expect("claim JSON");
+        assert_eq!(claim["status"]["phase"], "Bound", "{claim}");
+        self.kubectl(&["delete", "rdujob", &name, "-n", "default", "--wait=true"]);
+        out.insert("restart_resumed_from_step".into(), json!(resumed));
+        out.insert("restart_planned_steps".into(), json!(planned));
+        out
+    }
+
+    /// The device plugin's ready pod (not being deleted).
+    async fn plugin_pod(&self) -> Result<String, String> {
+        let pods = Api::<Pod>::namespaced(self.client.clone(), SYSTEM_NAMESPACE)
+            .list(&ListParams::default().labels("app.kubernetes.io/component=device-plugin"))
+            .await
+            .map_err(|e| e.to_string())?;
+        let pods = serde_json::to_value(pods.items).map_err(|e| e.to_string())?;
+        pods.as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+            .filter(|p| {
+                p["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+            })
+            .find_map(|p| p["metadata"]["name"].as_str().map(str::to_string))
+            .ok_or_else(|| "no ready device plugin pod".to_string())
+    }
+
+    /// The kubelet restarts: the plugin registers again and the tiles come back.
+    async fn kubelet_restart_brings_the_tiles_back(&mut self) -> f64 {
+        let pod = self.plugin_pod().await.expect("a ready device plugin pod");
+        let registrations = async |cluster: &Self| {
+            let log = cluster.logs_in(SYSTEM_NAMESPACE, &pod).await?;
+            Ok::<_, String>(log.matches("registered with the kubelet").count())
+        };
+        let before = registrations(self).await.expect("the plugin's log");
+        let restarted = Instant::now();
+        self.node.restart_kubelet().expect("restart the kubelet");
+        self.wait("the device plugin to register again", SHORT, async || {
+            let now = registrations(self).await?;
+            if now > before {
+                Ok(())
+            } else {
+                Err(format!("{now} registrations"))
+            }
+        })
+        .await;
+        self.wait_tiles(RDUS * TILES_PER_RDU, "after the kubelet restarted")
+            .await;
+        restarted.elapsed().as_secs_f64()
+    }
+
+    /// A missing image and a job too big for any node each get a reason in the job's status and a
+    /// Warning event, within seconds.
+    async fn bad_input_gets_a_reason(&self) -> (f64, f64) {
+        let job = |name: &str, image: &str, tiles: u32| {
+            format!(
+                "apiVersion: rdu.dev/v1alpha1\nkind: RduJob\nmetadata: {{name: {name}, namespace: default}}\n\
+                 spec:\n  workers: 1\n  tilesPerWorker: {tiles}\n  image: {image}\n  imagePullPolicy: Never\n  \
+                 model: {{name: ffn-logreg, hiddenSizes: [8]}}\n  data: {{source: synthetic}}\n  training: {{steps: 5, batchSize: 4}}\n"
+            )
+        };
+        self.apply(&job("no-such-image", "rdu-worker:does-not-exist", 1));
+        let image_seconds = self.reported("no-such-image", "ErrImageNeverPull").await;
+        self.apply(&job("too-many-tiles", "rdu-worker:0.1.0", 8));
+        let unschedulable_seconds = self.reported("too-many-tiles", "Unschedulable").await;
+        (image_seconds, unschedulable_seconds)
+    }
+
+    /// Seconds until the job has a condition with `reason` and a Warning event with it.
+    async fn reported(&self, name: &str, reason: &str) -> f64 {
+        let started = Instant::now();
+        let events = Api::<Event>::namespaced(self.client.clone(), "default");
+        self.wait(
+            &format!("{name}: reason {reason} in status and an event"),
+            SHORT,
+            async || {
+                let job = self.job(name).await?;
+                let conditions = job["status"]["conditions"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default();
+                if !conditions.iter().any(|c| c["reason"] == reason) {
+                    return Err(format!("conditions {conditions:?}"));
+                }
+                let selector = format!("involvedObject.name={name},reason={reason}");
+                let found = events
+                    .list(&ListParams::default().fields(&selector))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if found
+                    .items
+                    .iter()
+                    .any(|e| e.type_.as_deref() == Some("Warning"))
+                {
+                    Ok(())
+                } else {
+                    Err("no Warning event yet".into())
+                }
+            },
+        )
+        .await;
+        started.elapsed().as_secs_f64()
+    }
+}
+
+/// The three images, assembled from the Dockerfiles and checked against them.
+fn assemble_images(out: &Path) -> Vec<Image> {
+    let root = workspace_root();
+    let binaries = std::env::var_os(IMAGE_BINARIES_ENV)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target/debug"));
+    let inputs = Inputs {
+        context: root.clone(),
+        binaries,
+    };
+    let mut images = Vec::new();
+    for (dockerfile, repository) in [
+        ("operator.Dockerfile", "rdu-operator"),
+        ("device-plugin.Dockerfile", "rdu-device-plugin"),
+        ("worker.Dockerfile", "rdu-worker"),
+    ] {
+        let tag = chart_app_version();
+        let assembled = image::assemble(
+            &root.join("docker").join(dockerfile),
+            repository,
+            &tag,
+            &inputs,
+            out,
+        )
+        .unwrap_or_else(|e| panic!("{dockerfile}: {e}"));
+        let facts = image::inspect(&assembled.layout, &assembled.tag).expect("inspect");
+        let drift = image::drift(&assembled.stage, &facts);
+        assert!(
+            drift.is_empty(),
+            "{dockerfile} and its image differ: {drift:?}"
+        );
+        images.push(Image {
+            name: format!("{repository}:{tag}"),
+            tar: assembled.tar,
+        });
+    }
+    images
+}
+
+fn chart_app_version() -> String {
+    let chart = std::fs::read_to_string(workspace_root().join("charts/rdu-operator/Chart.yaml"))
+        .expect("Chart.yaml");
+    let chart: Value = serde_yaml_ng::from_str(&chart).expect("Chart.yaml");
+    chart["appVersion"]
+        .as_str()
+        .expect("appVersion")
+        .to_string()
+}
+
+/// A PersistentVolume on the node's disk, for the checkpoint claim (no provisioner runs here).
+fn static_volume(dir: &Path) -> String {
+    format!(
+        "apiVersion: v1\nkind: PersistentVolume\nmetadata: {{name: rdu-e2e-checkpoints}}\nspec:\n  capacity: {{storage: 1Gi}}\n  \
+         accessModes: [ReadWriteOnce]\n  persistentVolumeReclaimPolicy: Retain\n  hostPath: {{path: {}, type: Directory}}\n",
+        dir.display()
+    )
+}
+
+fn set_mode(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+/// `key=value` from a tracing line (the value up to the next space or `}`).
+fn field_of(text: &str, key: &str) -> Option<String> {
+    let needle = format!("{key}=");
+    text.match_indices(&needle)
+        .filter(|(i, _)| {
+            *i == 0
+                || !text.as_bytes()[i - 1].is_ascii_alphanumeric() && text.as_bytes()[i - 1] != b'_'
+        })
+        .last()
+        .map(|(i, _)| {
+            text[i + needle.len()..]
+                .split(|c: char| c.is_whitespace() || c == '}' || c == ',')
+                .next()
+                .unwrap_or_default()
+                .trim_matches('"')
+                .to_string()
+        })
+}
+
+fn parse_mask(text: &str) -> u128 {
+    u128::from_str_radix(text.trim_start_matches("0x"), 16)
+        .unwrap_or_else(|_| panic!("mask {text}"))
+}
+
+/// SF_RNT_TILE_AFFINITY of tiles `rdu<R>-tile<T>`: bit R × tilesPerRdu + T.
+fn mask_of(tiles: &[String]) -> u128 {
+    tiles.iter().fold(0, |mask, id| {
+        let (rdu, tile) = id
+            .strip_prefix("rdu")
+            .and_then(|rest| rest.split_once("-tile"))
+            .unwrap_or_else(|| panic!("tile id {id}"));
+        let bit =
+            rdu.parse::<u32>().expect("rdu") * TILES_PER_RDU + tile.parse::<u32>().expect("tile");
+        mask | 1 << bit
+    })
+}
+
+#[test]
+fn fields_are_read_from_tracing_lines() {
+    let line = "2026-11-23T21:00:00Z  INFO worker{rank=3 job=digits generation=0}: rdu_worker::train: training starts total_steps=660 tile_affinity=0x8 samples_per_rank=359";
+    assert_eq!(field_of(line, "rank").as_deref(), Some("3"));
+    assert_eq!(field_of(line, "total_steps").as_deref(), Some("660"));
+    assert_eq!(field_of(line, "tile_affinity").as_deref(), Some("0x8"));
+    assert_eq!(field_of(line, "steps"), None);
+    assert_eq!(mask_of(&["rdu0-tile3".into()]), 0x8);
+    assert_eq!(parse_mask("0x0000000a"), 0xa);
+}
