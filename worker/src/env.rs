@@ -28,6 +28,10 @@ pub struct WorkerEnv {
     pub checkpoint_dir: Option<PathBuf>,
     /// This rank's tiles: its compute threads.
     pub tiles: usize,
+    /// The tiles the device plugin (or local mode) gave this rank, as it gave them:
+    /// `SF_RNT_TILE_AFFINITY` and `RDU_VISIBLE_TILES` (empty when unset).
+    pub tile_affinity: String,
+    pub visible_tiles: String,
 }
 
 impl WorkerEnv {
@@ -99,6 +103,8 @@ impl WorkerEnv {
                 .filter(|v| !v.is_empty())
                 .map(PathBuf::from),
             tiles,
+            tile_affinity: get(env::TILE_AFFINITY).unwrap_or_default(),
+            visible_tiles: get(env::VISIBLE_TILES).unwrap_or_default(),
         })
     }
 }

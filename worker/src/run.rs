@@ -28,7 +28,14 @@ pub fn run(get: impl Fn(&str) -> Option<String>) -> i32 {
             return e.exit_code();
         }
     };
-    let span = tracing::info_span!("worker", rank = env.rank, job = %env.job_name);
+    // Every line of the rank's log carries the rank, job and generation (`kubectl logs` shows no other
+    // prefix).
+    let span = tracing::info_span!(
+        "worker",
+        rank = env.rank,
+        job = %env.job_name,
+        generation = env.generation
+    );
     let _entered = span.enter();
     // One thread for the collective and its socket readers: the rank's compute runs on its tile threads, and on
     // small hosts extra runtime threads only contend with them and with the peer ranks (allreduce-bench, 2 ranks

@@ -127,6 +127,8 @@ pub async fn train(
         steps_per_epoch,
         total_steps,
         tiles = env.tiles,
+        tile_affinity = %env.tile_affinity,
+        visible_tiles = %env.visible_tiles,
         algorithm = %plan.algorithm,
         buckets = buckets::partition(&model.layer_elems(), plan.cap_bytes).len(),
         "training starts"
