@@ -325,8 +325,8 @@ pub struct CheckpointSpec {
     /// only rank 0 mounts and that outlives gang restarts, so a restarted gang resumes from its checkpoints.
     /// Local mode ignores it (its scratch directory already survives restarts).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "crate::schema::preserve_unknown_object")]
-    #[x_kube(validation = Rule::new("has(self.resources) && has(self.resources.requests) && has(self.resources.requests.storage)").message("spec.checkpoint.volumeClaimTemplate.resources.requests.storage is required: set the size of the checkpoint volume, e.g. 1Gi"))]
+    #[schemars(schema_with = "crate::schema::claim_template")]
+    #[x_kube(validation = Rule::new("has(self.resources) && has(self.resources.requests) && 'storage' in self.resources.requests").message("spec.checkpoint.volumeClaimTemplate.resources.requests.storage is required: set the size of the checkpoint volume, e.g. 1Gi"))]
     pub volume_claim_template: Option<PersistentVolumeClaimSpec>,
     /// How many checkpoints to keep.
     #[serde(default = "default_keep")]
