@@ -69,6 +69,17 @@ pub async fn run(path: &Path, workers: Option<u32>) -> Result<i32, CliError> {
         job.spec.tiles_per_worker,
         scratch.path().display()
     );
+    if job
+        .spec
+        .checkpoint
+        .as_ref()
+        .is_some_and(|c| c.volume_claim_template.is_some())
+    {
+        eprintln!(
+            "[rdujob] spec.checkpoint.volumeClaimTemplate is for clusters; locally checkpoints go to the scratch \
+             directory, which survives gang restarts"
+        );
+    }
     let mut node = simulated_node(&job)?;
     for generation in 0u32.. {
         let result_path = scratch.path().join(format!("result-{generation}.json"));

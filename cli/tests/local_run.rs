@@ -167,6 +167,23 @@ fn reduce_through_the_host_trains_too() {
 }
 
 #[test]
+fn a_checkpoint_claim_template_is_ignored_locally_and_said_so() {
+    let spec = format!(
+        "{SMALL}  checkpoint: {{intervalSteps: 10, keep: 2, volumeClaimTemplate: \
+         {{accessModes: [ReadWriteOnce], resources: {{requests: {{storage: 64Mi}}}}}}}}\n"
+    );
+    let f = run_job(&spec, &[]);
+    assert_eq!(f.code, Some(0), "{}", f.stderr);
+    assert!(
+        f.stderr
+            .contains("spec.checkpoint.volumeClaimTemplate is for clusters"),
+        "{}",
+        f.stderr
+    );
+    assert_eq!(result_json(&f)["globalSteps"], 30);
+}
+
+#[test]
 fn bad_specs_exit_64_naming_the_field() {
     let cases = [
         (SMALL.replace("workers: 3", "workers: 0"), "spec.workers"),

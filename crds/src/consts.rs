@@ -78,6 +78,11 @@ pub fn token_secret_name(job: &str) -> String {
     format!("{job}-token")
 }
 
+/// Name of the PersistentVolumeClaim holding a job's checkpoints (`spec.checkpoint.volumeClaimTemplate`).
+pub fn checkpoint_claim_name(job: &str) -> String {
+    format!("{job}-checkpoints")
+}
+
 /// Name of the pod of one rank.
 pub fn pod_name(job: &str, rank: u32) -> String {
     format!("{job}-worker-{rank}")
@@ -96,6 +101,7 @@ mod tests {
     fn child_names_follow_the_design() {
         assert_eq!(pod_name("mnist", 3), "mnist-worker-3");
         assert_eq!(token_secret_name("mnist"), "mnist-token");
+        assert_eq!(checkpoint_claim_name("mnist"), "mnist-checkpoints");
         assert_eq!(master_addr("mnist", "ml"), "mnist-worker-0.mnist.ml.svc");
     }
 }

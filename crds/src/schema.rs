@@ -1,4 +1,5 @@
-//! Hand-written schema pieces that derive cannot express: list-map conditions and free-form pod templates.
+//! Hand-written schema pieces that derive cannot express: list-map conditions, free-form pod templates and the
+//! checkpoint claim template.
 
 use schemars::{Schema, SchemaGenerator, json_schema};
 
@@ -28,5 +29,26 @@ pub fn preserve_unknown_object(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "type": "object",
         "x-kubernetes-preserve-unknown-fields": true
+    })
+}
+
+/// A PersistentVolumeClaimSpec kept free-form like the pod template, except `resources.requests`, which is
+/// declared so that a CEL rule can see the storage request (CEL cannot read undeclared fields).
+pub fn claim_template(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+        "properties": {
+            "resources": {
+                "type": "object",
+                "x-kubernetes-preserve-unknown-fields": true,
+                "properties": {
+                    "requests": {
+                        "type": "object",
+                        "additionalProperties": {"x-kubernetes-int-or-string": true}
+                    }
+                }
+            }
+        }
     })
 }

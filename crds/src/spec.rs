@@ -1,6 +1,6 @@
 //! The RduJob spec (DESIGN 4.1) with its schema-level and CEL validation.
 
-use k8s_openapi::api::core::v1::PodTemplateSpec;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaimSpec, PodTemplateSpec};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
@@ -310,16 +310,24 @@ fn default_min_world_size() -> u32 {
     2
 }
 
-/// Checkpointing of the model and optimizer.
+/// Checkpointing of the model and optimizer. Only rank 0 reads and writes checkpoints.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.volume) || !has(self.volumeClaimTemplate)").message("spec.checkpoint.volume and spec.checkpoint.volumeClaimTemplate cannot both be set: keep volume to write into a volume of spec.template, or volumeClaimTemplate for a claim the operator creates, and remove the other"))]
 pub struct CheckpointSpec {
     /// Write a checkpoint every this many global steps.
     #[x_kube(validation = Rule::new("self >= 1").message("spec.checkpoint.intervalSteps must be at least 1"))]
     pub interval_steps: u64,
-    /// A volume of `template` to write into; an emptyDir when omitted.
+    /// A volume of `template` to write into; an emptyDir when neither this nor `volumeClaimTemplate` is set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume: Option<String>,
+    /// A PersistentVolumeClaim spec: the operator creates one claim `<job>-checkpoints`, owned by the job, that
+    /// only rank 0 mounts and that outlives gang restarts, so a restarted gang resumes from its checkpoints.
+    /// Local mode ignores it (its scratch directory already survives restarts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::claim_template")]
+    #[x_kube(validation = Rule::new("has(self.resources) && has(self.resources.requests) && 'storage' in self.resources.requests").message("spec.checkpoint.volumeClaimTemplate.resources.requests.storage is required: set the size of the checkpoint volume, e.g. 1Gi"))]
+    pub volume_claim_template: Option<PersistentVolumeClaimSpec>,
     /// How many checkpoints to keep.
     #[serde(default = "default_keep")]
     #[x_kube(validation = Rule::new("self >= 1").message("spec.checkpoint.keep must be at least 1"))]

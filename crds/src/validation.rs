@@ -210,6 +210,32 @@ fn check_policies(c: &mut Checks, spec: &RduJobSpec) {
         c.check(ckpt.keep >= 1, "spec.checkpoint.keep", || {
             "spec.checkpoint.keep must be at least 1".into()
         });
+        c.check(
+            ckpt.volume.is_none() || ckpt.volume_claim_template.is_none(),
+            "spec.checkpoint",
+            || {
+                "spec.checkpoint.volume and spec.checkpoint.volumeClaimTemplate cannot both be set: keep volume to \
+                 write into a volume of spec.template, or volumeClaimTemplate for a claim the operator creates, and \
+                 remove the other"
+                    .into()
+            },
+        );
+        if let Some(claim) = &ckpt.volume_claim_template {
+            let sized = claim
+                .resources
+                .as_ref()
+                .and_then(|r| r.requests.as_ref())
+                .is_some_and(|r| r.contains_key("storage"));
+            c.check(
+                sized,
+                "spec.checkpoint.volumeClaimTemplate.resources.requests.storage",
+                || {
+                    "spec.checkpoint.volumeClaimTemplate.resources.requests.storage is required: set the size of \
+                     the checkpoint volume, e.g. 1Gi"
+                        .into()
+                },
+            );
+        }
     }
     let run = &spec.run_policy;
     c.check(
@@ -235,6 +261,7 @@ fn check_policies(c: &mut Checks, spec: &RduJobSpec) {
 mod tests {
     use super::*;
     use crate::{CheckpointSpec, CompileSpec, SchedulingPolicy};
+    use k8s_openapi::api::core::v1::PersistentVolumeClaimSpec;
 
     const MINIMAL: &str = r#"
 apiVersion: rdu.dev/v1alpha1
@@ -258,6 +285,11 @@ spec:
             .into_iter()
             .map(|e| e.field)
             .collect()
+    }
+
+    fn sized_claim() -> PersistentVolumeClaimSpec {
+        serde_json::from_value(serde_json::json!({"resources": {"requests": {"storage": "64Mi"}}}))
+            .expect("claim")
     }
 
     #[test]
@@ -322,6 +354,7 @@ spec:
                     s.checkpoint = Some(CheckpointSpec {
                         interval_steps: 0,
                         volume: None,
+                        volume_claim_template: None,
                         keep: 1,
                     })
                 },
@@ -332,10 +365,33 @@ spec:
                     s.checkpoint = Some(CheckpointSpec {
                         interval_steps: 5,
                         volume: None,
+                        volume_claim_template: None,
                         keep: 0,
                     })
                 },
                 "spec.checkpoint.keep",
+            ),
+            (
+                |s| {
+                    s.checkpoint = Some(CheckpointSpec {
+                        interval_steps: 5,
+                        volume: Some("ckpt".into()),
+                        volume_claim_template: Some(sized_claim()),
+                        keep: 1,
+                    })
+                },
+                "spec.checkpoint",
+            ),
+            (
+                |s| {
+                    s.checkpoint = Some(CheckpointSpec {
+                        interval_steps: 5,
+                        volume: None,
+                        volume_claim_template: Some(PersistentVolumeClaimSpec::default()),
+                        keep: 1,
+                    })
+                },
+                "spec.checkpoint.volumeClaimTemplate.resources.requests.storage",
             ),
             (
                 |s| s.run_policy.active_deadline_seconds = Some(0),
@@ -356,6 +412,29 @@ spec:
             breaker(&mut spec);
             assert_eq!(fields(&spec), vec![field.to_string()], "case {i}: {field}");
         }
+    }
+
+    #[test]
+    fn a_sized_claim_template_alone_is_valid_and_the_refusal_names_both_fields() {
+        let mut spec = minimal();
+        spec.checkpoint = Some(CheckpointSpec {
+            interval_steps: 5,
+            volume: None,
+            volume_claim_template: Some(sized_claim()),
+            keep: 2,
+        });
+        assert_eq!(validate_spec(&spec), Ok(()));
+        if let Some(c) = spec.checkpoint.as_mut() {
+            c.volume = Some("ckpt".into());
+        }
+        let errors = validate_spec(&spec).expect_err("both set");
+        let text = errors[0].to_string();
+        assert!(
+            text.contains(
+                "spec.checkpoint.volume and spec.checkpoint.volumeClaimTemplate cannot both be set"
+            ) && text.contains("remove the other"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -82,6 +82,7 @@ fn the_chart_grants_exactly_the_operators_api_use() {
         ),
         ("", &["services"], &["list", "watch", "create", "patch"]),
         ("", &["secrets"], &["get", "create", "patch"]),
+        ("", &["persistentvolumeclaims"], &["get", "create", "patch"]),
         (
             "networking.k8s.io",
             &["networkpolicies"],
@@ -248,6 +249,8 @@ async fn the_charts_service_account_may_do_what_the_operator_does_and_no_more() 
         ("delete", "pods"),
         ("create", "secrets"),
         ("patch", "services"),
+        ("create", "persistentvolumeclaims"),
+        ("get", "persistentvolumeclaims"),
         ("create", "events.events.k8s.io"),
         ("patch", "networkpolicies.networking.k8s.io"),
     ] {
@@ -286,6 +289,8 @@ async fn the_charts_service_account_may_do_what_the_operator_does_and_no_more() 
         ),
         ("get", "configmaps", "ml"),
         ("list", "secrets", "ml"),
+        ("delete", "persistentvolumeclaims", "ml"),
+        ("update", "persistentvolumeclaims", "ml"),
         ("deletecollection", "pods", "ml"),
         ("update", "rdujobs.rdu.dev", "ml"),
     ] {

@@ -114,6 +114,27 @@ fn bad_specs() -> Vec<(&'static str, Value, &'static str)> {
             "spec.checkpoint.intervalSteps must be at least 1",
         ),
         (
+            "a template volume and a claim template for checkpoints",
+            with(
+                b(),
+                "/spec/checkpoint",
+                json!({"intervalSteps": 10, "volume": "ckpt",
+                       "volumeClaimTemplate": {"resources": {"requests": {"storage": "1Gi"}}}}),
+            ),
+            "spec.checkpoint.volume and spec.checkpoint.volumeClaimTemplate cannot both be set: keep volume to \
+             write into a volume of spec.template, or volumeClaimTemplate for a claim the operator creates, and \
+             remove the other",
+        ),
+        (
+            "a claim template without a size",
+            with(
+                b(),
+                "/spec/checkpoint",
+                json!({"intervalSteps": 10, "volumeClaimTemplate": {"accessModes": ["ReadWriteOnce"]}}),
+            ),
+            "spec.checkpoint.volumeClaimTemplate.resources.requests.storage is required",
+        ),
+        (
             "world size below the compiled minimum",
             with(b(), "/spec/compile", json!({"minWorldSize": 4})),
             "spec.workers must be at least spec.compile.minWorldSize",

@@ -15,6 +15,9 @@ use rdu_crds::{
 
 use crate::builders::WORKER_CONTAINER;
 
+mod blocked;
+use blocked::Blocked;
+
 /// Something the reconcile must do to the cluster.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
@@ -52,6 +55,10 @@ pub mod condition {
     pub const SUCCEEDED: &str = "Succeeded";
     pub const FAILED: &str = "Failed";
     pub const SUSPENDED: &str = "Suspended";
+    /// True while a pod of the current generation cannot start (an image that cannot be pulled, a container that
+    /// cannot be created, no node that fits); the reason is the kubelet's or scheduler's. The job stays Pending:
+    /// the image may appear, a node may join.
+    pub const PODS_BLOCKED: &str = "PodsBlocked";
 }
 
 /// What one pod of the job is doing, read from its labels and status.
@@ -65,6 +72,8 @@ struct PodView {
     tiles: Vec<String>,
     terminating: bool,
     state: PodState,
+    /// What keeps the pod from starting, if anything.
+    blocked: Option<Blocked>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -137,6 +146,7 @@ impl PodView {
                 .unwrap_or_default(),
             terminating: pod.metadata.deletion_timestamp.is_some(),
             state,
+            blocked: blocked::blocked(pod),
         })
     }
 
@@ -256,6 +266,7 @@ impl Step<'_> {
         self.create_missing_ranks();
         self.record_ranks();
         self.update_running_phase();
+        self.report_blocked_pods();
     }
 
     fn generation(&self) -> u32 {
@@ -404,6 +415,7 @@ impl Step<'_> {
             self.clear_condition(condition::RUNNING, "Suspended", "the job is suspended");
             self.clear_condition(condition::RESTARTING, "Suspended", "the job is suspended");
             self.clear_condition(condition::CREATED, "Suspended", "the job is suspended");
+            self.clear_condition(condition::PODS_BLOCKED, "Suspended", "the job is suspended");
             self.event(
                 false,
                 "Suspended",
@@ -505,6 +517,7 @@ impl Step<'_> {
         self.set_condition(condition::RESTARTING, true, "GangRestart", message.clone());
         self.clear_condition(condition::RUNNING, "GangRestart", &message);
         self.clear_condition(condition::CREATED, "GangRestart", &message);
+        self.clear_condition(condition::PODS_BLOCKED, "GangRestart", &message);
         self.event(true, "Restarting", message);
     }
 
@@ -629,6 +642,49 @@ impl Step<'_> {
             self.set_condition(condition::RUNNING, true, "AllRanksRunning", message.clone());
             self.clear_condition(condition::RESTARTING, "AllRanksRunning", &message);
             self.event(false, "Running", message);
+        }
+    }
+
+    /// PodsBlocked from the lowest blocked rank of the current generation; a Warning event when a problem appears
+    /// or changes, not on every reconcile, and a Normal one when it clears.
+    fn report_blocked_pods(&mut self) {
+        let mut blocked: Vec<(u32, String, Blocked)> = self
+            .current()
+            .filter(|p| !p.terminating && p.is_active())
+            .filter_map(|p| p.blocked.clone().map(|b| (p.rank, p.name.clone(), b)))
+            .collect();
+        blocked.sort_by_key(|b| b.0);
+        let Some((rank, pod, first)) = blocked.first() else {
+            if self.condition_is(condition::PODS_BLOCKED) {
+                let message = format!(
+                    "no pod of generation {} is blocked any more",
+                    self.generation()
+                );
+                self.clear_condition(condition::PODS_BLOCKED, "PodsUnblocked", &message);
+                self.event(false, "PodsUnblocked", message);
+            }
+            return;
+        };
+        let container = first
+            .container
+            .as_ref()
+            .map(|c| format!(", container {c}"))
+            .unwrap_or_default();
+        let mut message = format!("rank {rank}, pod {pod}{container}: {}", first.message);
+        if blocked.len() > 1 {
+            message.push_str(&format!(" ({} more rank(s) blocked)", blocked.len() - 1));
+        }
+        let reason = first.reason;
+        let before = self
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == condition::PODS_BLOCKED && c.status == "True")
+            .map(|c| c.reason.clone());
+        let news = before.is_none_or(|b| blocked::is_new_problem(&b, reason));
+        self.set_condition(condition::PODS_BLOCKED, true, reason, message.clone());
+        if news {
+            self.event(true, reason, message);
         }
     }
 

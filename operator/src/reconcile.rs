@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action as Requeue;
@@ -48,7 +48,16 @@ pub struct Context {
 /// What the fetch step read.
 struct Fetched {
     pods: Vec<Pod>,
-    secret_exists: bool,
+    existing: Existing,
+}
+
+/// Children created once and then kept as they are.
+#[derive(Clone, Copy)]
+struct Existing {
+    /// The token Secret: an existing token is kept.
+    secret: bool,
+    /// The checkpoint claim (or no claim template): its spec is immutable once bound, so it is never re-applied.
+    claim: bool,
 }
 
 /// One reconcile of one job.
@@ -87,7 +96,7 @@ async fn run_pipeline(job: &RduJob, ctx: &Context) -> Result<Requeue, ReconcileE
         Ok(()) => decide(job, &fetched.pods, now),
         Err(errors) => invalid(job, &errors.to_string(), now),
     };
-    apply(job, ctx, &decision, fetched.secret_exists).await?;
+    apply(job, ctx, &decision, fetched.existing).await?;
     write_status(job, ctx, &decision).await?;
     ctx.metrics.set_phase(&key, decision.status.phase);
     observe_creation_latency(job, ctx, &decision, now);
@@ -96,19 +105,34 @@ async fn run_pipeline(job: &RduJob, ctx: &Context) -> Result<Requeue, ReconcileE
         .map_or(Requeue::requeue(RESYNC), Requeue::requeue))
 }
 
-/// Step 1: the job's pods and whether its token Secret exists.
+/// Step 1: the job's pods, and whether its token Secret and checkpoint claim exist.
 async fn fetch(job: &RduJob, ctx: &Context) -> Result<Fetched, ReconcileError> {
     let ns = builders::job_namespace(job);
+    let name = builders::job_name(job);
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     let list = pods
         .list(&ListParams::default().labels(&builders::job_selector(job)))
         .await?;
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
-    let secret_name = rdu_crds::consts::token_secret_name(builders::job_name(job));
-    let secret_exists = secrets.get_opt(&secret_name).await?.is_some();
+    let secret_name = rdu_crds::consts::token_secret_name(name);
+    let secret = secrets.get_opt(&secret_name).await?.is_some();
+    let wants_claim = job
+        .spec
+        .checkpoint
+        .as_ref()
+        .is_some_and(|c| c.volume_claim_template.is_some());
+    let claim = if wants_claim {
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), ns);
+        claims
+            .get_opt(&rdu_crds::consts::checkpoint_claim_name(name))
+            .await?
+            .is_some()
+    } else {
+        true
+    };
     Ok(Fetched {
         pods: list.items,
-        secret_exists,
+        existing: Existing { secret, claim },
     })
 }
 
@@ -158,14 +182,14 @@ async fn apply(
     job: &RduJob,
     ctx: &Context,
     decision: &Decision,
-    secret_exists: bool,
+    existing: Existing,
 ) -> Result<(), ReconcileError> {
     let ns = builders::job_namespace(job);
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     for action in &decision.actions {
         match action {
             Action::CreatePods { generation, ranks } => {
-                ensure_shared_children(job, ctx, secret_exists).await?;
+                ensure_shared_children(job, ctx, existing).await?;
                 let built = ranks
                     .iter()
                     .map(|rank| builders::worker_pod(job, *rank, *generation))
@@ -208,11 +232,12 @@ async fn apply(
     Ok(())
 }
 
-/// The Service, the token Secret (created once, an existing token is kept), the NetworkPolicy and the PodGroup.
+/// The Service, the token Secret (created once, an existing token is kept), the checkpoint claim (created once,
+/// kept across gang restarts), the NetworkPolicy and the PodGroup.
 async fn ensure_shared_children(
     job: &RduJob,
     ctx: &Context,
-    secret_exists: bool,
+    existing: Existing,
 ) -> Result<(), ReconcileError> {
     let ns = builders::job_namespace(job);
     let service = builders::headless_service(job)?;
@@ -224,12 +249,19 @@ async fn ensure_shared_children(
             &Patch::Apply(&service),
         )
         .await?;
-    if !secret_exists {
+    if !existing.secret {
         let secret = builders::token_secret(job, &builders::new_token())?;
         let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
         secrets
             .patch(&secret.name_any(), &apply_params(), &Patch::Apply(&secret))
             .await?;
+    }
+    if let (false, Some(claim)) = (existing.claim, builders::checkpoint_claim(job)?) {
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), ns);
+        claims
+            .patch(&claim.name_any(), &apply_params(), &Patch::Apply(&claim))
+            .await?;
+        info!(job = %job.name_any(), claim = %claim.name_any(), "created the checkpoint claim");
     }
     if ctx.network_policies {
         let policy = builders::network_policy(job)?;

@@ -117,6 +117,7 @@ mod tests {
                     j.spec.checkpoint = Some(rdu_crds::CheckpointSpec {
                         interval_steps: 5,
                         volume: Some("ckpt".into()),
+                        volume_claim_template: None,
                         keep: 1,
                     })
                 },
@@ -160,6 +161,7 @@ mod tests {
         j.spec.checkpoint = Some(rdu_crds::CheckpointSpec {
             interval_steps: 5,
             volume: Some("ckpt".into()),
+            volume_claim_template: None,
             keep: 1,
         });
         assert_eq!(validate(&j), Ok(()));

@@ -188,6 +188,42 @@ async fn gang_restart_deletes_and_recreates_with_the_next_generation() {
 }
 
 #[tokio::test]
+async fn the_checkpoint_claim_is_applied_once_and_kept_across_a_gang_restart() {
+    const CLAIM: &str = "/api/v1/namespaces/ml/persistentvolumeclaims/mnist-checkpoints";
+    let (fake, ctx) = setup(2, json!({}));
+    fake.update(JOB, |j| {
+        j["spec"]["checkpoint"] = json!({"intervalSteps": 10,
+            "volumeClaimTemplate": {"resources": {"requests": {"storage": "1Gi"}}}});
+    });
+    reconcile_once(&fake, &ctx).await;
+    let claim = fake.get(CLAIM).expect("the claim is created with the pods");
+    assert_eq!(claim["metadata"]["ownerReferences"][0]["uid"], "u-1");
+    assert_eq!(claim["spec"]["accessModes"], json!(["ReadWriteOnce"]));
+    set_phase(&fake, 0, "Running", None);
+    set_phase(&fake, 1, "Running", None);
+    reconcile_once(&fake, &ctx).await;
+    set_phase(&fake, 1, "Failed", Some(75));
+    reconcile_once(&fake, &ctx).await;
+    reconcile_once(&fake, &ctx).await;
+    assert_eq!(env(&fake, 0, "RDU_GENERATION"), json!("1"));
+    assert!(fake.get(CLAIM).is_some(), "a gang restart keeps the claim");
+    let applies = fake
+        .requests()
+        .iter()
+        .filter(|r| r.starts_with(&format!("PATCH {CLAIM}")))
+        .count();
+    assert_eq!(
+        applies, 1,
+        "an existing claim is never re-applied (its spec is immutable once bound)"
+    );
+    assert!(
+        fake.requests()
+            .iter()
+            .all(|r| !r.starts_with("DELETE") || !r.contains("persistentvolumeclaims"))
+    );
+}
+
+#[tokio::test]
 async fn suspend_deletes_pods_and_resume_recreates_them() {
     let (fake, ctx) = setup(2, json!({}));
     reconcile_once(&fake, &ctx).await;

@@ -113,7 +113,9 @@ pub async fn train(
         Some((_, dir)) if env.rank == 0 => checkpoint::latest(dir, params.len()),
         _ => None,
     };
-    let start_step = if ckpt_policy.is_some() {
+    // Every rank joins the resume broadcast when the spec checkpoints, with or without a directory of its own:
+    // on a cluster with a checkpoint claim only rank 0 gets one.
+    let start_step = if spec.checkpoint.is_some() {
         checkpoint::resume(comm, found, &mut params, &mut optimizer).await?
     } else {
         0

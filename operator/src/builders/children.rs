@@ -3,8 +3,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EmptyDirVolumeSource, EnvVar, Pod, PodSpec, ResourceRequirements,
-    Secret, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+    Container, ContainerPort, EnvVar, Pod, PodSpec, ResourceRequirements, Secret, Service,
+    ServicePort, ServiceSpec, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -12,6 +12,7 @@ use kube::Resource;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use rdu_crds::{RduJob, consts};
 
+use super::checkpoint::{CHECKPOINT_MOUNT, CheckpointStorage};
 use super::env::{RankPlacement, job_name, job_namespace, rank_env};
 
 /// Name of the worker container in every rank's pod (a template container of that name is merged into it).
@@ -20,10 +21,6 @@ pub const WORKER_CONTAINER: &str = "worker";
 pub const POD_GROUP_LABEL: &str = "scheduling.x-k8s.io/pod-group";
 /// Group, version and kind of scheduler-plugins' PodGroup.
 pub const POD_GROUP_GVK: (&str, &str, &str) = ("scheduling.x-k8s.io", "v1alpha1", "PodGroup");
-/// Where checkpoints are written inside the worker container.
-pub const CHECKPOINT_MOUNT: &str = "/var/lib/rdu/checkpoints";
-/// Name of the emptyDir volume used for checkpoints when the spec names none.
-pub const CHECKPOINT_VOLUME: &str = "rdu-checkpoints";
 
 /// Why a job's children cannot be built.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -159,18 +156,7 @@ pub fn worker_pod(job: &RduJob, rank: u32, generation: u32) -> Result<Pod, Build
     let container = take_worker_container(&mut spec);
     let worker = worker_container(job, rank, generation, container)?;
     spec.containers.insert(0, worker);
-    if job
-        .spec
-        .checkpoint
-        .as_ref()
-        .is_some_and(|c| c.volume.is_none())
-    {
-        spec.volumes.get_or_insert_with(Vec::new).push(Volume {
-            name: CHECKPOINT_VOLUME.to_string(),
-            empty_dir: Some(EmptyDirVolumeSource::default()),
-            ..Default::default()
-        });
-    }
+    CheckpointStorage::of(job, rank).add_to_pod(job, &mut spec);
     spec.restart_policy = Some("Never".to_string());
     spec.hostname = Some(pod_name);
     spec.subdomain = Some(consts::service_name(name));
@@ -227,21 +213,17 @@ fn worker_container(
 
     let master = consts::master_addr(job_name(job), job_namespace(job));
     let mut env = rank_env(job, rank, generation, &RankPlacement::in_cluster(&master));
-    if let Some(ckpt) = &spec.checkpoint {
+    if let Some(volume) = CheckpointStorage::of(job, rank).volume_name() {
         env.push(EnvVar {
             name: consts::env::CHECKPOINT_DIR.to_string(),
             value: Some(CHECKPOINT_MOUNT.to_string()),
             value_from: None,
         });
-        let volume = ckpt
-            .volume
-            .clone()
-            .unwrap_or_else(|| CHECKPOINT_VOLUME.to_string());
         container
             .volume_mounts
             .get_or_insert_with(Vec::new)
             .push(VolumeMount {
-                name: volume,
+                name: volume.to_string(),
                 mount_path: CHECKPOINT_MOUNT.to_string(),
                 ..Default::default()
             });
@@ -287,6 +269,7 @@ fn env_names_contain(env: &[EnvVar], name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::builders::CHECKPOINT_VOLUME;
     use crate::builders::test_fixtures::{job, job_from};
 
     const TEMPLATED: &str = "apiVersion: rdu.dev/v1alpha1

@@ -1,11 +1,16 @@
 //! Pure builders of an RduJob's children: no client in scope, same input gives the same objects.
 
+pub mod checkpoint;
 pub mod children;
 pub mod env;
 pub mod network;
 #[cfg(test)]
 pub(crate) mod test_fixtures;
 
+pub use checkpoint::{
+    CHECKPOINT_CLAIM_VOLUME, CHECKPOINT_MOUNT, CHECKPOINT_VOLUME, CheckpointStorage,
+    WORKER_FS_GROUP, checkpoint_claim,
+};
 pub use children::{
     BuildError, POD_GROUP_LABEL, WORKER_CONTAINER, gang_min_available, headless_service,
     job_labels, job_selector, new_token, pod_group, pod_group_resource, token_secret, worker_pod,

@@ -3,7 +3,8 @@
 use super::*;
 use crate::builders::test_fixtures::job;
 use k8s_openapi::api::core::v1::{
-    ContainerState, ContainerStateTerminated, ContainerStatus, PodSpec, PodStatus,
+    ContainerState, ContainerStateTerminated, ContainerStateWaiting, ContainerStatus, PodCondition,
+    PodSpec, PodStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
@@ -23,6 +24,10 @@ struct P {
     message: Option<&'static str>,
     reason: Option<&'static str>,
     terminating: bool,
+    /// The worker container waits with this (reason, message).
+    waiting: Option<(&'static str, &'static str)>,
+    /// PodScheduled is False, Unschedulable, with this message.
+    unschedulable: Option<&'static str>,
 }
 
 fn p(rank: u32, generation: u32, phase: &'static str) -> P {
@@ -34,6 +39,8 @@ fn p(rank: u32, generation: u32, phase: &'static str) -> P {
         message: None,
         reason: None,
         terminating: false,
+        waiting: None,
+        unschedulable: None,
     }
 }
 
@@ -54,6 +61,14 @@ impl P {
         self.terminating = true;
         self
     }
+    fn waiting(mut self, reason: &'static str, message: &'static str) -> P {
+        self.waiting = Some((reason, message));
+        self
+    }
+    fn unschedulable(mut self, message: &'static str) -> P {
+        self.unschedulable = Some(message);
+        self
+    }
     fn build(&self, job: &str) -> Pod {
         let terminated = self.exit.map(|code| ContainerState {
             terminated: Some(ContainerStateTerminated {
@@ -62,6 +77,22 @@ impl P {
                 ..Default::default()
             }),
             ..Default::default()
+        });
+        let waiting = self.waiting.map(|(reason, message)| ContainerState {
+            waiting: Some(ContainerStateWaiting {
+                reason: Some(reason.to_string()),
+                message: Some(message.to_string()),
+            }),
+            ..Default::default()
+        });
+        let conditions = self.unschedulable.map(|message| {
+            vec![PodCondition {
+                type_: "PodScheduled".to_string(),
+                status: "False".to_string(),
+                reason: Some("Unschedulable".to_string()),
+                message: Some(message.to_string()),
+                ..Default::default()
+            }]
         });
         Pod {
             metadata: ObjectMeta {
@@ -90,9 +121,10 @@ impl P {
                 container_statuses: Some(vec![ContainerStatus {
                     name: WORKER_CONTAINER.to_string(),
                     ready: self.phase == "Running",
-                    state: terminated,
+                    state: terminated.or(waiting),
                     ..Default::default()
                 }]),
+                conditions,
                 ..Default::default()
             }),
         }
@@ -520,4 +552,171 @@ fn conditions_keep_transition_time_while_status_holds() {
         "no transition, no event: {:?}",
         again.events
     );
+}
+
+/// The job as the next reconcile sees it: with the status `d` wrote.
+fn after(mut job: RduJob, d: &Decision) -> RduJob {
+    job.status = Some(d.status.clone());
+    job
+}
+
+/// The events of `d` other than the Created one the first look at a full gang records.
+fn events_but_created(d: &Decision) -> Vec<(bool, &'static str, &str)> {
+    d.events
+        .iter()
+        .filter(|e| e.reason != "Created")
+        .map(|e| (e.warning, e.reason, e.note.as_str()))
+        .collect()
+}
+
+fn blocked_condition(d: &Decision) -> Option<&Condition> {
+    d.status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == condition::PODS_BLOCKED)
+}
+
+#[test]
+fn a_pod_that_cannot_start_blocks_the_job_with_the_kubelets_reason_and_one_warning() {
+    const MESSAGE: &str = "the kubelet's own words";
+    let mut cases: Vec<(P, &'static str, String)> = blocked::CONTAINER_REASONS
+        .into_iter()
+        .map(|reason| {
+            (
+                p(1, 0, "Pending").waiting(reason, MESSAGE),
+                reason,
+                format!("rank 1, pod mnist-worker-1, container worker: {MESSAGE}"),
+            )
+        })
+        .collect();
+    cases.push((
+        p(1, 0, "Pending").unschedulable("0/1 nodes are available: 1 Insufficient rdu.dev/tile."),
+        "Unschedulable",
+        "rank 1, pod mnist-worker-1: 0/1 nodes are available: 1 Insufficient rdu.dev/tile.".into(),
+    ));
+    for (pod, reason, message) in cases {
+        let j = with_status(job("mnist", None, 2), JobPhase::Pending, 0, &[0, 1]);
+        let observed = pods(&[p(0, 0, "Pending"), pod]);
+        let d = decide(&j, &observed, at(5));
+        assert_eq!(d.status.phase, Some(JobPhase::Pending), "{reason}");
+        let c = condition(&d, condition::PODS_BLOCKED).expect(reason);
+        assert_eq!(
+            (c.reason.as_str(), c.message.as_str()),
+            (reason, message.as_str())
+        );
+        assert_eq!(
+            events_but_created(&d),
+            vec![(true, reason, message.as_str())]
+        );
+
+        // The next reconcile sees the same problem: the condition stays, no second event.
+        let again = decide(&after(j, &d), &observed, at(10));
+        assert!(
+            condition(&again, condition::PODS_BLOCKED).is_some(),
+            "{reason}"
+        );
+        assert!(again.events.is_empty(), "{reason}: {:?}", again.events);
+    }
+}
+
+#[test]
+fn waiting_for_ordinary_reasons_blocks_nothing() {
+    let j = with_status(job("mnist", None, 2), JobPhase::Pending, 0, &[0, 1]);
+    let observed = pods(&[
+        p(0, 0, "Pending").waiting("ContainerCreating", ""),
+        p(1, 0, "Pending"),
+    ]);
+    let d = decide(&j, &observed, at(5));
+    assert_eq!(blocked_condition(&d), None);
+    assert_eq!(events_but_created(&d), vec![]);
+}
+
+#[test]
+fn pull_retries_are_one_problem_a_new_reason_is_announced_and_the_lowest_rank_is_named() {
+    let j = with_status(job("mnist", None, 3), JobPhase::Pending, 0, &[0, 1, 2]);
+    let pulling = |reason| {
+        pods(&[
+            p(0, 0, "Pending"),
+            p(1, 0, "Pending").waiting(reason, "no such image"),
+            p(2, 0, "Pending").waiting(reason, "no such image"),
+        ])
+    };
+    let first = decide(&j, &pulling("ErrImagePull"), at(1));
+    assert_eq!(events_but_created(&first).len(), 1);
+    let c = condition(&first, condition::PODS_BLOCKED).expect("blocked");
+    assert_eq!(
+        c.message,
+        "rank 1, pod mnist-worker-1, container worker: no such image (1 more rank(s) blocked)"
+    );
+
+    let backoff = decide(
+        &after(j.clone(), &first),
+        &pulling("ImagePullBackOff"),
+        at(2),
+    );
+    let c = condition(&backoff, condition::PODS_BLOCKED).expect("blocked");
+    assert_eq!(c.reason, "ImagePullBackOff");
+    assert!(backoff.events.is_empty(), "{:?}", backoff.events);
+
+    let config = pods(&[
+        p(0, 0, "Pending").waiting("CreateContainerConfigError", "secret \"x\" not found"),
+        p(1, 0, "Pending"),
+        p(2, 0, "Pending"),
+    ]);
+    let changed = decide(&after(j, &backoff), &config, at(3));
+    let c = condition(&changed, condition::PODS_BLOCKED).expect("blocked");
+    assert_eq!(c.reason, "CreateContainerConfigError");
+    assert_eq!(
+        changed
+            .events
+            .iter()
+            .map(|e| (e.warning, e.reason))
+            .collect::<Vec<_>>(),
+        vec![(true, "CreateContainerConfigError")]
+    );
+}
+
+#[test]
+fn the_condition_clears_when_the_problem_does() {
+    let j = with_status(job("mnist", None, 2), JobPhase::Pending, 0, &[0, 1]);
+    let blocked = decide(
+        &j,
+        &pods(&[
+            p(0, 0, "Pending"),
+            p(1, 0, "Pending").waiting("ErrImageNeverPull", "not present"),
+        ]),
+        at(1),
+    );
+    let running = pods(&[p(0, 0, "Running"), p(1, 0, "Running")]);
+    let cleared = decide(&after(j, &blocked), &running, at(2));
+    let c = blocked_condition(&cleared).expect("the condition is kept, False");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "PodsUnblocked")
+    );
+    assert_eq!(cleared.status.phase, Some(JobPhase::Running));
+    assert!(
+        cleared
+            .events
+            .iter()
+            .any(|e| !e.warning && e.reason == "PodsUnblocked"),
+        "{:?}",
+        cleared.events
+    );
+}
+
+#[test]
+fn old_generation_and_terminating_pods_block_nothing() {
+    let j = with_status(job("mnist", None, 2), JobPhase::Restarting, 1, &[]);
+    let observed = pods(&[
+        p(0, 0, "Pending")
+            .waiting("ErrImagePull", "gone")
+            .terminating(),
+        p(0, 1, "Pending"),
+        p(1, 1, "Pending")
+            .waiting("ErrImagePull", "gone")
+            .terminating(),
+    ]);
+    let d = decide(&j, &observed, at(1));
+    assert_eq!(blocked_condition(&d), None, "{:?}", d.status.conditions);
 }

@@ -1,0 +1,243 @@
+//! Bad input gets an answer, not Pending forever: a rank whose image cannot be pulled and a rank no node fits
+//! show up as the job's `PodsBlocked` condition (reason and message of the kubelet or scheduler) and one Warning
+//! event, and the condition clears with the problem. The operator runs as the chart's ServiceAccount; there is
+//! no kubelet or scheduler, the test reports what they would through the pods/status subresource.
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use rdu_crds::RduJob;
+use rdu_e2e::{
+    Components, ControlPlane, assets_or_skip, create_namespace, helm_template, install_crd,
+    kubectl, operator_binary, poll_until, ports::free_port, service_account_token,
+};
+use serde_json::{Value, json};
+use std::process::Command;
+use std::time::Duration;
+
+const OPERATOR_NAMESPACE: &str = "rdu-system";
+const JOBS: &str = "jobs";
+const TIMEOUT: Duration = Duration::from_secs(90);
+const NOW: &str = "2026-01-01T00:00:00Z";
+const NEVER_PULL: &str =
+    "Container image \"rdu-worker:missing\" is not present with pull policy of Never";
+const NO_NODE: &str = "0/1 nodes are available: 1 Insufficient rdu.dev/tile.";
+
+fn job(name: &str) -> String {
+    json!({
+        "apiVersion": "rdu.dev/v1alpha1", "kind": "RduJob",
+        "metadata": {"name": name, "namespace": JOBS},
+        "spec": {"workers": 2, "tilesPerWorker": 1, "image": "rdu-worker:missing",
+                 "imagePullPolicy": "Never",
+                 "model": {"name": "ffn-logreg", "hiddenSizes": [16]},
+                 "data": {"source": "synthetic", "samples": 512},
+                 "training": {"epochs": 1, "batchSize": 8, "learningRate": 0.1}}
+    })
+    .to_string()
+}
+
+/// The control plane, the CRD, the chart's RBAC, and the operator running as the chart's ServiceAccount.
+async fn operator_plane() -> Option<ControlPlane> {
+    let assets = assets_or_skip("pod problems")?;
+    let binary = operator_binary().unwrap_or_else(|e| panic!("{e}"));
+    let mut plane = ControlPlane::start(&assets, Components::default())
+        .await
+        .expect("control plane");
+    install_crd(&plane).await.expect("CRD");
+    for ns in [OPERATOR_NAMESPACE, JOBS] {
+        create_namespace(&plane, ns).await.expect("namespace");
+    }
+    let chart = helm_template("rdu", OPERATOR_NAMESPACE, &[]).expect("helm");
+    kubectl(&plane, &["apply", "--server-side", "-f", "-"], Some(&chart)).expect("chart applies");
+    let token =
+        service_account_token(&plane, OPERATOR_NAMESPACE, "rdu-rdu-operator").expect("token");
+    let kubeconfig = plane
+        .write_kubeconfig(
+            "operator",
+            "system:serviceaccount:rdu-system:rdu-rdu-operator",
+            &token,
+            OPERATOR_NAMESPACE,
+        )
+        .expect("kubeconfig");
+    let mut operator = Command::new(binary);
+    operator
+        .arg(format!(
+            "--metrics-addr=127.0.0.1:{}",
+            free_port().expect("port")
+        ))
+        .arg(format!("--lease-namespace={OPERATOR_NAMESPACE}"))
+        .arg("--identity=e2e-operator")
+        .arg("--log-format=text")
+        .env("KUBECONFIG", kubeconfig)
+        .env("RUST_LOG", "info");
+    plane
+        .spawn("rdu-operator", operator)
+        .expect("operator starts");
+    Some(plane)
+}
+
+async fn wait_pods(plane: &ControlPlane, pods: &Api<Pod>, job: &str, workers: usize) {
+    let selector = format!("rdu.dev/job-name={job}");
+    poll_until(&format!("{workers} pods of {job}"), TIMEOUT, || async {
+        let list = pods
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .map_err(|e| e.to_string())?;
+        if list.items.len() == workers {
+            Ok(())
+        } else {
+            Err(format!("{} pods", list.items.len()))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", plane.log_tail("rdu-operator", 40)));
+}
+
+async fn patch_status(pods: &Api<Pod>, name: &str, status: Value) {
+    pods.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(&json!({ "status": status })),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("status of {name}: {e}"));
+}
+
+fn worker_status(ready: bool, state: Value) -> Value {
+    json!([{"name": "worker", "ready": ready, "restartCount": 0, "image": "rdu-worker:missing",
+            "imageID": "", "state": state}])
+}
+
+/// Waits until the job's PodsBlocked condition has `status` and `reason` and a message containing `message`.
+async fn wait_condition(
+    plane: &ControlPlane,
+    jobs: &Api<RduJob>,
+    job: &str,
+    (status, reason, message): (&str, &str, &str),
+) -> Value {
+    poll_until(
+        &format!("{job} PodsBlocked {status} {reason}"),
+        TIMEOUT,
+        || async {
+            let j = jobs.get(job).await.map_err(|e| e.to_string())?;
+            let s = serde_json::to_value(&j.status).unwrap_or(Value::Null);
+            let found = s["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| c["type"] == "PodsBlocked")
+                .cloned();
+            match found {
+                Some(c)
+                    if c["status"] == status
+                        && c["reason"] == reason
+                        && c["message"].as_str().is_some_and(|m| m.contains(message)) =>
+                {
+                    Ok(s)
+                }
+                _ => Err(s.to_string()),
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", plane.log_tail("rdu-operator", 40)))
+}
+
+/// Waits for a Warning event on `job` with `reason` whose note contains `note`; returns how many there are.
+async fn wait_warning(
+    plane: &ControlPlane,
+    events: &Api<Event>,
+    job: &str,
+    reason: &str,
+    note: &str,
+) -> usize {
+    poll_until(&format!("Warning {reason} on {job}"), TIMEOUT, || async {
+        let list = events
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let matching: Vec<&Event> = list
+            .items
+            .iter()
+            .filter(|e| {
+                e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(job)
+                    && e.type_.as_deref() == Some("Warning")
+                    && e.reason.as_deref() == Some(reason)
+                    && e.note.as_deref().is_some_and(|n| n.contains(note))
+            })
+            .collect();
+        if matching.is_empty() {
+            let seen: Vec<_> = list
+                .items
+                .iter()
+                .map(|e| (e.reason.clone(), e.note.clone()))
+                .collect();
+            Err(format!("events: {seen:?}"))
+        } else {
+            Ok(matching.len())
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", plane.log_tail("rdu-operator", 40)))
+}
+
+#[tokio::test]
+async fn an_image_that_cannot_be_pulled_and_a_pod_no_node_fits_are_reported_on_the_job() {
+    let Some(plane) = operator_plane().await else {
+        return;
+    };
+    let client = plane.admin_client().await.expect("client");
+    let jobs: Api<RduJob> = Api::namespaced(client.clone(), JOBS);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), JOBS);
+    let events: Api<Event> = Api::namespaced(client.clone(), JOBS);
+
+    // Rank 1's image is not on the node and the pull policy is Never.
+    kubectl(&plane, &["apply", "-f", "-"], Some(&job("pull"))).expect("apply");
+    wait_pods(&plane, &pods, "pull", 2).await;
+    let waiting = json!({"waiting": {"reason": "ErrImageNeverPull", "message": NEVER_PULL}});
+    patch_status(
+        &pods,
+        "pull-worker-1",
+        json!({"phase": "Pending", "containerStatuses": worker_status(false, waiting)}),
+    )
+    .await;
+    let message = format!("rank 1, pod pull-worker-1, container worker: {NEVER_PULL}");
+    let status = wait_condition(
+        &plane,
+        &jobs,
+        "pull",
+        ("True", "ErrImageNeverPull", &message),
+    )
+    .await;
+    assert_eq!(status["phase"], "Pending", "the job waits: {status}");
+    let count = wait_warning(&plane, &events, "pull", "ErrImageNeverPull", &message).await;
+    assert_eq!(count, 1, "one Warning event");
+
+    // Rank 0 of another job fits no node.
+    kubectl(&plane, &["apply", "-f", "-"], Some(&job("full"))).expect("apply");
+    wait_pods(&plane, &pods, "full", 2).await;
+    patch_status(
+        &pods,
+        "full-worker-0",
+        json!({"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
+               "reason": "Unschedulable", "message": NO_NODE, "lastTransitionTime": NOW}]}),
+    )
+    .await;
+    let message = format!("rank 0, pod full-worker-0: {NO_NODE}");
+    wait_condition(&plane, &jobs, "full", ("True", "Unschedulable", &message)).await;
+    wait_warning(&plane, &events, "full", "Unschedulable", &message).await;
+
+    // The image appears: both ranks run, the condition clears.
+    for name in ["pull-worker-0", "pull-worker-1"] {
+        let running = json!({"running": {"startedAt": NOW}});
+        patch_status(
+            &pods,
+            name,
+            json!({"phase": "Running", "podIP": "10.1.0.1", "startTime": NOW,
+                   "containerStatuses": worker_status(true, running)}),
+        )
+        .await;
+    }
+    let status = wait_condition(&plane, &jobs, "pull", ("False", "PodsUnblocked", "")).await;
+    assert_eq!(status["phase"], "Running", "{status}");
+}

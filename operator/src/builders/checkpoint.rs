@@ -1,0 +1,125 @@
+//! Where a rank keeps its checkpoints: an emptyDir, a volume of `spec.template`, or the job's own claim.
+//!
+//! Only rank 0 reads and writes checkpoints (it loads the newest and broadcasts it at resume), so with
+//! `spec.checkpoint.volumeClaimTemplate` only rank 0 mounts the claim `<job>-checkpoints`. The claim is owned by
+//! the job, not by a pod, so it outlives gang restarts and a restarted gang resumes where it stopped.
+
+use k8s_openapi::api::core::v1::{
+    EmptyDirVolumeSource, PersistentVolumeClaim, PersistentVolumeClaimVolumeSource, PodSpec, Volume,
+};
+use rdu_crds::{RduJob, consts};
+
+use super::children::{BuildError, child_meta};
+use super::env::job_name;
+
+/// Where checkpoints are written inside the worker container.
+pub const CHECKPOINT_MOUNT: &str = "/var/lib/rdu/checkpoints";
+/// Name of the emptyDir volume used for checkpoints when the spec names none.
+pub const CHECKPOINT_VOLUME: &str = "rdu-checkpoints";
+/// Name of rank 0's pod volume for the claim of `spec.checkpoint.volumeClaimTemplate`.
+pub const CHECKPOINT_CLAIM_VOLUME: &str = "rdu-checkpoint-claim";
+/// The group the worker image runs as (`USER 65532:65532` in docker/worker.Dockerfile).
+pub const WORKER_FS_GROUP: i64 = 65532;
+/// Access mode of the claim when the template gives none: one pod (rank 0) mounts it.
+const DEFAULT_ACCESS_MODE: &str = "ReadWriteOnce";
+
+/// The checkpoint storage of one rank's pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CheckpointStorage {
+    /// No checkpointing, or a rank that never touches checkpoints (not rank 0, with a claim).
+    None,
+    /// An emptyDir `rdu-checkpoints`: dies with the pod.
+    EmptyDir,
+    /// A volume of `spec.template` named by `spec.checkpoint.volume`.
+    Template(String),
+    /// The job's claim `<job>-checkpoints` (rank 0 only).
+    Claim,
+}
+
+impl CheckpointStorage {
+    /// The storage of `rank`'s pod.
+    pub fn of(job: &RduJob, rank: u32) -> Self {
+        let Some(ckpt) = &job.spec.checkpoint else {
+            return CheckpointStorage::None;
+        };
+        match (&ckpt.volume, &ckpt.volume_claim_template) {
+            (Some(volume), _) => CheckpointStorage::Template(volume.clone()),
+            (None, Some(_)) if rank == 0 => CheckpointStorage::Claim,
+            (None, Some(_)) => CheckpointStorage::None,
+            (None, None) => CheckpointStorage::EmptyDir,
+        }
+    }
+
+    /// The name of the pod volume the worker mounts at [`CHECKPOINT_MOUNT`], if any.
+    pub fn volume_name(&self) -> Option<&str> {
+        match self {
+            CheckpointStorage::None => None,
+            CheckpointStorage::EmptyDir => Some(CHECKPOINT_VOLUME),
+            CheckpointStorage::Template(name) => Some(name),
+            CheckpointStorage::Claim => Some(CHECKPOINT_CLAIM_VOLUME),
+        }
+    }
+
+    /// Adds the volume the operator provides (a template volume is the user's) and, for the claim, the
+    /// fsGroup that makes it writable.
+    pub fn add_to_pod(&self, job: &RduJob, spec: &mut PodSpec) {
+        let volume = match self {
+            CheckpointStorage::None | CheckpointStorage::Template(_) => return,
+            CheckpointStorage::EmptyDir => Volume {
+                name: CHECKPOINT_VOLUME.to_string(),
+                empty_dir: Some(EmptyDirVolumeSource::default()),
+                ..Default::default()
+            },
+            CheckpointStorage::Claim => {
+                writable_by_the_worker(spec);
+                Volume {
+                    name: CHECKPOINT_CLAIM_VOLUME.to_string(),
+                    persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                        claim_name: consts::checkpoint_claim_name(job_name(job)),
+                        read_only: None,
+                    }),
+                    ..Default::default()
+                }
+            }
+        };
+        spec.volumes.get_or_insert_with(Vec::new).push(volume);
+    }
+}
+
+/// A fresh PersistentVolume is owned by root, and the worker runs as 65532:65532. With a pod fsGroup the kubelet
+/// makes volumes that support ownership management (most block and local volumes) group-owned and group-writable
+/// by that group. The template's own fsGroup wins: whoever sets one also chose the image's user.
+/// `OnRootMismatch` keeps a gang restart from re-chowning every checkpoint already on the volume.
+fn writable_by_the_worker(spec: &mut PodSpec) {
+    let context = spec.security_context.get_or_insert_with(Default::default);
+    if context.fs_group.is_none() {
+        context.fs_group = Some(WORKER_FS_GROUP);
+        context
+            .fs_group_change_policy
+            .get_or_insert_with(|| "OnRootMismatch".to_string());
+    }
+}
+
+/// The claim `<job>-checkpoints` of `spec.checkpoint.volumeClaimTemplate`, owned by the job (never by a pod, so
+/// gang restarts keep it; garbage collection removes it with the job). `None` without a claim template.
+pub fn checkpoint_claim(job: &RduJob) -> Result<Option<PersistentVolumeClaim>, BuildError> {
+    let Some(mut spec) = job
+        .spec
+        .checkpoint
+        .as_ref()
+        .and_then(|c| c.volume_claim_template.clone())
+    else {
+        return Ok(None);
+    };
+    if spec.access_modes.as_ref().is_none_or(Vec::is_empty) {
+        spec.access_modes = Some(vec![DEFAULT_ACCESS_MODE.to_string()]);
+    }
+    Ok(Some(PersistentVolumeClaim {
+        metadata: child_meta(job, consts::checkpoint_claim_name(job_name(job)))?,
+        spec: Some(spec),
+        status: None,
+    }))
+}
+
+#[cfg(test)]
+mod tests;
