@@ -523,7 +523,7 @@ impl Cluster {
             "the job must outlive the plugin's restart"
         );
 
-        let job = self.wait_phase(&name, "Succeeded", LONG).await;
+        let job = self.wait_succeeded_in_one_generation(&name, workers).await;
         let log = self.kubectl_logs(&rank0);
         assert!(
             log.contains("generation=1"),
@@ -567,6 +567,49 @@ impl Cluster {
         out.insert("restart_resumed_from_step".into(), json!(resumed));
         out.insert("restart_planned_steps".into(), json!(planned));
         out
+    }
+
+    /// Waits for Succeeded without another gang restart; on one, fails with every rank's last log lines
+    /// (the pods, and with them their logs, are gone once the operator restarts the gang).
+    async fn wait_succeeded_in_one_generation(&self, name: &str, workers: u32) -> Value {
+        let tails = std::sync::Mutex::new(vec![String::new(); workers as usize]);
+        let pods = Api::<Pod>::namespaced(self.client.clone(), "default");
+        let outcome = poll_until(&format!("RduJob {name} to succeed"), LONG, async || {
+            let job = self.job(name).await?;
+            let status = &job["status"];
+            if status["restarts"].as_u64() != Some(1) || status["phase"] == "Failed" {
+                return Ok(Err(job));
+            }
+            if status["phase"] == "Succeeded" {
+                return Ok(Ok(job));
+            }
+            for rank in 0..workers {
+                let params = LogParams {
+                    tail_lines: Some(12),
+                    ..LogParams::default()
+                };
+                if let Ok(tail) = pods.logs(&format!("{name}-worker-{rank}"), &params).await {
+                    tails.lock().expect("tails")[rank as usize] = tail;
+                }
+            }
+            Err(format!("phase {}", status["phase"]))
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", self.diagnose()));
+        outcome.unwrap_or_else(|job| {
+            let tails = tails.into_inner().expect("tails");
+            let logs: Vec<String> = tails
+                .iter()
+                .enumerate()
+                .map(|(rank, tail)| format!("--- rank {rank}, last lines seen\n{tail}"))
+                .collect();
+            panic!(
+                "RduJob {name} restarted again or failed: {}\n{}\n{}",
+                job["status"],
+                logs.join("\n"),
+                self.diagnose()
+            )
+        })
     }
 
     /// The device plugin's ready pod (not being deleted).
@@ -622,7 +665,7 @@ impl Cluster {
             format!(
                 "apiVersion: rdu.dev/v1alpha1\nkind: RduJob\nmetadata: {{name: {name}, namespace: default}}\n\
                  spec:\n  workers: 1\n  tilesPerWorker: {tiles}\n  image: {image}\n  imagePullPolicy: Never\n  \
-                 model: {{name: ffn-logreg, hiddenSizes: [8]}}\n  data: {{source: synthetic}}\n  training: {{steps: 5, batchSize: 4}}\n"
+                 model: {{name: ffn-logreg, hiddenSizes: [8]}}\n  data: {{source: synthetic}}\n  training: {{steps: 5, batchSize: 4, learningRate: 0.1}}\n"
             )
         };
         self.apply(&job("no-such-image", "rdu-worker:does-not-exist", 1));
