@@ -180,6 +180,24 @@ pub fn teardown(saved: Option<&Saved>) {
     }
 }
 
+/// Packets kube-proxy's `KUBE-FORWARD` chain dropped as conntrack INVALID (its rule when
+/// `nf_conntrack_tcp_be_liberal` is 0; known to stall long TCP streams, kubernetes#74839), if the rule exists.
+pub fn invalid_forward_drops() -> Option<u64> {
+    let out = Command::new("iptables")
+        .args(["-t", "filter", "-L", "KUBE-FORWARD", "-v", "-n", "-x"])
+        .output()
+        .ok()?;
+    invalid_drops_in(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// The packet count of the INVALID DROP rule in `iptables -L -v -n -x` text.
+fn invalid_drops_in(listing: &str) -> Option<u64> {
+    listing
+        .lines()
+        .find(|l| l.contains("DROP") && l.contains("INVALID"))
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+}
+
 /// The kubelet's and kube-proxy's iptables chains (`KUBE-*`: the kubelet's `KUBE-FIREWALL`, canaries and
 /// hints survive `kube-proxy --cleanup`), and the rules of other chains that jump to them, for IPv4 and IPv6.
 fn remove_kubernetes_chains() {
@@ -250,6 +268,15 @@ fn run(program: &str, args: &[&str]) -> Result<(), NodeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_invalid_drop_counter_is_read_from_the_listing() {
+        let listing = "Chain KUBE-FORWARD (1 references)\n    pkts      bytes target     prot opt in     out     source               destination\n      \
+                       17     1234 DROP       0    --  *      *       0.0.0.0/0            0.0.0.0/0            ctstate INVALID\n       \
+                       0        0 ACCEPT     0    --  *      *       0.0.0.0/0            0.0.0.0/0            mark match 0x4000/0x4000\n";
+        assert_eq!(invalid_drops_in(listing), Some(17));
+        assert_eq!(invalid_drops_in("Chain KUBE-FORWARD\n"), None);
+    }
 
     #[test]
     fn kubernetes_chains_and_the_jumps_to_them_are_found() {
