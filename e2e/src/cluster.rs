@@ -1,5 +1,5 @@
 //! Steps the tests share on a running control plane: install the CRD, make a namespace ready for pods,
-//! apply YAML with kubectl, and log in as a ServiceAccount.
+//! apply YAML with kubectl, log in as a ServiceAccount, and run the operator as the chart's ServiceAccount.
 
 use crate::control_plane::ControlPlane;
 use crate::poll::{PollError, poll_until};
@@ -118,6 +118,42 @@ pub async fn create_namespace(plane: &ControlPlane, name: &str) -> Result<(), Cl
 }
 
 /// A token of `namespace/account` from the TokenRequest API, valid for an hour.
+/// The chart's release name in the tests; its operator's ServiceAccount is `<release>-rdu-operator`.
+pub const CHART_RELEASE: &str = "rdu";
+
+/// Applies the chart's manifests (its RBAC among them) into `namespace` server-side and starts the operator
+/// binary beside the control plane (log `rdu-operator`), authenticated as the chart's ServiceAccount with a
+/// TokenRequest token, so every API call it makes is checked against the chart's RBAC.
+pub fn start_operator_as_chart(
+    plane: &mut ControlPlane,
+    namespace: &str,
+) -> Result<(), ClusterError> {
+    let binary = crate::tools::operator_binary()?;
+    let chart = crate::tools::helm_template(CHART_RELEASE, namespace, &[])?;
+    kubectl(plane, &["apply", "--server-side", "-f", "-"], Some(&chart))?;
+    let account = format!("{CHART_RELEASE}-rdu-operator");
+    let token = service_account_token(plane, namespace, &account)?;
+    let kubeconfig = plane.write_kubeconfig(
+        "operator",
+        &format!("system:serviceaccount:{namespace}:{account}"),
+        &token,
+        namespace,
+    )?;
+    let mut operator = std::process::Command::new(binary);
+    operator
+        .arg(format!(
+            "--metrics-addr=127.0.0.1:{}",
+            crate::ports::free_port()?
+        ))
+        .arg(format!("--lease-namespace={namespace}"))
+        .arg("--identity=e2e-operator")
+        .arg("--log-format=text")
+        .env("KUBECONFIG", kubeconfig)
+        .env("RUST_LOG", "info");
+    plane.spawn("rdu-operator", operator)?;
+    Ok(())
+}
+
 pub fn service_account_token(
     plane: &ControlPlane,
     namespace: &str,

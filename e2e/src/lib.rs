@@ -20,7 +20,8 @@ pub mod tools;
 
 pub use assets::{Assets, AssetsError, assets_or_skip};
 pub use cluster::{
-    ClusterError, create_namespace, install_crd, kubectl, kubectl_as, service_account_token,
+    CHART_RELEASE, ClusterError, create_namespace, install_crd, kubectl, kubectl_as,
+    service_account_token, start_operator_as_chart,
 };
 pub use control_plane::{Components, ControlPlane, ControlPlaneError, NodeAccess};
 pub use poll::{PollError, poll_until};

@@ -40,6 +40,31 @@ fn openssl(step: &'static str, dir: &Path, args: &[&str]) -> Result<(), PkiError
     }
 }
 
+/// Signs the request `csr` with the CA in `dir` into `crt` (2 days), with the extensions in `ext`.
+fn sign(dir: &Path, step: &'static str, csr: &str, crt: &str, ext: &str) -> Result<(), PkiError> {
+    openssl(
+        step,
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            csr,
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            crt,
+            "-days",
+            "2",
+            "-extfile",
+            ext,
+        ],
+    )
+}
+
 /// Writes a fresh PKI into `dir`; the serving certificate also names `extra_ips`.
 pub fn generate(dir: &Path, extra_ips: &[Ipv4Addr]) -> Result<Pki, PkiError> {
     openssl(
@@ -89,26 +114,12 @@ pub fn generate(dir: &Path, extra_ips: &[Ipv4Addr]) -> Result<Pki, PkiError> {
              extendedKeyUsage=serverAuth\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
         ),
     )?;
-    openssl(
-        "serving certificate",
+    sign(
         dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "apiserver.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "apiserver.crt",
-            "-days",
-            "2",
-            "-extfile",
-            "apiserver.ext",
-        ],
+        "serving certificate",
+        "apiserver.csr",
+        "apiserver.crt",
+        "apiserver.ext",
     )?;
     openssl(
         "service-account key",
@@ -156,27 +167,7 @@ pub fn client_certificate(
         dir.join(&ext),
         "extendedKeyUsage=clientAuth\nkeyUsage=critical,digitalSignature,keyEncipherment\n",
     )?;
-    openssl(
-        "client certificate",
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            &csr,
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            &crt,
-            "-days",
-            "2",
-            "-extfile",
-            &ext,
-        ],
-    )?;
+    sign(dir, "client certificate", &csr, &crt, &ext)?;
     Ok((dir.join(crt), dir.join(key)))
 }
 

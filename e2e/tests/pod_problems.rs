@@ -8,11 +8,10 @@ use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use rdu_crds::RduJob;
 use rdu_e2e::{
-    Components, ControlPlane, assets_or_skip, create_namespace, helm_template, install_crd,
-    kubectl, operator_binary, poll_until, ports::free_port, service_account_token,
+    Components, ControlPlane, assets_or_skip, create_namespace, install_crd, kubectl, poll_until,
+    start_operator_as_chart,
 };
 use serde_json::{Value, json};
-use std::process::Command;
 use std::time::Duration;
 
 const OPERATOR_NAMESPACE: &str = "rdu-system";
@@ -39,7 +38,6 @@ fn job(name: &str) -> String {
 /// The control plane, the CRD, the chart's RBAC, and the operator running as the chart's ServiceAccount.
 async fn operator_plane() -> Option<ControlPlane> {
     let assets = assets_or_skip("pod problems")?;
-    let binary = operator_binary().unwrap_or_else(|e| panic!("{e}"));
     let mut plane = ControlPlane::start(&assets, Components::default())
         .await
         .expect("control plane");
@@ -47,32 +45,7 @@ async fn operator_plane() -> Option<ControlPlane> {
     for ns in [OPERATOR_NAMESPACE, JOBS] {
         create_namespace(&plane, ns).await.expect("namespace");
     }
-    let chart = helm_template("rdu", OPERATOR_NAMESPACE, &[]).expect("helm");
-    kubectl(&plane, &["apply", "--server-side", "-f", "-"], Some(&chart)).expect("chart applies");
-    let token =
-        service_account_token(&plane, OPERATOR_NAMESPACE, "rdu-rdu-operator").expect("token");
-    let kubeconfig = plane
-        .write_kubeconfig(
-            "operator",
-            "system:serviceaccount:rdu-system:rdu-rdu-operator",
-            &token,
-            OPERATOR_NAMESPACE,
-        )
-        .expect("kubeconfig");
-    let mut operator = Command::new(binary);
-    operator
-        .arg(format!(
-            "--metrics-addr=127.0.0.1:{}",
-            free_port().expect("port")
-        ))
-        .arg(format!("--lease-namespace={OPERATOR_NAMESPACE}"))
-        .arg("--identity=e2e-operator")
-        .arg("--log-format=text")
-        .env("KUBECONFIG", kubeconfig)
-        .env("RUST_LOG", "info");
-    plane
-        .spawn("rdu-operator", operator)
-        .expect("operator starts");
+    start_operator_as_chart(&mut plane, OPERATOR_NAMESPACE).expect("operator starts");
     Some(plane)
 }
 

@@ -111,27 +111,31 @@ fn setup() -> Result<Saved, NodeError> {
     run("ip", &["addr", "add", &gateway, "dev", BRIDGE])?;
     run("ip", &["link", "set", BRIDGE, "up"])?;
     run("ip", &["route", "add", "unreachable", &cidr(SERVICE_CIDR)])?;
-    let pods = cidr(POD_CIDR);
-    run(
-        "iptables",
-        &[
-            "-I",
-            "FORWARD",
-            "1",
-            "-s",
-            &pods,
-            "!",
-            "-d",
-            &pods,
-            "-m",
-            "comment",
-            "--comment",
-            RULE_COMMENT,
-            "-j",
-            "REJECT",
-        ],
-    )?;
+    run("iptables", &guard_rule(&["-I", "FORWARD", "1"]))?;
     Ok(saved)
+}
+
+/// The guard rule (pod traffic leaving the pod subnet is rejected) after `action` (insert or delete).
+fn guard_rule(action: &[&str]) -> Vec<String> {
+    let pods = cidr(POD_CIDR);
+    let rule = [
+        "-s",
+        &pods,
+        "!",
+        "-d",
+        &pods,
+        "-m",
+        "comment",
+        "--comment",
+        RULE_COMMENT,
+        "-j",
+        "REJECT",
+    ];
+    action
+        .iter()
+        .chain(rule.iter())
+        .map(|a| a.to_string())
+        .collect()
 }
 
 /// Removes the bridge, the route and the guard rules; restores the host settings `saved` recorded.
@@ -139,27 +143,7 @@ fn setup() -> Result<Saved, NodeError> {
 pub fn teardown(saved: Option<&Saved>) {
     let _ = run("ip", &["link", "del", BRIDGE]);
     let _ = run("ip", &["route", "del", "unreachable", &cidr(SERVICE_CIDR)]);
-    let pods = cidr(POD_CIDR);
-    while run(
-        "iptables",
-        &[
-            "-D",
-            "FORWARD",
-            "-s",
-            &pods,
-            "!",
-            "-d",
-            &pods,
-            "-m",
-            "comment",
-            "--comment",
-            RULE_COMMENT,
-            "-j",
-            "REJECT",
-        ],
-    )
-    .is_ok()
-    {}
+    while run("iptables", &guard_rule(&["-D", "FORWARD"])).is_ok() {}
     remove_kubernetes_chains();
     for (path, value) in saved.map(|s| s.sysctls.as_slice()).unwrap_or_default() {
         if std::fs::read_to_string(path).is_ok_and(|now| now.trim() != value) {
@@ -249,9 +233,10 @@ fn kubernetes_rules(rules: &str) -> Vec<(Option<String>, String)> {
     jumps
 }
 
-fn run(program: &str, args: &[&str]) -> Result<(), NodeError> {
+fn run(program: &str, args: &[impl AsRef<str>]) -> Result<(), NodeError> {
+    let args: Vec<&str> = args.iter().map(AsRef::as_ref).collect();
     let out = Command::new(program)
-        .args(args)
+        .args(&args)
         .output()
         .map_err(|e| NodeError::Command(format!("{program} {}: {e}", args.join(" "))))?;
     if out.status.success() {
@@ -268,6 +253,18 @@ fn run(program: &str, args: &[&str]) -> Result<(), NodeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_guard_rule_is_inserted_and_deleted_as_the_same_rule() {
+        let insert = guard_rule(&["-I", "FORWARD", "1"]);
+        let delete = guard_rule(&["-D", "FORWARD"]);
+        assert_eq!(insert[3..], delete[2..]);
+        assert_eq!(
+            insert[3..8],
+            ["-s", "10.217.0.0/24", "!", "-d", "10.217.0.0/24"]
+        );
+        assert_eq!(insert.last().map(String::as_str), Some("REJECT"));
+    }
 
     #[test]
     fn the_invalid_drop_counter_is_read_from_the_listing() {
