@@ -182,6 +182,21 @@ pub(crate) mod tests {
         assert_eq!(e.result_path, PathBuf::from("/dev/termination-log"));
         assert_eq!(e.collective_port, 29501);
         assert_eq!(e.tiles, 1);
+        assert_eq!(
+            (e.tile_affinity.as_str(), e.visible_tiles.as_str()),
+            ("", "")
+        );
+    }
+
+    #[test]
+    fn the_tiles_the_device_plugin_gave_are_kept_as_given() {
+        let mut map = vars(crate::test_fixtures::MINIMAL);
+        map.insert(env::TILE_AFFINITY.into(), "0x00000006".into());
+        map.insert(env::VISIBLE_TILES.into(), "rdu0-tile1,rdu0-tile2".into());
+        let e = read(&map).unwrap();
+        assert_eq!(e.tile_affinity, "0x00000006");
+        assert_eq!(e.visible_tiles, "rdu0-tile1,rdu0-tile2");
+        assert_eq!(e.tiles, 2);
     }
 
     #[test]
