@@ -64,8 +64,14 @@ pub mod exit_code {
     pub const BAD_CONFIG: i32 = 64;
     /// Bad data: permanent.
     pub const BAD_DATA: i32 = 65;
+    /// Reading or writing a file failed (checkpoint, result, data): permanent.
+    pub const IO_ERROR: i32 = 74;
     /// Transient (peer lost, timeout, rendezvous failed): the gang is restarted.
     pub const RETRYABLE: i32 = 75;
+    /// `rdujob run` when spec.runPolicy.activeDeadlineSeconds passed (as timeout(1)).
+    pub const DEADLINE_EXCEEDED: i32 = 124;
+    /// A process killed by signal N ends with 128 + N (the shell's and the kubelet's convention).
+    pub const SIGNAL_BASE: i32 = 128;
 }
 
 /// Name of the headless Service of a job.

@@ -5,9 +5,6 @@ use rdu_crds::consts::exit_code;
 
 use crate::data::DataError;
 
-/// Exit code when the result could not be written (EX_IOERR): neither bad config nor bad data.
-pub const EXIT_IO_ERROR: i32 = 74;
-
 /// Everything that stops one rank.
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -43,7 +40,7 @@ impl WorkerError {
             WorkerError::Data(_) => exit_code::BAD_DATA,
             WorkerError::Collective(e) if e.is_retryable() => exit_code::RETRYABLE,
             WorkerError::Collective(_) => exit_code::BAD_CONFIG,
-            WorkerError::Write { .. } => EXIT_IO_ERROR,
+            WorkerError::Write { .. } => exit_code::IO_ERROR,
             WorkerError::Interrupted(_) => exit_code::RETRYABLE,
         }
     }

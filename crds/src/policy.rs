@@ -1,0 +1,209 @@
+//! The run-policy rules of DESIGN 5, written once for the operator and local mode: how a rank ended, which rank
+//! caused a failed generation, and whether the gang restarts or the job fails.
+
+use std::fmt;
+
+use crate::RestartPolicy;
+use crate::consts::exit_code;
+
+/// How one rank of a generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RankExit {
+    /// The process exited with this code (in a pod: the container's exit code; 128 + N means signal N).
+    Code(i32),
+    /// The process was killed by this signal (local mode sees the signal itself).
+    Signal(i32),
+    /// The rank is gone without an exit code: its pod vanished, its node was lost.
+    Lost,
+}
+
+impl RankExit {
+    pub fn is_success(self) -> bool {
+        self == RankExit::Code(exit_code::SUCCESS)
+    }
+
+    /// Transient failures a new generation can get past: the retryable code, a signal (killed, OOM), or a rank
+    /// that was lost with its node or pod.
+    pub fn is_retryable(self) -> bool {
+        match self {
+            RankExit::Code(code) => code == exit_code::RETRYABLE || code > exit_code::SIGNAL_BASE,
+            RankExit::Signal(_) | RankExit::Lost => true,
+        }
+    }
+
+    /// The shell's convention: the code, or 128 + the signal; a lost rank counts as killed (SIGKILL).
+    pub fn as_exit_code(self) -> i32 {
+        match self {
+            RankExit::Code(code) => code,
+            RankExit::Signal(signal) => exit_code::SIGNAL_BASE + signal,
+            RankExit::Lost => exit_code::SIGNAL_BASE + 9,
+        }
+    }
+
+    /// How surely this exit is the cause of a failed generation rather than a consequence of another rank's:
+    /// lower is surer. Peers of a failed rank exit with the retryable code when it goes away.
+    fn blame_order(self) -> u8 {
+        match self {
+            RankExit::Code(code) if code == exit_code::RETRYABLE => 2,
+            exit if exit.is_retryable() => 1,
+            _ => 0,
+        }
+    }
+}
+
+impl fmt::Display for RankExit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RankExit::Code(code) => write!(f, "exit code {code}"),
+            RankExit::Signal(signal) => write!(f, "signal {signal}"),
+            RankExit::Lost => f.write_str("no exit code (lost)"),
+        }
+    }
+}
+
+/// The rank a failed generation is blamed on, from the ranks that ended: a permanent failure before a killed or
+/// lost rank before a retryable exit, the lowest rank among equals. The order the ranks ended in does not matter,
+/// so the operator (which sees pods) and local mode (which sees processes) blame the same rank.
+pub fn culprit(exits: impl IntoIterator<Item = (u32, RankExit)>) -> Option<(u32, RankExit)> {
+    exits
+        .into_iter()
+        .filter(|(_, exit)| !exit.is_success())
+        .min_by_key(|(rank, exit)| (exit.blame_order(), *rank))
+}
+
+/// Why a job failed after a rank's failure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailureReason {
+    /// `restartPolicy: Never`: no failure restarts the gang.
+    RestartPolicyNever,
+    /// `restartPolicy: ExitCode` and the exit was not retryable.
+    PermanentFailure,
+    /// The gang was already restarted `backoffLimit` times.
+    BackoffLimitExceeded,
+}
+
+impl FailureReason {
+    /// The condition reason and event reason.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureReason::RestartPolicyNever => "RestartPolicyNever",
+            FailureReason::PermanentFailure => "PermanentFailure",
+            FailureReason::BackoffLimitExceeded => "BackoffLimitExceeded",
+        }
+    }
+}
+
+/// What follows a failed generation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Restart the whole gang as the next generation.
+    Restart,
+    /// The job fails.
+    Fail(FailureReason),
+}
+
+/// Restart or fail, after the culprit ended with `exit`, under `policy`, with `restarts` gang restarts so far.
+pub fn after_failure(
+    policy: RestartPolicy,
+    backoff_limit: u32,
+    restarts: u32,
+    exit: RankExit,
+) -> Verdict {
+    match policy {
+        RestartPolicy::Never => Verdict::Fail(FailureReason::RestartPolicyNever),
+        RestartPolicy::ExitCode if !exit.is_retryable() => {
+            Verdict::Fail(FailureReason::PermanentFailure)
+        }
+        _ if restarts >= backoff_limit => Verdict::Fail(FailureReason::BackoffLimitExceeded),
+        _ => Verdict::Restart,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use FailureReason::*;
+    use RankExit::{Code, Lost, Signal};
+    use RestartPolicy::{ExitCode, Never, OnFailure};
+
+    #[test]
+    fn restart_or_fail_under_every_policy() {
+        // (policy, backoffLimit, restarts so far, how the culprit ended) -> verdict
+        let table: [(RestartPolicy, u32, u32, RankExit, Verdict); 16] = [
+            (ExitCode, 3, 0, Code(75), Verdict::Restart),
+            (ExitCode, 3, 0, Code(137), Verdict::Restart),
+            (ExitCode, 3, 0, Signal(9), Verdict::Restart),
+            (ExitCode, 3, 0, Lost, Verdict::Restart),
+            (ExitCode, 3, 0, Code(1), Verdict::Fail(PermanentFailure)),
+            (ExitCode, 3, 0, Code(64), Verdict::Fail(PermanentFailure)),
+            (ExitCode, 3, 0, Code(65), Verdict::Fail(PermanentFailure)),
+            (ExitCode, 3, 0, Code(74), Verdict::Fail(PermanentFailure)),
+            (
+                ExitCode,
+                3,
+                3,
+                Code(75),
+                Verdict::Fail(BackoffLimitExceeded),
+            ),
+            (
+                ExitCode,
+                0,
+                0,
+                Signal(9),
+                Verdict::Fail(BackoffLimitExceeded),
+            ),
+            (OnFailure, 3, 0, Code(65), Verdict::Restart),
+            (OnFailure, 3, 2, Code(1), Verdict::Restart),
+            (
+                OnFailure,
+                3,
+                3,
+                Code(1),
+                Verdict::Fail(BackoffLimitExceeded),
+            ),
+            (Never, 3, 0, Code(75), Verdict::Fail(RestartPolicyNever)),
+            (Never, 3, 0, Lost, Verdict::Fail(RestartPolicyNever)),
+            (Never, 3, 0, Code(65), Verdict::Fail(RestartPolicyNever)),
+        ];
+        for (i, (policy, limit, restarts, exit, verdict)) in table.into_iter().enumerate() {
+            assert_eq!(
+                after_failure(policy, limit, restarts, exit),
+                verdict,
+                "row {i}: {policy:?} limit {limit} restarts {restarts} {exit}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_culprit_is_the_cause_not_the_peers_that_noticed() {
+        // (exits in the order they ended) -> the blamed rank
+        type Ended = (u32, RankExit);
+        let table: [(&[Ended], Option<Ended>); 7] = [
+            (&[(0, Code(0)), (1, Code(0))], None),
+            (&[(0, Code(75)), (1, Signal(9))], Some((1, Signal(9)))),
+            (&[(1, Signal(9)), (0, Code(75))], Some((1, Signal(9)))),
+            (
+                &[(2, Code(75)), (0, Code(65)), (1, Code(75))],
+                Some((0, Code(65))),
+            ),
+            (&[(3, Code(137)), (1, Code(64))], Some((1, Code(64)))),
+            (&[(2, Lost), (1, Signal(15))], Some((1, Signal(15)))),
+            (
+                &[(2, Code(75)), (1, Code(75)), (0, Code(0))],
+                Some((1, Code(75))),
+            ),
+        ];
+        for (i, (exits, blamed)) in table.into_iter().enumerate() {
+            assert_eq!(culprit(exits.iter().copied()), blamed, "row {i}");
+        }
+    }
+
+    #[test]
+    fn exits_read_as_the_shell_reports_them() {
+        assert_eq!(Signal(15).as_exit_code(), 143);
+        assert_eq!(Code(65).as_exit_code(), 65);
+        assert_eq!(Lost.as_exit_code(), 137);
+        assert!(Code(0).is_success() && !Signal(0).is_success());
+        assert_eq!(Signal(9).to_string(), "signal 9");
+    }
+}
