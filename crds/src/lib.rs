@@ -1,16 +1,31 @@
-//! The RduJob custom resource and the contracts shared by the operator, worker and device plugin.
+//! The RduJob job model, with no client: the custom resource, its validation, the run-policy rules, the env
+//! contract of a rank and the job token, shared by the operator, local mode, the worker and the device plugin.
 
 pub mod consts;
+pub mod policy;
+pub mod rank_env;
 pub mod schema;
 pub mod spec;
 pub mod status;
+pub mod token;
 pub mod validation;
 
+pub use rank_env::RankEnv;
 pub use spec::*;
 pub use status::*;
-pub use validation::{FieldError, validate_spec};
+pub use validation::{FieldError, validate_job, validate_spec};
 
 use kube::CustomResourceExt;
+
+/// Name of a job (empty when the manifest names none; validation refuses that before anything is built).
+pub fn job_name(job: &RduJob) -> &str {
+    job.metadata.name.as_deref().unwrap_or_default()
+}
+
+/// Namespace of a job, `default` when the manifest names none (as kubectl does).
+pub fn job_namespace(job: &RduJob) -> &str {
+    job.metadata.namespace.as_deref().unwrap_or("default")
+}
 
 /// Errors reading an RduJob manifest.
 #[derive(Debug, thiserror::Error)]

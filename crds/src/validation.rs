@@ -5,6 +5,9 @@ use std::fmt;
 
 use crate::{DataSource, RduJobSpec};
 
+mod job;
+pub use job::validate_job;
+
 /// One rule a spec breaks.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FieldError {
