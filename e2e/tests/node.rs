@@ -503,7 +503,7 @@ impl Cluster {
                         .map(str::to_string)
                         .ok_or("no pod IP yet")?;
                     let url = format!("http://{ip}:9464/status");
-                    let status = rdu_device_plugin::tilestat::fetch(&url)
+                    let status = rdu_tiles::tilestat::fetch(&url)
                         .await
                         .map_err(|e| e.to_string())?;
                     if status.tiles_allocated == workers {

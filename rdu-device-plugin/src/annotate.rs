@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
 use rdu_crds::consts::TILES_ANNOTATION;
 
-use crate::podresources::PodDevices;
+use rdu_tiles::node::PodDevices;
 
 /// The field manager of the plugin's writes.
 pub const FIELD_MANAGER: &str = "rdu-device-plugin";

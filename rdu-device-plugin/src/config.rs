@@ -1,7 +1,7 @@
 //! Configuration: command-line flags over an optional YAML file over defaults.
 
 use crate::podresources::DEFAULT_POD_RESOURCES_SOCKET;
-use crate::topology::{ResourceMode, Topology, TopologyError};
+use rdu_tiles::topology::{ResourceMode, Topology, TopologyError};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

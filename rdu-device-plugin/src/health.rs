@@ -2,9 +2,9 @@
 //! line, `#` comments allowed. The file is watched (inotify via `notify`, plus a slow re-read as a fallback);
 //! every change updates the node's health, which ListAndWatch streams. A missing file means all healthy.
 
-use crate::node::TileNode;
-use crate::topology::{TileIndex, Topology};
 use notify::{RecursiveMode, Watcher};
+use rdu_tiles::node::TileNode;
+use rdu_tiles::topology::{TileIndex, Topology};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -178,7 +178,7 @@ pub fn watch_health_file(node: Arc<TileNode>, path: PathBuf) -> Result<HealthWat
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::topology::ResourceMode;
+    use rdu_tiles::topology::ResourceMode;
 
     #[test]
     fn parses_tiles_rdus_comments_and_warns_on_junk() {

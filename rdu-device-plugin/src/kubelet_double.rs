@@ -12,7 +12,7 @@ use crate::podresources_api::{
     ContainerDevices, ContainerResources, ListPodResourcesRequest, ListPodResourcesResponse,
     PodResources,
 };
-use crate::transport::{TransportError, unix_channel};
+use crate::unix_socket::{TransportError, unix_channel};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

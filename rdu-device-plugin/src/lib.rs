@@ -1,30 +1,22 @@
-//! Simulated RDU node topology, tile allocation and the kubelet device plugin server.
+//! The kubelet device plugin of a simulated RDU node: the gRPC service, registration with the kubelet, health,
+//! pod resources and the status endpoint. The tiles themselves (topology, packing, allocations) are `rdu_tiles`.
 //!
-//! - [`topology`], [`packing`], [`affinity`]: pure code: device IDs, the packing rule of
-//!   GetPreferredAllocation, the `SF_RNT_TILE_AFFINITY` mask.
-//! - [`node`]: the shared node state (health, allocations, checkpoint, metrics) behind every call;
-//!   [`local::SimulatedNode`] wraps it for local mode.
-//! - [`service`] (gRPC adapter), [`plugin`] (serve, register, re-register, shutdown), [`health`] (health
-//!   file), [`podresources`] (pod and rank per tile), [`status`] + [`tilestat`] (the sntilestat endpoint).
-//! - [`kubelet_double`]: a kubelet for tests and benchmarks.
+//! - [`service`] (gRPC adapter over `rdu_tiles::node::TileNode`), [`plugin`] (serve, register, re-register,
+//!   shutdown), [`unix_socket`] (gRPC over unix sockets).
+//! - [`health`] (the health file), [`podresources`] (pod and rank per tile), [`annotate`] (tiles on the pods),
+//!   [`status`] (the sntilestat endpoint and /metrics), [`config`].
+//! - `kubelet_double` (feature `kubelet-double`): a kubelet for tests and benchmarks.
 
-pub mod affinity;
 pub mod annotate;
-pub mod checkpoint;
 pub mod config;
 pub mod health;
+#[cfg(feature = "kubelet-double")]
 pub mod kubelet_double;
-pub mod local;
-pub mod metrics;
-pub mod node;
-pub mod packing;
 pub mod plugin;
 pub mod podresources;
 pub mod service;
 pub mod status;
-pub mod tilestat;
-pub mod topology;
-pub mod transport;
+pub mod unix_socket;
 
 /// The kubelet device plugin API v1beta1 (generated from `proto/deviceplugin/v1beta1/api.proto`).
 pub mod api {

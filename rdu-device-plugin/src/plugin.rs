@@ -5,10 +5,10 @@
 use crate::api::device_plugin_server::DevicePluginServer;
 use crate::api::registration_client::RegistrationClient;
 use crate::api::{DevicePluginOptions, RegisterRequest};
-use crate::node::TileNode;
 use crate::service::DevicePluginService;
-use crate::transport::{TransportError, unix_channel};
+use crate::unix_socket::{TransportError, unix_channel};
 use notify::{RecursiveMode, Watcher};
+use rdu_tiles::node::TileNode;
 use std::future::Future;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};

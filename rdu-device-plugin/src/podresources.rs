@@ -3,10 +3,10 @@
 //! of pods that are gone (the device plugin API never tells a plugin about frees).
 
 use crate::annotate::TilePublisher;
-use crate::node::TileNode;
 use crate::podresources_api::ListPodResourcesRequest;
 use crate::podresources_api::pod_resources_lister_client::PodResourcesListerClient;
-use crate::transport::{TransportError, unix_channel};
+use crate::unix_socket::{TransportError, unix_channel};
+use rdu_tiles::node::{PodDevices, TileNode};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,16 +25,6 @@ pub enum PodResourcesError {
     List(tonic::Status),
     #[error("pod-resources List timed out after {LIST_TIMEOUT:?}")]
     Timeout,
-}
-
-/// The devices of one resource held by one pod (all its containers).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PodDevices {
-    /// `namespace/name`.
-    pub pod: String,
-    /// The RduJob rank, from the pod name `<job>-worker-<rank>`.
-    pub rank: Option<u32>,
-    pub device_ids: Vec<String>,
 }
 
 /// The rank in a pod name of the form `<job>-worker-<rank>`.

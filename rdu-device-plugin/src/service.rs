@@ -7,7 +7,7 @@ use crate::api::{
     PreStartContainerRequest, PreStartContainerResponse, PreferredAllocationRequest,
     PreferredAllocationResponse,
 };
-use crate::node::{ContainerAllocation, DeviceHealth, NodeError, TileNode};
+use rdu_tiles::node::{ContainerAllocation, DeviceHealth, NodeError, TileNode};
 use std::sync::Arc;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
@@ -84,7 +84,7 @@ pub fn to_status(error: NodeError) -> Status {
         }
         NodeError::Unhealthy { .. } => Status::failed_precondition(error.to_string()),
         NodeError::Packing(_) => Status::resource_exhausted(error.to_string()),
-        NodeError::Checkpoint(_) => Status::internal(error.to_string()),
+        NodeError::SavedAllocations(_) => Status::internal(error.to_string()),
     }
 }
 
@@ -185,7 +185,7 @@ impl<B: DeviceBackend> DevicePlugin for DevicePluginService<B> {
 mod tests {
     use super::*;
     use crate::api::{ContainerAllocateRequest, ContainerPreferredAllocationRequest};
-    use crate::topology::{ResourceMode, Topology};
+    use rdu_tiles::topology::{ResourceMode, Topology};
     use std::collections::BTreeSet;
     use tokio_stream::StreamExt;
 

@@ -1,11 +1,11 @@
 //! The HTTP status endpoint: `/status` (the sntilestat JSON), `/metrics` (Prometheus text), `/healthz`.
 
-use crate::node::TileNode;
 use axum::Router;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Json};
 use axum::routing::get;
+use rdu_tiles::node::TileNode;
 use std::future::Future;
 use std::sync::Arc;
 use tokio::net::TcpListener;
@@ -47,8 +47,8 @@ pub async fn serve_status(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tilestat::{fetch, fetch_and_render};
-    use crate::topology::{ResourceMode, Topology};
+    use rdu_tiles::tilestat::{fetch, fetch_and_render};
+    use rdu_tiles::topology::{ResourceMode, Topology};
 
     async fn fetch_text(url: &str) -> String {
         use hyper_util::client::legacy::Client;

@@ -2,7 +2,7 @@
 //! and a clean exit on SIGTERM that removes its socket.
 
 use rdu_device_plugin::kubelet_double::KubeletDouble;
-use rdu_device_plugin::tilestat::fetch;
+use rdu_tiles::tilestat::fetch;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

@@ -9,10 +9,10 @@ use rdu_device_plugin::api::{
 };
 use rdu_device_plugin::health::watch_health_file;
 use rdu_device_plugin::kubelet_double::{KubeletDouble, PodResourcesDouble};
-use rdu_device_plugin::node::TileNode;
 use rdu_device_plugin::plugin::{Timing, run_plugin};
 use rdu_device_plugin::podresources::spawn_pod_resources_poller;
-use rdu_device_plugin::topology::{ResourceMode, Topology};
+use rdu_tiles::node::TileNode;
+use rdu_tiles::topology::{ResourceMode, Topology};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -121,8 +121,8 @@ async fn until_list(
 /// Polls the node's status until `wanted` holds.
 async fn until_status(
     node: &TileNode,
-    wanted: impl Fn(&rdu_device_plugin::tilestat::NodeStatus) -> bool,
-) -> rdu_device_plugin::tilestat::NodeStatus {
+    wanted: impl Fn(&rdu_tiles::tilestat::NodeStatus) -> bool,
+) -> rdu_tiles::tilestat::NodeStatus {
     let started = std::time::Instant::now();
     loop {
         let status = node.status();

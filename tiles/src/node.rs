@@ -1,13 +1,13 @@
-//! The plugin's node state: tile health, allocations and their checkpoint, the device list that
+//! The node state: tile health, allocations and their checkpoint, the device list that
 //! ListAndWatch streams, and the plain-Rust operations behind every gRPC call.
 
 use crate::affinity::container_env;
-use crate::checkpoint::{
-    self, CHECKPOINT_VERSION, Checkpoint, CheckpointEntry, CheckpointError, CheckpointWriter,
-};
 use crate::metrics::PluginMetrics;
 use crate::packing::{PackingError, pack};
-use crate::podresources::PodDevices;
+use crate::saved_allocations::{
+    self, FILE_VERSION, SavedAllocations, SavedAllocationsError, SavedAllocationsWriter, SavedGroup,
+};
+
 use crate::tilestat::{NodeStatus, TileState, TileStatus};
 use crate::topology::{ResourceMode, TileIndex, Topology, TopologyError};
 use std::collections::{BTreeMap, BTreeSet};
@@ -32,7 +32,7 @@ pub enum NodeError {
     #[error(transparent)]
     Packing(#[from] PackingError),
     #[error(transparent)]
-    Checkpoint(#[from] CheckpointError),
+    SavedAllocations(#[from] SavedAllocationsError),
 }
 
 /// One advertised device and its health, as ListAndWatch sends it.
@@ -40,6 +40,16 @@ pub enum NodeError {
 pub struct DeviceHealth {
     pub id: String,
     pub healthy: bool,
+}
+
+/// The devices of one resource held by one pod (all its containers).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodDevices {
+    /// `namespace/name`.
+    pub pod: String,
+    /// The RduJob rank, from the pod name `<job>-worker-<rank>`.
+    pub rank: Option<u32>,
+    pub device_ids: Vec<String>,
 }
 
 /// Who uses a tile, when known.
@@ -76,7 +86,7 @@ pub struct TileNode {
     topology: Topology,
     mode: ResourceMode,
     node_name: Option<String>,
-    checkpoint: Option<CheckpointWriter>,
+    checkpoint: Option<SavedAllocationsWriter>,
     inner: Mutex<Inner>,
     devices: watch::Sender<Arc<Vec<DeviceHealth>>>,
     metrics: Arc<PluginMetrics>,
@@ -94,14 +104,14 @@ impl TileNode {
         checkpoint_path: Option<PathBuf>,
     ) -> Result<TileNode, NodeError> {
         let saved = match &checkpoint_path {
-            Some(path) => checkpoint::load(path)?,
+            Some(path) => saved_allocations::load(path)?,
             None => None,
         };
         let node = TileNode::build(
             topology,
             mode,
             node_name,
-            checkpoint_path.map(CheckpointWriter::new),
+            checkpoint_path.map(SavedAllocationsWriter::new),
             saved.as_ref(),
         );
         Ok(node)
@@ -120,8 +130,8 @@ impl TileNode {
         topology: Topology,
         mode: ResourceMode,
         node_name: Option<String>,
-        checkpoint: Option<CheckpointWriter>,
-        saved: Option<&Checkpoint>,
+        checkpoint: Option<SavedAllocationsWriter>,
+        saved: Option<&SavedAllocations>,
     ) -> TileNode {
         let total = topology.total_tiles() as usize;
         let mut inner = Inner {
@@ -526,11 +536,11 @@ fn device_list(topology: &Topology, mode: ResourceMode, inner: &Inner) -> Vec<De
     }
 }
 
-fn snapshot(topology: &Topology, allocated: &[Option<Allocation>]) -> Checkpoint {
-    let mut groups: BTreeMap<u64, CheckpointEntry> = BTreeMap::new();
+fn snapshot(topology: &Topology, allocated: &[Option<Allocation>]) -> SavedAllocations {
+    let mut groups: BTreeMap<u64, SavedGroup> = BTreeMap::new();
     for (t, allocation) in allocated.iter().enumerate() {
         if let Some(a) = allocation {
-            let entry = groups.entry(a.group).or_insert_with(|| CheckpointEntry {
+            let entry = groups.entry(a.group).or_insert_with(|| SavedGroup {
                 tiles: Vec::new(),
                 pod: a.owner.pod.clone(),
                 rank: a.owner.rank,
@@ -538,15 +548,15 @@ fn snapshot(topology: &Topology, allocated: &[Option<Allocation>]) -> Checkpoint
             entry.tiles.push(topology.tile_id(t as TileIndex));
         }
     }
-    Checkpoint {
-        version: CHECKPOINT_VERSION,
+    SavedAllocations {
+        version: FILE_VERSION,
         rdus_per_node: topology.rdus(),
         tiles_per_rdu: topology.tiles_per_rdu(),
         allocations: groups.into_values().collect(),
     }
 }
 
-fn restore(topology: &Topology, inner: &mut Inner, saved: &Checkpoint) {
+fn restore(topology: &Topology, inner: &mut Inner, saved: &SavedAllocations) {
     if saved.rdus_per_node != topology.rdus() || saved.tiles_per_rdu != topology.tiles_per_rdu() {
         tracing::warn!(
             saved_rdus = saved.rdus_per_node,

@@ -1,16 +1,16 @@
-//! The allocation checkpoint file: which tiles are allocated (and to whom, when known), so that a restarted
-//! plugin reports the same state. Written atomically (temporary file then rename).
+//! The saved allocations file (as the kubelet's device checkpoint): which tiles are allocated, and to whom when
+//! known, so that a restarted plugin reports the same state. Written atomically (temporary file then rename).
 
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 /// Format version written in the file.
-pub const CHECKPOINT_VERSION: u32 = 1;
+pub const FILE_VERSION: u32 = 1;
 
 /// Errors reading or writing the checkpoint.
 #[derive(Debug, thiserror::Error)]
-pub enum CheckpointError {
+pub enum SavedAllocationsError {
     #[error("cannot read checkpoint {path}: {source}")]
     Read {
         path: PathBuf,
@@ -30,16 +30,14 @@ pub enum CheckpointError {
         path: PathBuf,
         source: serde_json::Error,
     },
-    #[error(
-        "checkpoint {path} has version {found}, this plugin reads version {CHECKPOINT_VERSION}"
-    )]
+    #[error("checkpoint {path} has version {found}, this plugin reads version {FILE_VERSION}")]
     Version { path: PathBuf, found: u32 },
 }
 
 /// One allocation: the tiles handed to one container.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct CheckpointEntry {
+pub struct SavedGroup {
     /// Tile IDs (`rdu<R>-tile<T>`), whatever the resource mode.
     pub tiles: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -51,32 +49,32 @@ pub struct CheckpointEntry {
 /// The file's content.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Checkpoint {
+pub struct SavedAllocations {
     pub version: u32,
     pub rdus_per_node: u32,
     pub tiles_per_rdu: u32,
-    pub allocations: Vec<CheckpointEntry>,
+    pub allocations: Vec<SavedGroup>,
 }
 
 /// Reads the checkpoint; `Ok(None)` when there is no file yet.
-pub fn load(path: &Path) -> Result<Option<Checkpoint>, CheckpointError> {
+pub fn load(path: &Path) -> Result<Option<SavedAllocations>, SavedAllocationsError> {
     let bytes = match std::fs::read(path) {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(source) => {
-            return Err(CheckpointError::Read {
+            return Err(SavedAllocationsError::Read {
                 path: path.to_path_buf(),
                 source,
             });
         }
     };
-    let checkpoint: Checkpoint =
-        serde_json::from_slice(&bytes).map_err(|source| CheckpointError::Decode {
+    let checkpoint: SavedAllocations =
+        serde_json::from_slice(&bytes).map_err(|source| SavedAllocationsError::Decode {
             path: path.to_path_buf(),
             source,
         })?;
-    if checkpoint.version != CHECKPOINT_VERSION {
-        return Err(CheckpointError::Version {
+    if checkpoint.version != FILE_VERSION {
+        return Err(SavedAllocationsError::Version {
             path: path.to_path_buf(),
             found: checkpoint.version,
         });
@@ -85,8 +83,8 @@ pub fn load(path: &Path) -> Result<Option<Checkpoint>, CheckpointError> {
 }
 
 /// Writes the checkpoint atomically: a sibling temporary file, then a rename over `path`.
-pub fn save(path: &Path, checkpoint: &Checkpoint) -> Result<(), CheckpointError> {
-    let write_error = |source| CheckpointError::Write {
+pub fn save(path: &Path, checkpoint: &SavedAllocations) -> Result<(), SavedAllocationsError> {
+    let write_error = |source| SavedAllocationsError::Write {
         path: path.to_path_buf(),
         source,
     };
@@ -100,7 +98,7 @@ pub fn save(path: &Path, checkpoint: &Checkpoint) -> Result<(), CheckpointError>
 }
 
 /// Builds the checkpoint to write; run on the writer thread so the caller only pays for a cheap copy.
-pub type SnapshotFn = Box<dyn FnOnce() -> Checkpoint + Send>;
+pub type SnapshotFn = Box<dyn FnOnce() -> SavedAllocations + Send>;
 
 #[derive(Default)]
 struct WriterState {
@@ -113,7 +111,7 @@ type Shared = Arc<(Mutex<WriterState>, Condvar)>;
 
 /// Writes checkpoints on a background thread, newest first: a burst of allocations costs one write, and
 /// Allocate never waits for the disk. Dropping the writer writes what is pending, then stops.
-pub struct CheckpointWriter {
+pub struct SavedAllocationsWriter {
     shared: Shared,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -125,8 +123,8 @@ fn lock(shared: &Shared) -> MutexGuard<'_, WriterState> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-impl CheckpointWriter {
-    pub fn new(path: PathBuf) -> CheckpointWriter {
+impl SavedAllocationsWriter {
+    pub fn new(path: PathBuf) -> SavedAllocationsWriter {
         let shared: Shared = Arc::default();
         let worker = shared.clone();
         let thread = std::thread::Builder::new()
@@ -136,7 +134,7 @@ impl CheckpointWriter {
                 |e| tracing::warn!(error = %e, "no checkpoint writer thread; checkpoints disabled"),
             )
             .ok();
-        CheckpointWriter { shared, thread }
+        SavedAllocationsWriter { shared, thread }
     }
 
     /// Replaces any not yet written checkpoint with this one.
@@ -161,7 +159,7 @@ impl CheckpointWriter {
     }
 }
 
-impl Drop for CheckpointWriter {
+impl Drop for SavedAllocationsWriter {
     fn drop(&mut self) {
         lock(&self.shared).stop = true;
         self.shared.1.notify_all();
@@ -197,12 +195,12 @@ fn write_loop(path: &Path, shared: &Shared) {
 mod tests {
     use super::*;
 
-    fn sample() -> Checkpoint {
-        Checkpoint {
-            version: CHECKPOINT_VERSION,
+    fn sample() -> SavedAllocations {
+        SavedAllocations {
+            version: FILE_VERSION,
             rdus_per_node: 8,
             tiles_per_rdu: 4,
-            allocations: vec![CheckpointEntry {
+            allocations: vec![SavedGroup {
                 tiles: vec!["rdu0-tile0".into(), "rdu0-tile1".into()],
                 pod: Some("ns/job-worker-1".into()),
                 rank: Some(1),
@@ -223,7 +221,7 @@ mod tests {
     fn the_writer_writes_the_newest_checkpoint_and_flushes() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("cp.json");
-        let writer = CheckpointWriter::new(path.clone());
+        let writer = SavedAllocationsWriter::new(path.clone());
         for tiles in 1..=3u32 {
             let mut cp = sample();
             cp.tiles_per_rdu = tiles;
@@ -248,14 +246,14 @@ mod tests {
         let path = dir.path().join("cp.json");
         std::fs::write(&path, b"{not json").unwrap();
         let err = load(&path).unwrap_err();
-        assert!(matches!(err, CheckpointError::Decode { .. }));
+        assert!(matches!(err, SavedAllocationsError::Decode { .. }));
         assert!(err.to_string().contains("cp.json"));
         let mut future = sample();
         future.version = 99;
         save(&path, &future).unwrap();
         assert!(matches!(
             load(&path),
-            Err(CheckpointError::Version { found: 99, .. })
+            Err(SavedAllocationsError::Version { found: 99, .. })
         ));
     }
 }

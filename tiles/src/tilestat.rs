@@ -1,9 +1,10 @@
 //! Tile status like SambaNova's `sntilestat`: the JSON the status endpoint serves, its table rendering,
 //! and a small HTTP client that fetches it (used by `rdujob tilestat`).
 
-use axum::body::Body;
-use axum::http::uri::PathAndQuery;
-use axum::http::{Request, StatusCode, Uri};
+use bytes::Bytes;
+use http::uri::PathAndQuery;
+use http::{Request, StatusCode, Uri};
+use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde::{Deserialize, Serialize};
@@ -135,7 +136,7 @@ pub async fn fetch(url: &str) -> Result<NodeStatus, TileStatError> {
     };
     let mut uri: Uri = url
         .parse()
-        .map_err(|e: axum::http::uri::InvalidUri| bad_url(e.to_string()))?;
+        .map_err(|e: http::uri::InvalidUri| bad_url(e.to_string()))?;
     if matches!(uri.path(), "" | "/") && uri.query().is_none() {
         let mut parts = uri.into_parts();
         parts.path_and_query = Some(PathAndQuery::from_static("/status"));
@@ -147,9 +148,9 @@ pub async fn fetch(url: &str) -> Result<NodeStatus, TileStatError> {
             reason: "only http://HOST:PORT/PATH URLs are supported".to_string(),
         });
     }
-    let client: Client<_, Body> = Client::builder(TokioExecutor::new()).build_http();
+    let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
     let request = Request::get(uri)
-        .body(Body::empty())
+        .body(Empty::new())
         .map_err(|e| TileStatError::BadUrl {
             url: url.to_string(),
             reason: e.to_string(),
@@ -172,13 +173,14 @@ pub async fn fetch(url: &str) -> Result<NodeStatus, TileStatError> {
     }
     let body = tokio::time::timeout(
         FETCH_TIMEOUT,
-        axum::body::to_bytes(Body::new(response.into_body()), MAX_BODY_BYTES),
+        Limited::new(response.into_body(), MAX_BODY_BYTES).collect(),
     )
     .await
     .map_err(|_| TileStatError::Timeout {
         url: url.to_string(),
     })?
-    .map_err(|e| request_error(&e))?;
+    .map_err(|e| request_error(&e))?
+    .to_bytes();
     serde_json::from_slice(&body).map_err(|e| TileStatError::Decode {
         url: url.to_string(),
         reason: e.to_string(),

@@ -10,9 +10,9 @@ use rdu_device_plugin::api::{
 };
 use rdu_device_plugin::health::watch_health_file;
 use rdu_device_plugin::kubelet_double::KubeletDouble;
-use rdu_device_plugin::node::TileNode;
 use rdu_device_plugin::plugin::{Timing, run_plugin};
-use rdu_device_plugin::topology::{ResourceMode, Topology};
+use rdu_tiles::node::TileNode;
+use rdu_tiles::topology::{ResourceMode, Topology};
 use serde_json::json;
 use std::path::Path;
 use std::sync::Arc;

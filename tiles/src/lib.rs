@@ -1,0 +1,17 @@
+//! A simulated RDU node's tiles, with no kubelet, gRPC server or Kubernetes client: what local mode needs and
+//! what the device plugin serves.
+//!
+//! - [`topology`], [`packing`], [`affinity`]: device IDs, the packing rule of GetPreferredAllocation, the
+//!   `SF_RNT_TILE_AFFINITY` mask.
+//! - [`node`]: the node state (health, allocations, [`saved_allocations`], [`metrics`]) behind every device plugin
+//!   call; [`simulated::SimulatedNode`] wraps it for local mode.
+//! - [`tilestat`]: the sntilestat document, its table, and a client that fetches it from a node.
+
+pub mod affinity;
+pub mod metrics;
+pub mod node;
+pub mod packing;
+pub mod saved_allocations;
+pub mod simulated;
+pub mod tilestat;
+pub mod topology;
