@@ -8,6 +8,7 @@ use crate::pki::{self, PkiError};
 use crate::poll::{PollError, poll_until};
 use crate::ports::free_port;
 use crate::process::Managed;
+use rdu_crds::token::new_token;
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::process::Command;
@@ -30,6 +31,8 @@ pub enum ControlPlaneError {
     Client(#[from] kubeconfig::ClientError),
     #[error("{0}")]
     NotReady(#[from] PollError),
+    #[error(transparent)]
+    Token(#[from] rdu_crds::token::TokenError),
 }
 
 /// Which optional components run beside etcd and kube-apiserver.
@@ -89,9 +92,9 @@ impl ControlPlane {
             .flat_map(|n| [n.address, n.kubernetes_service_ip()])
             .collect();
         let pki = pki::generate(&root, &extra_ips)?;
-        let admin_token = random_token();
+        let admin_token = new_token()?;
         let mut tokens = format!("{admin_token},admin,admin,\"{ADMIN_GROUP}\"\n");
-        let node_token = random_token();
+        let node_token = new_token()?;
         if let Some(n) = node {
             tokens.push_str(&format!(
                 "{node_token},system:node:{name},system:node:{name},\"system:nodes\"\n",
@@ -340,20 +343,4 @@ impl Drop for ControlPlane {
             );
         }
     }
-}
-
-/// A random hex token from the OS.
-fn random_token() -> String {
-    let mut bytes = [0u8; 16];
-    let read = std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes));
-    if read.is_err() {
-        // Fall back to the clock and pid: the token only guards a loopback test server.
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos();
-        bytes[..16].copy_from_slice(&(nanos ^ u128::from(std::process::id())).to_le_bytes());
-    }
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

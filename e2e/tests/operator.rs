@@ -463,9 +463,10 @@ async fn bench_apply_to_pods_256() {
         .await
         .expect("job");
     let direct: Api<Pod> = Api::namespaced(admin, "baseline");
+    let template = rdu_operator::validate(&template).expect("valid job");
     let built: Vec<Pod> = (0..256)
         .map(|rank| {
-            let mut pod = rdu_operator::builders::worker_pod(&template, rank, 0).expect("pod");
+            let mut pod = rdu_operator::builders::worker_pod(&template, rank, 0);
             pod.metadata.namespace = Some("baseline".into());
             pod.metadata.owner_references = None;
             pod

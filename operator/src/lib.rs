@@ -10,4 +10,4 @@ pub mod validate;
 
 pub use lifecycle::{Action, Decision, JobEvent, decide};
 pub use reconcile::{Context, FIELD_MANAGER, ReconcileError, error_policy, reconcile};
-pub use validate::{ValidationErrors, validate};
+pub use validate::{ValidJob, ValidationErrors, validate};

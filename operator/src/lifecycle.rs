@@ -8,9 +8,9 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use rdu_crds::policy::{self, RankExit, Verdict};
 use rdu_crds::{
-    CleanPodPolicy, JobPhase, JobResult, RankStatus, RduJob, RduJobStatus, RestartPolicy,
-    WorkerCounts, consts,
+    CleanPodPolicy, JobPhase, JobResult, RankStatus, RduJob, RduJobStatus, WorkerCounts, consts,
 };
 
 use crate::builders::WORKER_CONTAINER;
@@ -84,10 +84,10 @@ enum PodState {
     Failed(Failure),
 }
 
-/// Why a rank stopped: its exit code when it had one, and the pod's or container's reason.
+/// Why a rank stopped: its exit code (lost when it had none), and the pod's or container's reason.
 #[derive(Clone, Debug, PartialEq)]
 struct Failure {
-    exit_code: Option<i32>,
+    exit: RankExit,
     reason: String,
 }
 
@@ -108,7 +108,7 @@ impl PodView {
         let ready = worker.is_some_and(|c| c.ready);
         let state = if pod_reason.as_deref() == Some("NodeLost") {
             PodState::Failed(Failure {
-                exit_code: None,
+                exit: RankExit::Lost,
                 reason: "NodeLost".into(),
             })
         } else {
@@ -118,7 +118,7 @@ impl PodView {
                     message: terminated.and_then(|t| t.message.clone()),
                 },
                 "Failed" | "Unknown" => PodState::Failed(Failure {
-                    exit_code: terminated.map(|t| t.exit_code),
+                    exit: terminated.map_or(RankExit::Lost, |t| RankExit::Code(t.exit_code)),
                     reason: pod_reason
                         .or_else(|| terminated.and_then(|t| t.reason.clone()))
                         .unwrap_or_else(|| phase.to_string()),
@@ -164,25 +164,17 @@ struct RankFailure {
 
 impl RankFailure {
     fn describe(&self) -> String {
-        match self.failure.exit_code {
-            Some(code) => format!(
+        match self.failure.exit {
+            RankExit::Code(code) => format!(
                 "rank {} exited with code {code} ({})",
                 self.rank, self.failure.reason
             ),
-            None => format!("rank {} was lost ({})", self.rank, self.failure.reason),
+            RankExit::Signal(signal) => format!(
+                "rank {} was killed by signal {signal} ({})",
+                self.rank, self.failure.reason
+            ),
+            RankExit::Lost => format!("rank {} was lost ({})", self.rank, self.failure.reason),
         }
-    }
-}
-
-/// Whether a failure restarts the gang under this restart policy.
-fn is_retryable(policy: RestartPolicy, failure: &Failure) -> bool {
-    match policy {
-        RestartPolicy::Never => false,
-        RestartPolicy::OnFailure => true,
-        RestartPolicy::ExitCode => match failure.exit_code {
-            None => true,
-            Some(code) => code == consts::exit_code::RETRYABLE || code > 128,
-        },
     }
 }
 
@@ -450,56 +442,52 @@ impl Step<'_> {
         self.delete(names);
     }
 
-    /// The lowest rank that failed, was lost, or vanished after it had been seen.
+    /// The rank the failure of the current generation is blamed on (`policy::culprit`), among the ranks that
+    /// failed, were lost, or vanished after they had been seen.
     fn first_failure(&self) -> Option<RankFailure> {
         let seen_before = |rank: u32| self.status.ranks.iter().any(|r| r.rank == rank);
-        (0..self.job.spec.workers).find_map(|rank| {
-            let failed = self.current().find_map(|p| match &p.state {
-                PodState::Failed(f) if p.rank == rank => Some(f.clone()),
-                _ => None,
-            });
-            if let Some(failure) = failed {
-                return Some(RankFailure { rank, failure });
-            }
-            let pod = self.current().find(|p| p.rank == rank);
-            let vanished = match pod {
-                None => seen_before(rank),
-                Some(p) => p.terminating && seen_before(rank),
-            };
-            vanished.then(|| RankFailure {
-                rank,
-                failure: Failure {
-                    exit_code: None,
-                    reason: "PodVanished".into(),
-                },
+        let failures: Vec<RankFailure> = (0..self.job.spec.workers)
+            .filter_map(|rank| {
+                let failed = self.current().find_map(|p| match &p.state {
+                    PodState::Failed(f) if p.rank == rank => Some(f.clone()),
+                    _ => None,
+                });
+                if let Some(failure) = failed {
+                    return Some(RankFailure { rank, failure });
+                }
+                let pod = self.current().find(|p| p.rank == rank);
+                let vanished = match pod {
+                    None => seen_before(rank),
+                    Some(p) => p.terminating && seen_before(rank),
+                };
+                vanished.then(|| RankFailure {
+                    rank,
+                    failure: Failure {
+                        exit: RankExit::Lost,
+                        reason: "PodVanished".into(),
+                    },
+                })
             })
-        })
+            .collect();
+        let (rank, _) = policy::culprit(failures.iter().map(|f| (f.rank, f.failure.exit)))?;
+        failures.into_iter().find(|f| f.rank == rank)
     }
 
     fn handle_failure(&mut self, failed: RankFailure) {
         let policy = self.job.spec.run_policy.restart_policy;
         let limit = self.job.spec.run_policy.backoff_limit;
         let what = failed.describe();
-        if !is_retryable(policy, &failed.failure) {
-            let reason = match policy {
-                RestartPolicy::Never => "RestartPolicyNever",
-                _ => "PermanentFailure",
-            };
-            return self.finish(
-                JobPhase::Failed,
-                reason,
-                format!("{what}; restartPolicy {policy:?} does not restart it"),
-            );
-        }
-        if self.status.restarts >= limit {
-            return self.finish(
-                JobPhase::Failed,
-                "BackoffLimitExceeded",
-                format!(
-                    "{what}; the gang was already restarted {} times (backoffLimit {limit})",
-                    self.status.restarts
+        let restarts = self.status.restarts;
+        if let Verdict::Fail(reason) =
+            policy::after_failure(policy, limit, restarts, failed.failure.exit)
+        {
+            let message = match reason {
+                policy::FailureReason::BackoffLimitExceeded => format!(
+                    "{what}; the gang was already restarted {restarts} times (backoffLimit {limit})"
                 ),
-            );
+                _ => format!("{what}; restartPolicy {policy:?} does not restart it"),
+            };
+            return self.finish(JobPhase::Failed, reason.as_str(), message);
         }
         let names = self
             .current()
@@ -581,7 +569,7 @@ impl Step<'_> {
 
     fn create_missing_ranks(&mut self) {
         let occupied = |rank: u32| {
-            let name = consts::pod_name(rdu_crds_name(self.job), rank);
+            let name = consts::pod_name(rdu_crds::job_name(self.job), rank);
             self.pods.iter().any(|p| p.name == name)
         };
         let ranks: Vec<u32> = (0..self.job.spec.workers)
@@ -694,10 +682,6 @@ impl Step<'_> {
             .iter()
             .any(|c| c.type_ == type_ && c.status == "True")
     }
-}
-
-fn rdu_crds_name(job: &RduJob) -> &str {
-    crate::builders::job_name(job)
 }
 
 #[cfg(test)]

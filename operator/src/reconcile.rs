@@ -16,9 +16,10 @@ use rdu_crds::{JobPhase, RduJob, RduJobStatus};
 use serde_json::json;
 use tracing::{info, warn};
 
-use crate::builders::{self, BuildError};
+use crate::builders;
 use crate::lifecycle::{Action, Decision, JobEvent, condition, decide};
 use crate::metrics::Metrics;
+use crate::validate::ValidJob;
 
 /// Field manager of every server-side apply the operator does.
 pub const FIELD_MANAGER: &str = "rdu-operator";
@@ -30,8 +31,8 @@ pub const RESYNC: Duration = Duration::from_secs(300);
 pub enum ReconcileError {
     #[error("Kubernetes API call failed: {0}")]
     Kube(#[from] kube::Error),
-    #[error("cannot build the job's children: {0}")]
-    Build(#[from] BuildError),
+    #[error("cannot make the job's token: {0}")]
+    Token(#[from] rdu_crds::token::TokenError),
 }
 
 /// What every reconcile shares.
@@ -92,11 +93,13 @@ async fn run_pipeline(job: &RduJob, ctx: &Context) -> Result<Requeue, ReconcileE
     }
     let fetched = fetch(job, ctx).await?;
     let now = Timestamp::now();
-    let decision = match crate::validate(job) {
-        Ok(()) => decide(job, &fetched.pods, now),
-        Err(errors) => invalid(job, &errors.to_string(), now),
+    let (decision, valid) = match crate::validate(job) {
+        Ok(valid) => (decide(&valid, &fetched.pods, now), Some(valid)),
+        Err(errors) => (invalid(job, &errors.to_string(), now), None),
     };
-    apply(job, ctx, &decision, fetched.existing).await?;
+    if let Some(valid) = &valid {
+        apply(valid, ctx, &decision, fetched.existing).await?;
+    }
     write_status(job, ctx, &decision).await?;
     ctx.metrics.set_phase(&key, decision.status.phase);
     observe_creation_latency(job, ctx, &decision, now);
@@ -179,7 +182,7 @@ fn apply_params() -> PatchParams {
 
 /// Step 4: carry out the decided actions with server-side apply and deletes.
 async fn apply(
-    job: &RduJob,
+    job: &ValidJob<'_>,
     ctx: &Context,
     decision: &Decision,
     existing: Existing,
@@ -190,10 +193,10 @@ async fn apply(
         match action {
             Action::CreatePods { generation, ranks } => {
                 ensure_shared_children(job, ctx, existing).await?;
-                let built = ranks
+                let built: Vec<Pod> = ranks
                     .iter()
                     .map(|rank| builders::worker_pod(job, *rank, *generation))
-                    .collect::<Result<Vec<_>, _>>()?;
+                    .collect();
                 futures::stream::iter(built.into_iter().map(|pod| {
                     let pods = pods.clone();
                     async move {
@@ -235,12 +238,12 @@ async fn apply(
 /// The Service, the token Secret (created once, an existing token is kept), the checkpoint claim (created once,
 /// kept across gang restarts), the NetworkPolicy and the PodGroup.
 async fn ensure_shared_children(
-    job: &RduJob,
+    job: &ValidJob<'_>,
     ctx: &Context,
     existing: Existing,
 ) -> Result<(), ReconcileError> {
     let ns = builders::job_namespace(job);
-    let service = builders::headless_service(job)?;
+    let service = builders::headless_service(job);
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
     services
         .patch(
@@ -250,13 +253,13 @@ async fn ensure_shared_children(
         )
         .await?;
     if !existing.secret {
-        let secret = builders::token_secret(job, &builders::new_token())?;
+        let secret = builders::token_secret(job, &rdu_crds::token::new_token()?);
         let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
         secrets
             .patch(&secret.name_any(), &apply_params(), &Patch::Apply(&secret))
             .await?;
     }
-    if let (false, Some(claim)) = (existing.claim, builders::checkpoint_claim(job)?) {
+    if let (false, Some(claim)) = (existing.claim, builders::checkpoint_claim(job)) {
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), ns);
         claims
             .patch(&claim.name_any(), &apply_params(), &Patch::Apply(&claim))
@@ -264,14 +267,14 @@ async fn ensure_shared_children(
         info!(job = %job.name_any(), claim = %claim.name_any(), "created the checkpoint claim");
     }
     if ctx.network_policies {
-        let policy = builders::network_policy(job)?;
+        let policy = builders::network_policy(job);
         let policies: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), ns);
         policies
             .patch(&policy.name_any(), &apply_params(), &Patch::Apply(&policy))
             .await?;
     }
     if let (Some(min), true) = (builders::gang_min_available(job), ctx.pod_groups) {
-        let group = builders::pod_group(job, min)?;
+        let group = builders::pod_group(job, min);
         let groups: Api<DynamicObject> =
             Api::namespaced_with(ctx.client.clone(), ns, &builders::pod_group_resource());
         groups

@@ -1,10 +1,16 @@
-//! Validation of an RduJob before anything is built: the CRD's schema and CEL rules (shared with local mode and the
-//! worker through `rdu_crds::validate_spec`), plus what only the operator checks (names that must fit a DNS label,
-//! the checkpoint volume in the template). Every message names the field and the fix.
+//! The validate step: a job passes every rule of the CRD's schema and CEL and of `rdu_crds::validate_job`, plus
+//! what only a cluster needs (a persisted job to own the children, an image for the worker), and comes out as a
+//! [`ValidJob`] the builders consume without re-checking anything. Every message names the field and the fix.
 
 use std::fmt;
+use std::ops::Deref;
 
-use rdu_crds::{FieldError, RduJob, validation::Checks};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::Resource;
+use rdu_crds::validation::Checks;
+use rdu_crds::{FieldError, RduJob, job_namespace};
+
+use crate::builders::WORKER_CONTAINER;
 
 /// Every rule a job breaks (never empty when returned as an error).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -17,153 +23,136 @@ impl fmt::Display for ValidationErrors {
     }
 }
 
-/// Longest pod name usable as a hostname (a DNS-1123 label).
-const MAX_LABEL: usize = 63;
+/// A job that passed validation, with what the builders need and no `Option` left to check. It reads as the
+/// job itself (`Deref`).
+#[derive(Clone, Debug)]
+pub struct ValidJob<'a> {
+    job: &'a RduJob,
+    /// `metadata.name`, a DNS label short enough for every pod's hostname.
+    pub name: &'a str,
+    /// `metadata.namespace`, `default` when unset.
+    pub namespace: &'a str,
+    /// The controller owner reference every child carries.
+    pub owner: OwnerReference,
+    /// The worker container's image (`spec.image`, else the template's `worker` container's).
+    pub image: String,
+}
 
-/// Checks every rule of the CRD's schema and CEL, and the operator's own; collects all failures.
-pub fn validate(job: &RduJob) -> Result<(), ValidationErrors> {
-    let mut own = Checks::default();
-    check_name(&mut own, job);
-    check_checkpoint_volume(&mut own, job);
-    let mut errors = own.finish().err().unwrap_or_default();
-    errors.extend(rdu_crds::validate_spec(&job.spec).err().unwrap_or_default());
-    if errors.is_empty() {
-        Ok(())
-    } else {
-        Err(ValidationErrors(errors))
+impl Deref for ValidJob<'_> {
+    type Target = RduJob;
+
+    fn deref(&self) -> &RduJob {
+        self.job
     }
 }
 
-/// The name becomes the Service name and, with the rank, every pod's hostname.
-fn check_name(c: &mut Checks, job: &RduJob) {
-    let name = job.metadata.name.as_deref().unwrap_or_default();
-    c.check(!name.is_empty(), "metadata.name", || {
-        "metadata.name is required: name the job".into()
-    });
-    if !name.is_empty() {
-        let longest_pod = rdu_crds::consts::pod_name(name, job.spec.workers.saturating_sub(1));
-        c.check(
-            is_dns_label(name) && longest_pod.len() <= MAX_LABEL,
-            "metadata.name",
-            || {
-                format!(
-                    "metadata.name {name:?} must be lowercase letters, digits and '-', start with a letter, and \
-                     short enough that pod {longest_pod:?} has at most {MAX_LABEL} characters: use a shorter name"
-                )
-            },
-        );
-    }
-}
-
-/// A named checkpoint volume must be one the pod template declares.
-fn check_checkpoint_volume(c: &mut Checks, job: &RduJob) {
-    let spec = &job.spec;
-    let Some(volume) = spec.checkpoint.as_ref().and_then(|k| k.volume.as_ref()) else {
-        return;
-    };
-    let declared = spec
-        .template
-        .as_ref()
-        .and_then(|t| t.spec.as_ref())
-        .and_then(|s| s.volumes.as_ref())
-        .is_some_and(|vs| vs.iter().any(|v| &v.name == volume));
-    c.check(declared, "spec.checkpoint.volume", || {
+/// Checks every rule; collects all failures, or gives the job as a [`ValidJob`].
+pub fn validate(job: &RduJob) -> Result<ValidJob<'_>, ValidationErrors> {
+    let mut cluster = Checks::default();
+    let owner = job.controller_owner_ref(&());
+    cluster.check(
+        job.metadata.uid.is_some() && owner.is_some(),
+        "metadata.uid",
+        || {
+            "metadata.uid is missing: the job must come from the API server (kubectl apply it) before the \
+             operator builds its pods"
+                .into()
+        },
+    );
+    let image = worker_image(job);
+    cluster.check(image.is_some(), "spec.image", || {
         format!(
-            "spec.checkpoint.volume {volume:?} is not a volume of spec.template.spec.volumes: add it there or omit \
-             the field for an emptyDir"
+            "spec.image is required: set it, or give the container named {WORKER_CONTAINER:?} in \
+             spec.template an image"
         )
     });
+    let mut errors = rdu_crds::validate_job(job).err().unwrap_or_default();
+    errors.extend(cluster.finish().err().unwrap_or_default());
+    match (owner, image, job.metadata.name.as_deref()) {
+        (Some(owner), Some(image), Some(name)) if errors.is_empty() => Ok(ValidJob {
+            job,
+            name,
+            namespace: job_namespace(job),
+            owner,
+            image,
+        }),
+        _ => Err(ValidationErrors(errors)),
+    }
 }
 
-/// RFC 1035 label: what a Service name and a pod's subdomain must be.
-fn is_dns_label(name: &str) -> bool {
-    let bytes = name.as_bytes();
-    !bytes.is_empty()
-        && bytes.len() <= MAX_LABEL
-        && bytes[0].is_ascii_lowercase()
-        && bytes[bytes.len() - 1] != b'-'
-        && bytes
+/// `spec.image`, else the image of the template's worker container (or its first container).
+fn worker_image(job: &RduJob) -> Option<String> {
+    let from_template = || {
+        let containers = &job.spec.template.as_ref()?.spec.as_ref()?.containers;
+        let worker = containers
             .iter()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+            .find(|c| c.name == WORKER_CONTAINER)
+            .or(containers.first())?;
+        worker.image.clone()
+    };
+    job.spec
+        .image
+        .clone()
+        .or_else(from_template)
+        .filter(|image| !image.is_empty())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::builders::test_fixtures::job;
-    use rdu_crds::DataSource;
 
     fn fields(job: &RduJob) -> Vec<String> {
         match validate(job) {
-            Ok(()) => vec![],
+            Ok(_) => vec![],
             Err(e) => e.0.into_iter().map(|e| e.field).collect(),
         }
     }
 
     #[test]
-    fn fixture_is_valid() {
-        assert_eq!(validate(&job("mnist", Some("ml"), 4)), Ok(()));
+    fn a_valid_job_carries_its_identity_and_image() {
+        let j = job("mnist", None, 4);
+        let valid = validate(&j).expect("valid");
+        assert_eq!((valid.name, valid.namespace), ("mnist", "default"));
+        assert_eq!(valid.owner.uid, "uid-mnist");
+        assert_eq!(valid.owner.controller, Some(true));
+        assert_eq!(valid.spec.workers, 4);
+        assert!(!valid.image.is_empty());
     }
 
     #[test]
-    fn each_rule_names_its_field() {
+    fn each_cluster_rule_names_its_field_beside_the_job_rules() {
         type Breaker = fn(&mut RduJob);
-        // The spec's rules have their own table in rdu-crds; two of them show they are applied here too.
-        let cases: Vec<(Breaker, &str)> = vec![
-            (|j| j.spec.workers = 0, "spec.workers"),
-            (|j| j.spec.data.source = DataSource::Csv, "spec.data.path"),
+        let cases: Vec<(Breaker, &[&str])> = vec![
+            (|j| j.metadata.uid = None, &["metadata.uid"]),
+            (|j| j.spec.image = None, &["spec.image"]),
+            (|j| j.spec.image = Some(String::new()), &["spec.image"]),
+            (|j| j.spec.workers = 0, &["spec.workers"]),
             (
                 |j| {
-                    j.spec.checkpoint = Some(rdu_crds::CheckpointSpec {
-                        interval_steps: 5,
-                        volume: Some("ckpt".into()),
-                        volume_claim_template: None,
-                        keep: 1,
-                    })
+                    j.metadata.name = None;
+                    j.metadata.uid = None;
                 },
-                "spec.checkpoint.volume",
+                &["metadata.name", "metadata.uid"],
             ),
-            (|j| j.metadata.name = None, "metadata.name"),
-            (|j| j.metadata.name = Some("Mnist".into()), "metadata.name"),
-            (|j| j.metadata.name = Some("a".repeat(60)), "metadata.name"),
         ];
-        for (i, (breaker, field)) in cases.into_iter().enumerate() {
+        for (i, (breaker, expected)) in cases.into_iter().enumerate() {
             let mut j = job("mnist", Some("ml"), 4);
             breaker(&mut j);
-            assert_eq!(fields(&j), vec![field.to_string()], "case {i}");
+            assert_eq!(fields(&j), expected.to_vec(), "case {i}");
         }
     }
 
     #[test]
-    fn all_failures_are_reported_and_messages_name_fields() {
-        let mut j = job("mnist", None, 4);
-        j.spec.workers = 0;
-        j.spec.tiles_per_worker = 5;
-        let err = validate(&j).expect_err("invalid");
-        assert_eq!(err.0.len(), 2);
-        let text = err.to_string();
-        assert!(text.contains("spec.workers must be at least 1"), "{text}");
-        assert!(
-            text.contains("spec.tilesPerWorker must be 1, 2, 4 or 8 (got 5)"),
-            "{text}"
-        );
-    }
-
-    #[test]
-    fn checkpoint_volume_declared_in_template_is_accepted() {
+    fn the_template_can_give_the_image() {
         let mut j = job("mnist", None, 2);
+        j.spec.image = None;
         j.spec.template = Some(
             serde_json::from_value(serde_json::json!({
-                "spec": {"containers": [], "volumes": [{"name": "ckpt", "emptyDir": {}}]}
+                "spec": {"containers": [{"name": "worker", "image": "from/template:1"}]}
             }))
             .expect("template"),
         );
-        j.spec.checkpoint = Some(rdu_crds::CheckpointSpec {
-            interval_steps: 5,
-            volume: Some("ckpt".into()),
-            volume_claim_template: None,
-            keep: 1,
-        });
-        assert_eq!(validate(&j), Ok(()));
+        assert_eq!(validate(&j).expect("valid").image, "from/template:1");
     }
 }

@@ -5,8 +5,8 @@ use std::time::Instant;
 
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use rdu_crds::RduJob;
-use rdu_operator::builders::{headless_service, new_token, token_secret, worker_pod};
-use rdu_operator::decide;
+use rdu_operator::builders::{headless_service, token_secret, worker_pod};
+use rdu_operator::{decide, validate};
 
 const REPETITIONS: usize = 21;
 const TARGET_MS: f64 = 50.0;
@@ -39,13 +39,14 @@ fn thread_cpu_ns() -> Option<u64> {
     text.split_whitespace().next()?.parse().ok()
 }
 
-/// One full pass: build every child, then diff the desired pods against the observed ones and decide.
+/// One full pass: validate, build every child, then diff the desired pods against the observed ones and decide.
 fn build_and_diff(job: &RduJob, observed: &[Pod]) -> anyhow::Result<usize> {
-    let _service = headless_service(job)?;
-    let _secret = token_secret(job, &new_token())?;
+    let job = validate(job)?;
+    let _service = headless_service(&job);
+    let _secret = token_secret(&job, &rdu_crds::token::new_token()?);
     let mut changed = 0;
     for rank in 0..job.spec.workers {
-        let desired = worker_pod(job, rank, 0)?;
+        let desired = worker_pod(&job, rank, 0);
         let seen = &observed[rank as usize];
         if serde_json::to_value(&desired.spec)? != serde_json::to_value(&seen.spec)?
             || desired.metadata.labels != seen.metadata.labels
@@ -53,14 +54,15 @@ fn build_and_diff(job: &RduJob, observed: &[Pod]) -> anyhow::Result<usize> {
             changed += 1;
         }
     }
-    let decision = decide(job, observed, jiff::Timestamp::now());
+    let decision = decide(&job, observed, jiff::Timestamp::now());
     Ok(changed + decision.actions.len())
 }
 
 fn observed_pods(job: &RduJob) -> anyhow::Result<Vec<Pod>> {
+    let job = validate(job)?;
     (0..job.spec.workers)
         .map(|rank| {
-            let mut pod = worker_pod(job, rank, 0)?;
+            let mut pod = worker_pod(&job, rank, 0);
             pod.status = Some(PodStatus {
                 phase: Some("Running".into()),
                 ..Default::default()

@@ -9,8 +9,9 @@ use k8s_openapi::api::core::v1::{
 };
 use rdu_crds::{RduJob, consts};
 
-use super::children::{BuildError, child_meta};
-use super::env::job_name;
+use super::children::child_meta;
+use crate::validate::ValidJob;
+use rdu_crds::job_name;
 
 /// Where checkpoints are written inside the worker container.
 pub const CHECKPOINT_MOUNT: &str = "/var/lib/rdu/checkpoints";
@@ -102,23 +103,20 @@ fn writable_by_the_worker(spec: &mut PodSpec) {
 
 /// The claim `<job>-checkpoints` of `spec.checkpoint.volumeClaimTemplate`, owned by the job (never by a pod, so
 /// gang restarts keep it; garbage collection removes it with the job). `None` without a claim template.
-pub fn checkpoint_claim(job: &RduJob) -> Result<Option<PersistentVolumeClaim>, BuildError> {
-    let Some(mut spec) = job
+pub fn checkpoint_claim(job: &ValidJob) -> Option<PersistentVolumeClaim> {
+    let mut spec = job
         .spec
         .checkpoint
         .as_ref()
-        .and_then(|c| c.volume_claim_template.clone())
-    else {
-        return Ok(None);
-    };
+        .and_then(|c| c.volume_claim_template.clone())?;
     if spec.access_modes.as_ref().is_none_or(Vec::is_empty) {
         spec.access_modes = Some(vec![DEFAULT_ACCESS_MODE.to_string()]);
     }
-    Ok(Some(PersistentVolumeClaim {
-        metadata: child_meta(job, consts::checkpoint_claim_name(job_name(job)))?,
+    Some(PersistentVolumeClaim {
+        metadata: child_meta(job, consts::checkpoint_claim_name(job.name)),
         spec: Some(spec),
         status: None,
-    }))
+    })
 }
 
 #[cfg(test)]

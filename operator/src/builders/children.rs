@@ -7,13 +7,15 @@ use k8s_openapi::api::core::v1::{
     ServicePort, ServiceSpec, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::Resource;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use rdu_crds::{RduJob, consts};
 
 use super::checkpoint::{CHECKPOINT_MOUNT, CheckpointStorage};
-use super::env::{RankPlacement, job_name, job_namespace, rank_env};
+use super::env::container_env;
+use rdu_crds::{RankEnv, job_name};
+
+use crate::validate::ValidJob;
 
 /// Name of the worker container in every rank's pod (a template container of that name is merged into it).
 pub const WORKER_CONTAINER: &str = "worker";
@@ -21,19 +23,6 @@ pub const WORKER_CONTAINER: &str = "worker";
 pub const POD_GROUP_LABEL: &str = "scheduling.x-k8s.io/pod-group";
 /// Group, version and kind of scheduler-plugins' PodGroup.
 pub const POD_GROUP_GVK: (&str, &str, &str) = ("scheduling.x-k8s.io", "v1alpha1", "PodGroup");
-
-/// Why a job's children cannot be built.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum BuildError {
-    #[error(
-        "metadata.name and metadata.uid are required to own children: apply the job to the API server first"
-    )]
-    NotPersisted,
-    #[error(
-        "no worker image: set spec.image or give a container named \"worker\" an image in spec.template"
-    )]
-    NoImage,
-}
 
 /// Labels every child of a job carries.
 pub fn job_labels(job: &RduJob) -> BTreeMap<String, String> {
@@ -48,30 +37,26 @@ pub fn job_selector(job: &RduJob) -> String {
     format!("{}={}", consts::LABEL_JOB_NAME, job_name(job))
 }
 
-fn owner(job: &RduJob) -> Result<OwnerReference, BuildError> {
-    job.controller_owner_ref(&())
-        .ok_or(BuildError::NotPersisted)
-}
-
-pub(crate) fn child_meta(job: &RduJob, name: String) -> Result<ObjectMeta, BuildError> {
-    Ok(ObjectMeta {
+/// Name, namespace, labels and the owner reference of a child of the job.
+pub(crate) fn child_meta(job: &ValidJob, name: String) -> ObjectMeta {
+    ObjectMeta {
         name: Some(name),
-        namespace: Some(job_namespace(job).to_string()),
+        namespace: Some(job.namespace.to_string()),
         labels: Some(job_labels(job)),
-        owner_references: Some(vec![owner(job)?]),
+        owner_references: Some(vec![job.owner.clone()]),
         ..Default::default()
-    })
+    }
 }
 
 /// The headless Service giving every rank `<pod>.<job>.<ns>.svc`, resolvable before readiness.
-pub fn headless_service(job: &RduJob) -> Result<Service, BuildError> {
+pub fn headless_service(job: &ValidJob) -> Service {
     let port = |name: &str, port: u16| ServicePort {
         name: Some(name.to_string()),
         port: i32::from(port),
         ..Default::default()
     };
-    Ok(Service {
-        metadata: child_meta(job, consts::service_name(job_name(job)))?,
+    Service {
+        metadata: child_meta(job, consts::service_name(job.name)),
         spec: Some(ServiceSpec {
             cluster_ip: Some("None".to_string()),
             publish_not_ready_addresses: Some(true),
@@ -83,27 +68,20 @@ pub fn headless_service(job: &RduJob) -> Result<Service, BuildError> {
             ..Default::default()
         }),
         ..Default::default()
-    })
-}
-
-/// A fresh random job token: 32 bytes from the thread's CSPRNG, hex encoded.
-pub fn new_token() -> String {
-    let mut bytes = [0u8; 32];
-    rand::fill(&mut bytes);
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
 }
 
 /// The Secret holding the job token that every collective call must carry.
-pub fn token_secret(job: &RduJob, token: &str) -> Result<Secret, BuildError> {
-    Ok(Secret {
-        metadata: child_meta(job, consts::token_secret_name(job_name(job)))?,
+pub fn token_secret(job: &ValidJob, token: &str) -> Secret {
+    Secret {
+        metadata: child_meta(job, consts::token_secret_name(job.name)),
         string_data: Some(BTreeMap::from([(
             consts::TOKEN_SECRET_KEY.to_string(),
             token.to_string(),
         )])),
         type_: Some("Opaque".to_string()),
         ..Default::default()
-    })
+    }
 }
 
 /// Whether the job asks for gang scheduling.
@@ -122,22 +100,22 @@ pub fn pod_group_resource() -> ApiResource {
 }
 
 /// The coscheduling PodGroup of a job: none of its pods binds until `minAvailable` of them fit.
-pub fn pod_group(job: &RduJob, min_available: u32) -> Result<DynamicObject, BuildError> {
-    let mut group = DynamicObject::new(job_name(job), &pod_group_resource());
-    group.metadata = child_meta(job, job_name(job).to_string())?;
+pub fn pod_group(job: &ValidJob, min_available: u32) -> DynamicObject {
+    let mut group = DynamicObject::new(job.name, &pod_group_resource());
+    group.metadata = child_meta(job, job.name.to_string());
     let timeout = job.spec.data_parallel.timeout_seconds.max(60);
     group.data = serde_json::json!({
         "spec": {"minMember": min_available, "scheduleTimeoutSeconds": timeout}
     });
-    Ok(group)
+    group
 }
 
 /// The pod of one rank at one gang generation, with `spec.template` merged in.
-pub fn worker_pod(job: &RduJob, rank: u32, generation: u32) -> Result<Pod, BuildError> {
-    let name = job_name(job);
+pub fn worker_pod(job: &ValidJob, rank: u32, generation: u32) -> Pod {
+    let name = job.name;
     let pod_name = consts::pod_name(name, rank);
     let template = job.spec.template.clone().unwrap_or_default();
-    let mut meta = child_meta(job, pod_name.clone())?;
+    let mut meta = child_meta(job, pod_name.clone());
     let mut labels = template
         .metadata
         .as_ref()
@@ -154,7 +132,7 @@ pub fn worker_pod(job: &RduJob, rank: u32, generation: u32) -> Result<Pod, Build
 
     let mut spec = template.spec.unwrap_or_default();
     let container = take_worker_container(&mut spec);
-    let worker = worker_container(job, rank, generation, container)?;
+    let worker = worker_container(job, rank, generation, container);
     spec.containers.insert(0, worker);
     CheckpointStorage::of(job, rank).add_to_pod(job, &mut spec);
     spec.restart_policy = Some("Never".to_string());
@@ -169,11 +147,11 @@ pub fn worker_pod(job: &RduJob, rank: u32, generation: u32) -> Result<Pod, Build
                 .clone_from(&policy.priority_class_name);
         }
     }
-    Ok(Pod {
+    Pod {
         metadata: meta,
         spec: Some(spec),
         status: None,
-    })
+    }
 }
 
 /// Removes the template's container named `worker` (or its first container) to merge it into the worker.
@@ -191,19 +169,14 @@ fn take_worker_container(spec: &mut PodSpec) -> Container {
 }
 
 fn worker_container(
-    job: &RduJob,
+    job: &ValidJob,
     rank: u32,
     generation: u32,
     mut container: Container,
-) -> Result<Container, BuildError> {
+) -> Container {
     let spec = &job.spec;
     container.name = WORKER_CONTAINER.to_string();
-    if spec.image.is_some() {
-        container.image.clone_from(&spec.image);
-    }
-    if container.image.as_deref().unwrap_or_default().is_empty() {
-        return Err(BuildError::NoImage);
-    }
+    container.image = Some(job.image.clone());
     if let Some(policy) = spec.image_pull_policy {
         container.image_pull_policy = Some(policy.as_str().to_string());
     }
@@ -211,14 +184,12 @@ fn worker_container(
         container.args = Some(vec!["run".to_string()]);
     }
 
-    let master = consts::master_addr(job_name(job), job_namespace(job));
-    let mut env = rank_env(job, rank, generation, &RankPlacement::in_cluster(&master));
-    if let Some(volume) = CheckpointStorage::of(job, rank).volume_name() {
-        env.push(EnvVar {
-            name: consts::env::CHECKPOINT_DIR.to_string(),
-            value: Some(CHECKPOINT_MOUNT.to_string()),
-            value_from: None,
-        });
+    let mut contract = RankEnv::in_cluster(job, rank, generation);
+    let storage = CheckpointStorage::of(job, rank);
+    let checkpoint_volume = storage.volume_name();
+    contract.checkpoint_dir = checkpoint_volume.map(|_| CHECKPOINT_MOUNT.to_string());
+    let mut env = container_env(&contract);
+    if let Some(volume) = checkpoint_volume {
         container
             .volume_mounts
             .get_or_insert_with(Vec::new)
@@ -259,7 +230,7 @@ fn worker_container(
         }
     }
     container.ports = Some(ports);
-    Ok(container)
+    container
 }
 
 fn env_names_contain(env: &[EnvVar], name: &str) -> bool {
@@ -270,7 +241,7 @@ fn env_names_contain(env: &[EnvVar], name: &str) -> bool {
 mod tests {
     use super::*;
     use crate::builders::CHECKPOINT_VOLUME;
-    use crate::builders::test_fixtures::{job, job_from};
+    use crate::builders::test_fixtures::{job, job_from, valid};
 
     const TEMPLATED: &str = "apiVersion: rdu.dev/v1alpha1
 kind: RduJob
@@ -310,7 +281,7 @@ spec:
 
     #[test]
     fn pod_carries_identity_labels_and_owner() {
-        let pod = worker_pod(&job("mnist", Some("ml"), 4), 2, 5).expect("pod");
+        let pod = worker_pod(&valid(&job("mnist", Some("ml"), 4)), 2, 5);
         assert_eq!(pod.metadata.name.as_deref(), Some("mnist-worker-2"));
         assert_eq!(pod.metadata.namespace.as_deref(), Some("ml"));
         let labels = pod.metadata.labels.as_ref().expect("labels");
@@ -345,7 +316,7 @@ spec:
 
     #[test]
     fn template_is_merged_and_operator_fields_win() {
-        let pod = worker_pod(&job_from(TEMPLATED), 1, 0).expect("pod");
+        let pod = worker_pod(&valid(&job_from(TEMPLATED)), 1, 0);
         let spec = pod.spec.as_ref().expect("spec");
         assert_eq!(
             spec.node_selector.as_ref().expect("ns")["rdu.dev/arch"],
@@ -390,19 +361,8 @@ spec:
     }
 
     #[test]
-    fn missing_image_and_unpersisted_job_are_errors() {
-        let mut j = job("mnist", None, 1);
-        j.spec.image = None;
-        assert_eq!(worker_pod(&j, 0, 0), Err(BuildError::NoImage));
-        let mut j = job("mnist", None, 1);
-        j.metadata.uid = None;
-        assert_eq!(worker_pod(&j, 0, 0), Err(BuildError::NotPersisted));
-        assert_eq!(headless_service(&j), Err(BuildError::NotPersisted));
-    }
-
-    #[test]
     fn service_is_headless_and_publishes_not_ready() {
-        let svc = headless_service(&job("mnist", Some("ml"), 2)).expect("svc");
+        let svc = headless_service(&valid(&job("mnist", Some("ml"), 2)));
         assert_eq!(svc.metadata.name.as_deref(), Some("mnist"));
         let spec = svc.spec.expect("spec");
         assert_eq!(spec.cluster_ip.as_deref(), Some("None"));
@@ -411,11 +371,9 @@ spec:
     }
 
     #[test]
-    fn tokens_are_random_and_stored_under_the_contract_key() {
-        let (a, b) = (new_token(), new_token());
-        assert_eq!(a.len(), 64);
-        assert_ne!(a, b);
-        let secret = token_secret(&job("mnist", None, 1), &a).expect("secret");
+    fn the_token_is_stored_under_the_contract_key() {
+        let a = rdu_crds::token::new_token().expect("token");
+        let secret = token_secret(&valid(&job("mnist", None, 1)), &a);
         assert_eq!(secret.metadata.name.as_deref(), Some("mnist-token"));
         assert_eq!(secret.string_data.expect("data")["token"], a);
     }
@@ -424,7 +382,7 @@ spec:
     fn pod_group_sets_min_member() {
         let j = job_from(TEMPLATED);
         assert_eq!(gang_min_available(&j), Some(4));
-        let group = pod_group(&j, 4).expect("group");
+        let group = pod_group(&valid(&j), 4);
         assert_eq!(
             group.types.as_ref().map(|t| t.kind.as_str()),
             Some("PodGroup")

@@ -1,4 +1,5 @@
-//! Pure builders of an RduJob's children: no client in scope, same input gives the same objects.
+//! Pure builders of an RduJob's children from the validated job: no client in scope, nothing left to check,
+//! the same input gives the same objects.
 
 pub mod checkpoint;
 pub mod children;
@@ -12,8 +13,9 @@ pub use checkpoint::{
     WORKER_FS_GROUP, checkpoint_claim,
 };
 pub use children::{
-    BuildError, POD_GROUP_LABEL, WORKER_CONTAINER, gang_min_available, headless_service,
-    job_labels, job_selector, new_token, pod_group, pod_group_resource, token_secret, worker_pod,
+    POD_GROUP_LABEL, WORKER_CONTAINER, gang_min_available, headless_service, job_labels,
+    job_selector, pod_group, pod_group_resource, token_secret, worker_pod,
 };
-pub use env::{RankPlacement, job_name, job_namespace, rank_env};
+pub use env::{container_env, rank_env};
 pub use network::{network_policy, network_policy_name};
+pub use rdu_crds::{job_name, job_namespace};

@@ -9,10 +9,10 @@ use k8s_openapi::api::networking::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use rdu_crds::{RduJob, consts};
+use rdu_crds::consts;
 
-use super::children::{BuildError, child_meta, job_labels};
-use super::env::job_name;
+use super::children::{child_meta, job_labels};
+use crate::validate::ValidJob;
 
 /// Name of a job's NetworkPolicy.
 pub fn network_policy_name(job: &str) -> String {
@@ -20,13 +20,13 @@ pub fn network_policy_name(job: &str) -> String {
 }
 
 /// The job's NetworkPolicy (owned by the job, garbage-collected with it).
-pub fn network_policy(job: &RduJob) -> Result<NetworkPolicy, BuildError> {
+pub fn network_policy(job: &ValidJob) -> NetworkPolicy {
     let same_job = LabelSelector {
         match_labels: Some(job_labels(job)),
         ..Default::default()
     };
-    Ok(NetworkPolicy {
-        metadata: child_meta(job, network_policy_name(job_name(job)))?,
+    NetworkPolicy {
+        metadata: child_meta(job, network_policy_name(job.name)),
         spec: Some(NetworkPolicySpec {
             pod_selector: Some(same_job.clone()),
             policy_types: Some(vec!["Ingress".to_string()]),
@@ -43,17 +43,17 @@ pub fn network_policy(job: &RduJob) -> Result<NetworkPolicy, BuildError> {
             }]),
             ..Default::default()
         }),
-    })
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::builders::test_fixtures::job;
+    use crate::builders::test_fixtures::{job, valid};
 
     #[test]
     fn admits_only_the_same_jobs_pods_on_the_worker_ports() {
-        let policy = network_policy(&job("mnist", Some("ml"), 4)).expect("policy");
+        let policy = network_policy(&valid(&job("mnist", Some("ml"), 4)));
         assert_eq!(policy.metadata.name.as_deref(), Some("mnist-workers"));
         assert_eq!(policy.metadata.namespace.as_deref(), Some("ml"));
         let owner = &policy.metadata.owner_references.as_ref().expect("owner")[0];

@@ -2,6 +2,8 @@
 
 use rdu_crds::RduJob;
 
+use crate::validate::{ValidJob, validate};
+
 /// A small valid job named `name` with `workers` ranks, parsed from YAML as a user would write it.
 pub fn job(name: &str, namespace: Option<&str>, workers: u32) -> RduJob {
     let ns = namespace
@@ -28,4 +30,9 @@ spec:
 /// Parses a fixture given as full YAML.
 pub fn job_from(yaml: &str) -> RduJob {
     rdu_crds::parse_manifest(yaml).expect("fixture parses")
+}
+
+/// The job as the validate step passes it on (the fixture must be valid).
+pub fn valid(job: &RduJob) -> ValidJob<'_> {
+    validate(job).expect("fixture is valid")
 }

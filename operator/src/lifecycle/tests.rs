@@ -7,6 +7,7 @@ use k8s_openapi::api::core::v1::{
     PodSpec, PodStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use rdu_crds::RestartPolicy;
 
 const T0: i64 = 1_800_000_000;
 

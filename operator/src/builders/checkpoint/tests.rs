@@ -1,7 +1,7 @@
 //! The checkpoint claim and which rank mounts it.
 
 use super::*;
-use crate::builders::test_fixtures::job_from;
+use crate::builders::test_fixtures::{job_from, valid};
 use crate::builders::{WORKER_CONTAINER, worker_pod};
 use k8s_openapi::api::core::v1::Pod;
 
@@ -49,9 +49,7 @@ fn fs_group(pod: &Pod) -> (Option<i64>, Option<String>) {
 
 #[test]
 fn the_claim_is_named_labelled_owned_and_defaults_to_one_writer() {
-    let claim = checkpoint_claim(&claimed(SIZED, ""))
-        .expect("builds")
-        .expect("a claim");
+    let claim = checkpoint_claim(&valid(&claimed(SIZED, ""))).expect("a claim");
     assert_eq!(claim.metadata.name.as_deref(), Some("mnist-checkpoints"));
     assert_eq!(claim.metadata.namespace.as_deref(), Some("ml"));
     assert_eq!(
@@ -80,8 +78,7 @@ fn the_claim_is_named_labelled_owned_and_defaults_to_one_writer() {
 #[test]
 fn the_template_of_the_claim_is_kept() {
     let template = "{accessModes: [ReadWriteMany], storageClassName: fast, resources: {requests: {storage: 1Gi}}}";
-    let spec = checkpoint_claim(&claimed(template, ""))
-        .expect("builds")
+    let spec = checkpoint_claim(&valid(&claimed(template, "")))
         .expect("a claim")
         .spec
         .expect("spec");
@@ -90,23 +87,20 @@ fn the_template_of_the_claim_is_kept() {
 }
 
 #[test]
-fn no_claim_without_a_claim_template_and_none_for_an_unpersisted_job() {
+fn no_claim_without_a_claim_template() {
     let mut job = claimed(SIZED, "");
     job.spec
         .checkpoint
         .as_mut()
         .expect("checkpoint")
         .volume_claim_template = None;
-    assert_eq!(checkpoint_claim(&job), Ok(None));
-    let mut job = claimed(SIZED, "");
-    job.metadata.uid = None;
-    assert_eq!(checkpoint_claim(&job), Err(BuildError::NotPersisted));
+    assert_eq!(checkpoint_claim(&valid(&job)), None);
 }
 
 #[test]
 fn only_rank_0_mounts_the_claim_and_gets_the_checkpoint_dir() {
     let job = claimed(SIZED, "");
-    let rank0 = worker_pod(&job, 0, 2).expect("rank 0");
+    let rank0 = worker_pod(&valid(&job), 0, 2);
     let volumes = rank0
         .spec
         .as_ref()
@@ -129,7 +123,7 @@ fn only_rank_0_mounts_the_claim_and_gets_the_checkpoint_dir() {
     assert_eq!(checkpoint_dir(&rank0).as_deref(), Some(CHECKPOINT_MOUNT));
 
     for rank in [1, 2] {
-        let pod = worker_pod(&job, rank, 2).expect("pod");
+        let pod = worker_pod(&valid(&job), rank, 2);
         let spec = pod.spec.as_ref().expect("spec");
         assert_eq!(spec.volumes, None, "rank {rank}");
         assert_eq!(worker(&pod).volume_mounts, None, "rank {rank}");
@@ -142,13 +136,13 @@ fn only_rank_0_mounts_the_claim_and_gets_the_checkpoint_dir() {
 fn rank_0_gets_the_workers_fs_group_unless_the_template_sets_one() {
     let job = claimed(SIZED, "");
     assert_eq!(
-        fs_group(&worker_pod(&job, 0, 0).expect("pod")),
+        fs_group(&worker_pod(&valid(&job), 0, 0)),
         (Some(WORKER_FS_GROUP), Some("OnRootMismatch".to_string()))
     );
 
     let other_settings =
         "  template: {spec: {containers: [], securityContext: {runAsUser: 1000}}}\n";
-    let pod = worker_pod(&claimed(SIZED, other_settings), 0, 0).expect("pod");
+    let pod = worker_pod(&valid(&claimed(SIZED, other_settings)), 0, 0);
     assert_eq!(
         fs_group(&pod),
         (Some(WORKER_FS_GROUP), Some("OnRootMismatch".to_string()))
@@ -163,7 +157,7 @@ fn rank_0_gets_the_workers_fs_group_unless_the_template_sets_one() {
 
     let own = "  template: {spec: {containers: [], securityContext: {fsGroup: 2000}}}\n";
     assert_eq!(
-        fs_group(&worker_pod(&claimed(SIZED, own), 0, 0).expect("pod")),
+        fs_group(&worker_pod(&valid(&claimed(SIZED, own)), 0, 0)),
         (Some(2000), None),
         "the template's fsGroup wins"
     );
