@@ -17,8 +17,8 @@ pub enum CliError {
     Invalid { path: String, errors: Vec<String> },
     #[error("tiles: {0}")]
     Tiles(String),
-    #[error("rank env: {0}")]
-    Env(String),
+    #[error(transparent)]
+    Token(#[from] rdu_crds::token::TokenError),
     #[error("cannot start rank {rank}: {reason}")]
     Spawn { rank: u32, reason: String },
     #[error("{what}: {reason}")]
@@ -32,9 +32,8 @@ impl CliError {
             CliError::ReadManifest { .. }
             | CliError::Manifest { .. }
             | CliError::Invalid { .. }
-            | CliError::Tiles(_)
-            | CliError::Env(_) => exit_code::BAD_CONFIG,
-            CliError::Spawn { .. } | CliError::Io { .. } => 1,
+            | CliError::Tiles(_) => exit_code::BAD_CONFIG,
+            CliError::Spawn { .. } | CliError::Io { .. } | CliError::Token(_) => 1,
         }
     }
 }

@@ -14,8 +14,8 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until};
 
 use crate::error::CliError;
-use crate::lifecycle::RankExit;
-use crate::plan::RankLaunch;
+use crate::launch::RankLaunch;
+use rdu_crds::policy::RankExit;
 
 /// How to start and stop the ranks.
 #[derive(Debug, Clone)]

@@ -3,19 +3,21 @@
 //! `backoffLimit`, else end with the failing rank's code. The result JSON is the last stdout line.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use rdu_crds::consts::exit_code;
+use rdu_crds::policy::{self, Verdict};
+use rdu_crds::rank_env::SuppliedValues;
+use rdu_crds::token::new_token;
 use rdu_crds::{JobResult, RduJob};
-use rdu_device_plugin::local::SimulatedNode;
+use rdu_tiles::simulated::SimulatedNode;
 
 use crate::error::CliError;
 use crate::gang::{self, GangOptions};
-use crate::lifecycle::{Decision, decide};
+use crate::launch::{LOCALHOST, LocalContext, rank_launches};
 use crate::manifest::{self, LocalJob};
-use crate::plan::{LocalContext, plan};
-use crate::ports::free_ports;
+use crate::ports::free_port;
 
 /// Tiles per simulated RDU (an SN10-8's RDU has 4).
 const TILES_PER_RDU: u32 = 4;
@@ -25,15 +27,12 @@ const MIN_RDUS: u32 = 8;
 const FAILURE_GRACE_EXTRA: Duration = Duration::from_secs(5);
 /// Grace after a forwarded Ctrl-C/SIGTERM before the ranks are killed.
 const STOP_GRACE: Duration = Duration::from_secs(10);
-/// Exit code when spec.runPolicy.activeDeadlineSeconds passed (as timeout(1)).
-pub const EXIT_DEADLINE_EXCEEDED: i32 = 124;
-
 /// Runs the job in `path` to its end; returns the process exit code.
 pub async fn run(path: &Path, workers: Option<u32>) -> Result<i32, CliError> {
     let LocalJob { mut job, dir } = manifest::load(path, workers)?;
     let name = job.metadata.name.clone().unwrap_or_default();
     if job.metadata.uid.is_none() {
-        job.metadata.uid = Some(format!("local-{}", random_hex(8)));
+        job.metadata.uid = Some(format!("local-{}", &new_token()?[..16]));
     }
     let scratch = tempfile::Builder::new()
         .prefix(&format!("rdujob-{name}-"))
@@ -47,8 +46,11 @@ pub async fn run(path: &Path, workers: Option<u32>) -> Result<i32, CliError> {
         .checkpoint
         .as_ref()
         .map(|_| scratch.path().join("checkpoints"));
-    let token = random_hex(16);
-    let node_name = hostname();
+    let supplied = SuppliedValues {
+        token: new_token()?,
+        node_name: hostname(),
+        pod_ip: LOCALHOST.into(),
+    };
     let policy = job.spec.run_policy.clone();
     let opts = GangOptions {
         exe: std::env::current_exe().map_err(|e| CliError::Io {
@@ -84,17 +86,14 @@ pub async fn run(path: &Path, workers: Option<u32>) -> Result<i32, CliError> {
     for generation in 0u32.. {
         let result_path = scratch.path().join(format!("result-{generation}.json"));
         let (tiles, device_ids) = allocate(&mut node, &job)?;
-        let ports = free_ports(job.spec.workers as usize + 1)?;
         let ctx = LocalContext {
-            token: token.clone(),
-            node_name: node_name.clone(),
-            master_port: ports[0],
-            collective_ports: ports[1..].to_vec(),
-            tiles,
-            result_path: result_path.clone(),
-            checkpoint_dir: checkpoint_dir.clone(),
+            supplied: supplied.clone(),
+            master_port: free_port()?,
+            tiles: &tiles,
+            result_path: &result_path,
+            checkpoint_dir: checkpoint_dir.as_deref(),
         };
-        let launches = plan(&job, generation, &ctx)?;
+        let launches = rank_launches(&job, generation, &ctx);
         eprintln!(
             "[rdujob] generation {generation}: starting {} rank(s)",
             launches.len()
@@ -110,35 +109,34 @@ pub async fn run(path: &Path, workers: Option<u32>) -> Result<i32, CliError> {
                 "[rdujob] job {name} failed: DeadlineExceeded (spec.runPolicy.activeDeadlineSeconds {})",
                 policy.active_deadline_seconds.unwrap_or_default()
             );
-            return Ok(EXIT_DEADLINE_EXCEEDED);
+            return Ok(exit_code::DEADLINE_EXCEEDED);
         }
-        match decide(
-            &outcome.exits,
+        let Some((rank, exit)) = policy::culprit(outcome.exits.iter().copied()) else {
+            let result = read_result(&result_path)?;
+            let json = serde_json::to_string(&result).map_err(|e| CliError::Io {
+                what: "encoding the result".into(),
+                reason: e.to_string(),
+            })?;
+            eprintln!("[rdujob] job {name} succeeded after {generation} restart(s)");
+            println!("{json}");
+            return Ok(exit_code::SUCCESS);
+        };
+        match policy::after_failure(
             policy.restart_policy,
-            generation,
             policy.backoff_limit,
+            generation,
+            exit,
         ) {
-            Decision::Succeeded => {
-                let result = read_result(&result_path)?;
-                let json = serde_json::to_string(&result).map_err(|e| CliError::Io {
-                    what: "encoding the result".into(),
-                    reason: e.to_string(),
-                })?;
-                eprintln!("[rdujob] job {name} succeeded after {generation} restart(s)");
-                println!("{json}");
-                return Ok(exit_code::SUCCESS);
-            }
-            Decision::Restart => {
+            Verdict::Restart => eprintln!(
+                "[rdujob] rank {rank} ended with {exit}: restarting the gang: generation {} (restart {} of at most {})",
+                generation + 1,
+                generation + 1,
+                policy.backoff_limit
+            ),
+            Verdict::Fail(reason) => {
                 eprintln!(
-                    "[rdujob] restarting the gang: generation {} (restart {} of at most {})",
-                    generation + 1,
-                    generation + 1,
-                    policy.backoff_limit
-                );
-            }
-            Decision::Failed { rank, exit } => {
-                eprintln!(
-                    "[rdujob] job {name} failed: rank {rank} ended with {exit} after {generation} restart(s)"
+                    "[rdujob] job {name} failed: rank {rank} ended with {exit} after {generation} restart(s) ({})",
+                    reason.as_str()
                 );
                 return Ok(exit.as_exit_code());
             }
@@ -186,7 +184,7 @@ fn allocate(
     Ok((envs, ids))
 }
 
-fn read_result(path: &PathBuf) -> Result<JobResult, CliError> {
+fn read_result(path: &Path) -> Result<JobResult, CliError> {
     let text = std::fs::read_to_string(path).map_err(|e| CliError::Io {
         what: format!("reading rank 0's result {}", path.display()),
         reason: e.to_string(),
@@ -206,33 +204,9 @@ fn hostname() -> String {
         .unwrap_or_else(|| "localhost".into())
 }
 
-/// `bytes` random bytes as hex, from the OS.
-fn random_hex(bytes: usize) -> String {
-    let mut buf = vec![0u8; bytes];
-    let filled = std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut buf));
-    if filled.is_err() {
-        // No /dev/urandom: the hasher's per-process random keys still make the token unguessable enough
-        // for a loopback-only job.
-        use std::hash::{BuildHasher, RandomState};
-        for (i, b) in buf.iter_mut().enumerate() {
-            *b = RandomState::new().hash_one(i) as u8;
-        }
-    }
-    buf.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn tokens_are_random_hex() {
-        let a = random_hex(16);
-        assert_eq!(a.len(), 32);
-        assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
-        assert_ne!(a, random_hex(16));
-    }
 
     #[test]
     fn the_node_is_big_enough_for_the_job() {

@@ -3,10 +3,9 @@
 mod bench;
 mod error;
 mod gang;
-mod lifecycle;
+mod launch;
 mod local;
 mod manifest;
-mod plan;
 mod ports;
 
 use std::path::PathBuf;
@@ -85,7 +84,7 @@ fn main() {
             rdu_worker::pef::compile_file(&file, &out)
         }
         Command::Tilestat { url } => with_runtime(|| async move {
-            match rdu_device_plugin::tilestat::fetch_and_render(&url).await {
+            match rdu_tiles::tilestat::fetch_and_render(&url).await {
                 Ok(table) => {
                     print!("{table}");
                     Ok(0)

@@ -41,10 +41,10 @@ pub fn load(path: &Path, workers: Option<u32>) -> Result<LocalJob, CliError> {
     if let Some(n) = workers {
         job.spec.workers = n;
     }
-    if let Err(errors) = rdu_operator::validate(&job) {
+    if let Err(errors) = rdu_crds::validate_job(&job) {
         return Err(CliError::Invalid {
             path: shown,
-            errors: errors.0.into_iter().map(|e| e.message).collect(),
+            errors: errors.into_iter().map(|e| e.message).collect(),
         });
     }
     let dir = path

@@ -1,10 +1,10 @@
-//! The env contract of one rank (DESIGN 4.2, COMMON.md): rank, world, rendezvous address, job
-//! identity, the spec as JSON, and the tiles handed out by the device plugin.
+//! What one rank reads from its environment: the contract of `rdu_crds::RankEnv` (DESIGN 4.2) and the tiles
+//! the device plugin handed out (DESIGN 4.3).
 
 use std::path::PathBuf;
 
-use rdu_crds::RduJobSpec;
 use rdu_crds::consts::{TERMINATION_LOG_PATH, env};
+use rdu_crds::{RankEnv, RduJobSpec};
 
 use crate::error::WorkerError;
 
@@ -35,73 +35,35 @@ pub struct WorkerEnv {
 }
 
 impl WorkerEnv {
-    /// Reads the contract through `get` (the process env in production, a map in tests).
+    /// Reads the contract (`rdu_crds::RankEnv`) and the device plugin's tile env through `get` (the process env
+    /// in production, a map in tests).
     pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<WorkerEnv, WorkerError> {
-        let required = |name: &str| -> Result<String, WorkerError> {
-            get(name).filter(|v| !v.is_empty()).ok_or_else(|| {
-                WorkerError::config(name, "is not set; the operator or `rdujob run` sets it")
-            })
-        };
-        fn number<T: std::str::FromStr>(name: &str, value: &str) -> Result<T, WorkerError> {
-            value
-                .trim()
-                .parse()
-                .map_err(|_| WorkerError::config(name, format!("{value:?} is not a valid number")))
-        }
-        let spec_json = required(env::JOB_SPEC)?;
-        let spec: RduJobSpec = serde_json::from_str(&spec_json).map_err(|e| {
-            WorkerError::config(env::JOB_SPEC, format!("not a valid RduJob spec: {e}"))
-        })?;
-        if let Err(errors) = rdu_crds::validate_spec(&spec) {
-            let text: Vec<String> = errors.iter().map(ToString::to_string).collect();
-            return Err(WorkerError::config(env::JOB_SPEC, text.join("; ")));
-        }
-        let rank: u32 = number(env::RANK, &required(env::RANK)?)?;
-        let world_size: u32 = number(env::WORLD_SIZE, &required(env::WORLD_SIZE)?)?;
-        if world_size == 0 || rank >= world_size {
-            return Err(WorkerError::config(
-                env::RANK,
-                format!("rank {rank} is outside the world of {world_size} ranks"),
-            ));
-        }
+        let (contract, supplied) =
+            RankEnv::read(&get).map_err(|e| WorkerError::config(e.var, e.reason))?;
         let tiles = tile_count(
             get(env::TILE_AFFINITY).as_deref(),
             get(env::VISIBLE_TILES).as_deref(),
-            spec.tiles_per_worker,
+            contract.spec.tiles_per_worker,
         )?;
         Ok(WorkerEnv {
-            rank,
-            world_size,
-            master_addr: required(env::MASTER_ADDR)?,
-            master_port: number(env::MASTER_PORT, &required(env::MASTER_PORT)?)?,
-            collective_port: match get(env::COLLECTIVE_PORT) {
-                Some(p) if !p.is_empty() => number(env::COLLECTIVE_PORT, &p)?,
-                _ => rdu_crds::consts::COLLECTIVE_PORT,
-            },
-            job_name: required(env::JOB_NAME)?,
-            namespace: get(env::JOB_NAMESPACE)
-                .filter(|v| !v.is_empty())
-                .unwrap_or_else(|| "default".into()),
-            job_uid: required(env::JOB_UID)?,
-            generation: match get(env::GENERATION) {
-                Some(g) if !g.is_empty() => number(env::GENERATION, &g)?,
-                _ => 0,
-            },
-            token: required(env::JOB_TOKEN)?,
-            spec,
-            node_name: get(env::NODE_NAME)
-                .filter(|v| !v.is_empty())
-                .unwrap_or_else(|| "localhost".into()),
-            pod_ip: get(env::POD_IP)
-                .filter(|v| !v.is_empty())
-                .unwrap_or_else(|| "127.0.0.1".into()),
-            result_path: get(env::RESULT_PATH)
-                .filter(|v| !v.is_empty())
+            rank: contract.rank,
+            world_size: contract.world_size,
+            master_addr: contract.master_addr,
+            master_port: contract.master_port,
+            collective_port: contract.collective_port,
+            job_name: contract.job_name,
+            namespace: contract.job_namespace,
+            job_uid: contract.job_uid,
+            generation: u64::from(contract.generation),
+            token: supplied.token,
+            spec: contract.spec,
+            node_name: supplied.node_name,
+            pod_ip: supplied.pod_ip,
+            result_path: contract
+                .result_path
                 .unwrap_or_else(|| TERMINATION_LOG_PATH.into())
                 .into(),
-            checkpoint_dir: get(env::CHECKPOINT_DIR)
-                .filter(|v| !v.is_empty())
-                .map(PathBuf::from),
+            checkpoint_dir: contract.checkpoint_dir.map(PathBuf::from),
             tiles,
             tile_affinity: get(env::TILE_AFFINITY).unwrap_or_default(),
             visible_tiles: get(env::VISIBLE_TILES).unwrap_or_default(),
