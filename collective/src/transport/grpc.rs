@@ -10,8 +10,8 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::error::CollectiveError;
 use crate::fault::FailState;
-use crate::inbox::{Handoff, Inbox};
 use crate::proto;
+use crate::transport::inbox::{Handoff, Inbox};
 
 /// Metadata key naming the sending rank of a `Send` stream.
 pub const FROM_RANK: &str = "x-rdu-from-rank";

@@ -2,6 +2,8 @@
 //! root. Each receive is checked against what this rank expects next from that peer; every
 //! network wait is bounded by the operation's deadline and by the failure latch.
 
+pub(crate) mod choice;
+
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -11,9 +13,9 @@ use tokio::time::Instant;
 
 use crate::error::CollectiveError;
 use crate::fault::FailState;
-use crate::inbox::{Apply, Inbox, InboxError};
-use crate::link::{ChunkId, Link};
 use crate::segments::ChunkGrid;
+use crate::transport::inbox::{Apply, Inbox, InboxError};
+use crate::transport::{ChunkId, Link};
 
 /// Chunks sent to a root to be reduced there.
 pub(crate) const PHASE_GATHER: u32 = 1;

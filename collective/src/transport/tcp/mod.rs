@@ -6,6 +6,8 @@
 //! socket, and the admitted socket goes to the peer's inbox, whose collective reads each chunk
 //! straight into the values it updates.
 
+pub(crate) mod framing;
+
 use std::io;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,12 +20,13 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Status};
 use tracing::Instrument;
 
+use self::framing as frame;
+use self::framing::{HELLO_FIXED, REPLY_FIXED};
 use crate::auth::RequireToken;
 use crate::error::CollectiveError;
-use crate::frame::{self, HELLO_FIXED, REPLY_FIXED};
-use crate::inbox::Handoff;
-use crate::link::Link;
-use crate::transport::{ChunkReceiver, InboundRouter};
+use crate::transport::Link;
+use crate::transport::grpc::{ChunkReceiver, InboundRouter};
+use crate::transport::inbox::Handoff;
 
 /// gRPC connections waiting for tonic to take them.
 const GRPC_BACKLOG: usize = 16;
@@ -213,9 +216,9 @@ mod tests {
 
     use super::*;
     use crate::fault::FailState;
-    use crate::frame::ChunkHeader;
-    use crate::inbox::{Apply, Inbox};
-    use crate::link::ChunkId;
+    use crate::transport::ChunkId;
+    use crate::transport::inbox::{Apply, Inbox};
+    use crate::transport::tcp::framing::ChunkHeader;
 
     const TOKEN: &str = "secret";
     const GENERATION: u64 = 7;

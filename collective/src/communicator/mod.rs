@@ -11,21 +11,21 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::algorithms::choice::{Plan, Topology};
+use crate::algorithms::{self as engine, Wire};
 use crate::auth::{AttachToken, RequireToken};
 use crate::config::{Algorithm, CommConfig, DataPath, PeerInfo, host_port, listen_ip_for};
-use crate::engine::{self, Wire};
 use crate::error::CollectiveError;
 use crate::fault::FailState;
-use crate::inbox::Inbox;
 use crate::kernels::BufferPool;
-use crate::link::Link;
 use crate::net;
 use crate::proto;
 use crate::proto::collective_client::CollectiveClient;
 use crate::rendezvous::{self, RendezvousService, RendezvousTable};
-use crate::tcp::{self, DataPort};
-use crate::topology::{Plan, Topology};
-use crate::transport::{CollectiveService, InboundRouter};
+use crate::transport::Link;
+use crate::transport::grpc::{CollectiveService, InboundRouter};
+use crate::transport::inbox::Inbox;
+use crate::transport::tcp::{self, DataPort};
 
 /// Idle send buffers kept for reuse (about what is in flight: link queues plus windows).
 const POOLED_BUFFERS: usize = 32;

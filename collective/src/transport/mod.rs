@@ -1,6 +1,12 @@
 //! A `Link` is this rank's outgoing stream to one peer: either a TCP data stream written
 //! directly from the caller's buffer, or a gRPC `Send` stream fed through a queue.
 
+pub(crate) mod grpc;
+pub(crate) mod inbox;
+pub(crate) mod tcp;
+
+pub use grpc::{FROM_RANK, GENERATION};
+
 use std::sync::{Arc, Mutex};
 
 use bytes::Buf;
@@ -15,11 +21,10 @@ use tracing::Instrument;
 
 use crate::auth::AttachToken;
 use crate::error::CollectiveError;
-use crate::frame::ChunkHeader;
 use crate::kernels::{BufferPool, le_bytes};
 use crate::proto;
 use crate::proto::collective_client::CollectiveClient;
-use crate::transport::{FROM_RANK, GENERATION};
+use crate::transport::tcp::framing::ChunkHeader;
 
 /// Chunks queued per gRPC link before the sender waits (on top of the HTTP/2 window).
 const LINK_QUEUE: usize = 4;

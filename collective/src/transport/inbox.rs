@@ -8,10 +8,10 @@ use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 use tonic::Streaming;
 
-use crate::frame::{ChunkHeader, HEADER_LEN};
 use crate::kernels::{add_from_le, copy_from_le};
-use crate::link::ChunkId;
 use crate::proto;
+use crate::transport::ChunkId;
+use crate::transport::tcp::framing::{ChunkHeader, HEADER_LEN};
 
 /// Bytes of a TCP chunk read at a time before they are added: small enough to stay in cache
 /// between the kernel's copy and the add, large enough to keep system calls few.
