@@ -11,7 +11,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::algorithms::choice::{Plan, Topology};
+use crate::algorithms::choice::{ChosenAlgorithm, NodeGroups};
 use crate::algorithms::{self as engine, Wire};
 use crate::auth::{AttachToken, RequireToken};
 use crate::config::{Algorithm, CommConfig, DataPath, PeerInfo, host_port, listen_ip_for};
@@ -59,7 +59,7 @@ pub struct Communicator {
     cfg: CommConfig,
     peers: Vec<PeerInfo>,
     all_ranks: Vec<u32>,
-    topology: Topology,
+    node_groups: NodeGroups,
     links: Vec<Option<Link>>,
     abort_clients: Vec<AbortClient>,
     fail: Arc<FailState>,
@@ -116,7 +116,7 @@ impl Communicator {
         let mut comm = Communicator {
             peers: Vec::new(),
             all_ranks: (0..cfg.world_size).collect(),
-            topology: Topology {
+            node_groups: NodeGroups {
                 node_group: vec![cfg.rank],
                 leaders: vec![cfg.rank],
             },
@@ -279,7 +279,7 @@ impl Communicator {
                 token.clone(),
             ));
         }
-        comm.topology = Topology::new(&peers, cfg.rank);
+        comm.node_groups = NodeGroups::new(&peers, cfg.rank);
         comm.peers = peers;
         comm.links = links;
         comm.abort_clients = abort_clients;
@@ -321,20 +321,26 @@ impl Communicator {
         buf: &mut [f32],
         algorithm: Algorithm,
     ) -> Result<(), CollectiveError> {
-        let plan = self.plan(algorithm, buf.len() * 4);
+        let chosen = self.choose(algorithm, buf.len() * 4);
         self.run(
             "all_reduce",
             buf,
             |_| Ok(()),
             move |comm, wire, inboxes, buf| {
                 Box::pin(async move {
-                    match plan {
-                        Plan::Ring => engine::ring(wire, inboxes, &comm.all_ranks, buf).await,
-                        Plan::Star => engine::star(wire, inboxes, &comm.all_ranks, buf).await,
-                        Plan::Doubling => {
+                    match chosen {
+                        ChosenAlgorithm::Ring => {
+                            engine::ring(wire, inboxes, &comm.all_ranks, buf).await
+                        }
+                        ChosenAlgorithm::Star => {
+                            engine::star(wire, inboxes, &comm.all_ranks, buf).await
+                        }
+                        ChosenAlgorithm::Doubling => {
                             engine::doubling(wire, inboxes, &comm.all_ranks, buf).await
                         }
-                        Plan::Hierarchical => comm.hierarchical(wire, inboxes, buf).await,
+                        ChosenAlgorithm::Hierarchical => {
+                            comm.hierarchical(wire, inboxes, buf).await
+                        }
                     }
                 })
             },
@@ -417,12 +423,12 @@ impl Communicator {
         tracing::info!(parent: &self.span, "communicator shut down");
     }
 
-    fn plan(&self, algorithm: Algorithm, bytes: usize) -> Plan {
-        Plan::choose(
+    fn choose(&self, algorithm: Algorithm, bytes: usize) -> ChosenAlgorithm {
+        ChosenAlgorithm::choose(
             algorithm,
             bytes,
             self.cfg.world_size as usize,
-            &self.topology,
+            &self.node_groups,
         )
     }
 
@@ -432,13 +438,13 @@ impl Communicator {
         inboxes: &mut [Option<Inbox>],
         buf: &mut [f32],
     ) -> Result<(), CollectiveError> {
-        let node = &self.topology.node_group;
+        let node = &self.node_groups.node_group;
         let leader = node.first().copied().unwrap_or(self.cfg.rank);
         if node.len() > 1 {
             engine::reduce_to_root(wire, inboxes, node, buf).await?;
         }
-        if leader == self.cfg.rank && self.topology.leaders.len() > 1 {
-            engine::ring(wire, inboxes, &self.topology.leaders, buf).await?;
+        if leader == self.cfg.rank && self.node_groups.leaders.len() > 1 {
+            engine::ring(wire, inboxes, &self.node_groups.leaders, buf).await?;
         }
         if node.len() > 1 {
             engine::bcast_from_root(wire, inboxes, node, leader, buf).await?;
