@@ -1,8 +1,20 @@
-//! The algorithms: ring all-reduce over a group of ranks, reduce to a root, broadcast from a
-//! root. Each receive is checked against what this rank expects next from that peer; every
-//! network wait is bounded by the operation's deadline and by the failure latch.
+//! The collective algorithms, one file each, and what they share: the `Wire` one operation talks
+//! to peers through (every wait bounded by the operation's deadline and the failure latch; every
+//! receive checked against what this rank expects next from that peer), the chunk phases, and the
+//! pipelining helpers. `choice` says which all-reduce algorithm runs.
+//!
+//! - `ring`: reduce-scatter then all-gather; bandwidth-optimal for large buffers.
+//! - `doubling`: recursive doubling; log2(n) swaps for small buffers on 2^k ranks.
+//! - `star`: reduce to a root and broadcast from it ("through the host").
+//! - `hierarchical`: within nodes, then between node leaders, then back.
 
 pub(crate) mod choice;
+mod doubling;
+mod hierarchical;
+mod ring;
+mod star;
+
+pub(crate) use star::{bcast_from_root, star};
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -17,6 +29,8 @@ use crate::segments::ChunkGrid;
 use crate::transport::inbox::{Apply, Inbox, InboxError};
 use crate::transport::{ChunkId, Link};
 
+use self::choice::{ChosenAlgorithm, NodeGroups};
+
 /// Chunks sent to a root to be reduced there.
 pub(crate) const PHASE_GATHER: u32 = 1;
 /// Chunks broadcast from a root.
@@ -25,6 +39,25 @@ pub(crate) const PHASE_BCAST: u32 = 2;
 pub(crate) const PHASE_RING: u32 = 16;
 /// Recursive-doubling step `s` uses phase `PHASE_DOUBLING + s`.
 pub(crate) const PHASE_DOUBLING: u32 = 1 << 16;
+
+/// All-reduce (sum) of `buf` over `all_ranks` (every rank, ascending) with `chosen`.
+pub(crate) async fn all_reduce(
+    chosen: ChosenAlgorithm,
+    wire: &Wire<'_>,
+    inboxes: &mut [Option<Inbox>],
+    all_ranks: &[u32],
+    groups: &NodeGroups,
+    buf: &mut [f32],
+) -> Result<(), CollectiveError> {
+    match chosen {
+        ChosenAlgorithm::Ring => ring::ring(wire, inboxes, all_ranks, buf).await,
+        ChosenAlgorithm::Star => star::star(wire, inboxes, all_ranks, buf).await,
+        ChosenAlgorithm::Doubling => doubling::doubling(wire, inboxes, all_ranks, buf).await,
+        ChosenAlgorithm::Hierarchical => {
+            hierarchical::hierarchical(wire, inboxes, groups, buf).await
+        }
+    }
+}
 
 /// Everything one collective operation needs to talk to peers.
 pub(crate) struct Wire<'a> {
@@ -147,225 +180,6 @@ impl Progress {
             self.wake.notified().await;
         }
     }
-}
-
-/// Ring all-reduce (sum) of `buf` over `group` (ranks in ring order, this rank included):
-/// reduce-scatter then all-gather, in `2 (n - 1)` steps. At step `t` this rank sends segment
-/// `(p - t) mod n` to the right and receives segment `(p - t - 1) mod n` from the left, adding
-/// during the first `n - 1` steps and copying after. Each segment's final value is computed by
-/// exactly one rank and copied by all others, so results are bitwise identical.
-///
-/// Chunks pipeline across steps: chunk `k` of step `t` is sent as soon as chunk `k` of step
-/// `t - 1` has been received, and a received chunk is written only once the copy that was sent
-/// from the same place has been taken.
-pub(crate) async fn ring(
-    wire: &Wire<'_>,
-    inboxes: &mut [Option<Inbox>],
-    group: &[u32],
-    buf: &mut [f32],
-) -> Result<(), CollectiveError> {
-    let n = group.len();
-    if n <= 1 || buf.is_empty() {
-        return Ok(());
-    }
-    let p = position(group, wire.me)?;
-    let right = group[(p + 1) % n];
-    let left = group[(p + n - 1) % n];
-    let grid = ChunkGrid::new(buf, n, wire.chunk_elems);
-    let steps = 2 * (n - 1);
-    let send_seg = |t: usize| (p + n * steps - t) % n;
-    let recv_seg = |t: usize| (p + n * steps - t - 1) % n;
-    // prefix[t] = chunks handled before step t, on each side.
-    let prefix = |seg_of: &dyn Fn(usize) -> usize| -> Vec<usize> {
-        let mut acc = vec![0; steps + 1];
-        for t in 0..steps {
-            acc[t + 1] = acc[t] + grid.chunks_in(seg_of(t));
-        }
-        acc
-    };
-    let sent_before = prefix(&send_seg);
-    let received_before = prefix(&recv_seg);
-    let sent = Progress::new();
-    let received = Progress::new();
-
-    let sender = async {
-        for t in 0..steps {
-            let seg = send_seg(t);
-            for k in 0..grid.chunks_in(seg) {
-                if t > 0 {
-                    received.reach(received_before[t - 1] + k + 1).await;
-                }
-                let id = wire.id(PHASE_RING + t as u32, seg, k);
-                wire.send(right, id, &grid.lock(seg, k).await).await?;
-                sent.advance();
-            }
-        }
-        Ok::<(), CollectiveError>(())
-    };
-    let receiver = async {
-        for t in 0..steps {
-            let seg = recv_seg(t);
-            for k in 0..grid.chunks_in(seg) {
-                if t + 1 >= n {
-                    sent.reach(sent_before[t + 1 - n] + k + 1).await;
-                }
-                let apply = if t < n - 1 { Apply::Add } else { Apply::Copy };
-                let id = wire.id(PHASE_RING + t as u32, seg, k);
-                wire.recv(inboxes, left, id, &mut grid.lock(seg, k).await, apply)
-                    .await?;
-                received.advance();
-            }
-        }
-        Ok::<(), CollectiveError>(())
-    };
-    tokio::try_join!(sender, receiver)?;
-    Ok(())
-}
-
-/// Sums `buf` of every rank of `group` into the root's `buf` (the root must be `group[0]`,
-/// the lowest rank): the root adds the others' chunks in group order, so the result is the
-/// same however the network interleaves. Other ranks' `buf` is left unchanged.
-pub(crate) async fn reduce_to_root(
-    wire: &Wire<'_>,
-    inboxes: &mut [Option<Inbox>],
-    group: &[u32],
-    buf: &mut [f32],
-) -> Result<(), CollectiveError> {
-    let Some(&root) = group.first() else {
-        return Ok(());
-    };
-    position(group, wire.me)?;
-    let grid = ChunkGrid::new(buf, 1, wire.chunk_elems);
-    let chunks = grid.chunks_in(0);
-    if wire.me != root {
-        for k in 0..chunks {
-            wire.send(root, wire.id(PHASE_GATHER, 0, k), &grid.lock(0, k).await)
-                .await?;
-        }
-        return Ok(());
-    }
-    for k in 0..chunks {
-        add_chunk_of_each(wire, inboxes, &group[1..], k, &mut grid.lock(0, k).await).await?;
-    }
-    Ok(())
-}
-
-/// A root's share of a gather: adds chunk `k` of each of `srcs`, in that order, into `cell`.
-async fn add_chunk_of_each(
-    wire: &Wire<'_>,
-    inboxes: &mut [Option<Inbox>],
-    srcs: &[u32],
-    k: usize,
-    cell: &mut [f32],
-) -> Result<(), CollectiveError> {
-    for &src in srcs {
-        let id = wire.id(PHASE_GATHER, 0, k);
-        wire.recv(inboxes, src, id, cell, Apply::Add).await?;
-    }
-    Ok(())
-}
-
-/// Copies the root's `buf` to every other rank of `group`.
-pub(crate) async fn bcast_from_root(
-    wire: &Wire<'_>,
-    inboxes: &mut [Option<Inbox>],
-    group: &[u32],
-    root: u32,
-    buf: &mut [f32],
-) -> Result<(), CollectiveError> {
-    position(group, wire.me)?;
-    position(group, root)?;
-    let grid = ChunkGrid::new(buf, 1, wire.chunk_elems);
-    let chunks = grid.chunks_in(0);
-    if wire.me == root {
-        for k in 0..chunks {
-            let cell = grid.lock(0, k).await;
-            for &dst in group.iter().filter(|&&r| r != root) {
-                wire.send(dst, wire.id(PHASE_BCAST, 0, k), &cell).await?;
-            }
-        }
-        return Ok(());
-    }
-    for k in 0..chunks {
-        let mut cell = grid.lock(0, k).await;
-        let id = wire.id(PHASE_BCAST, 0, k);
-        wire.recv(inboxes, root, id, &mut cell, Apply::Copy).await?;
-    }
-    Ok(())
-}
-
-/// Star all-reduce over `group` with root `group[0]` ("through the host"), pipelined: the
-/// root adds chunk `k` of every rank in group order and sends the sum of chunk `k` back while
-/// later chunks are still arriving; other ranks send and receive concurrently.
-pub(crate) async fn star(
-    wire: &Wire<'_>,
-    inboxes: &mut [Option<Inbox>],
-    group: &[u32],
-    buf: &mut [f32],
-) -> Result<(), CollectiveError> {
-    let Some(&root) = group.first() else {
-        return Ok(());
-    };
-    position(group, wire.me)?;
-    if group.len() == 1 {
-        return Ok(());
-    }
-    let grid = ChunkGrid::new(buf, 1, wire.chunk_elems);
-    let chunks = grid.chunks_in(0);
-    if wire.me == root {
-        for k in 0..chunks {
-            let mut cell = grid.lock(0, k).await;
-            add_chunk_of_each(wire, inboxes, &group[1..], k, &mut cell).await?;
-            for &dst in &group[1..] {
-                wire.send(dst, wire.id(PHASE_BCAST, 0, k), &cell).await?;
-            }
-        }
-        return Ok(());
-    }
-    let to_root = Exchange {
-        to: root,
-        send_phase: PHASE_GATHER,
-        from: root,
-        receive_phase: PHASE_BCAST,
-        // The sum of chunk k cannot exist before this rank sent chunk k; the exchange keeps the
-        // overwrite after the send even so.
-        apply: Apply::Copy,
-    };
-    to_root.run(wire, inboxes, &grid).await
-}
-
-/// Recursive-doubling all-reduce over a group of 2^k ranks, for small buffers: log2(n) hops in
-/// which every rank works, where the star takes two hops through one busy root. At step `s` each
-/// rank swaps its whole buffer with the rank whose position differs in bit `s` and adds what it
-/// receives. IEEE addition is commutative, so both partners compute the same bits, and by
-/// induction every rank ends with the same sum.
-pub(crate) async fn doubling(
-    wire: &Wire<'_>,
-    inboxes: &mut [Option<Inbox>],
-    group: &[u32],
-    buf: &mut [f32],
-) -> Result<(), CollectiveError> {
-    let n = group.len();
-    if !n.is_power_of_two() {
-        return Err(CollectiveError::InvalidArgument {
-            field: "group",
-            reason: format!("recursive doubling needs a power-of-two group, not {n} ranks"),
-        });
-    }
-    let p = position(group, wire.me)?;
-    let grid = ChunkGrid::new(buf, 1, wire.chunk_elems);
-    for step in 0..n.trailing_zeros() {
-        let partner = group[p ^ (1 << step)];
-        let swap = Exchange {
-            to: partner,
-            send_phase: PHASE_DOUBLING + step,
-            from: partner,
-            receive_phase: PHASE_DOUBLING + step,
-            apply: Apply::Add,
-        };
-        swap.run(wire, inboxes, &grid).await?;
-    }
-    Ok(())
 }
 
 /// Sends every chunk of a one-segment buffer to `to` while receiving the same chunks from

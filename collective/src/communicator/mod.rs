@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::algorithms::choice::{ChosenAlgorithm, NodeGroups};
-use crate::algorithms::{self as engine, Wire};
+use crate::algorithms::{self, Wire};
 use crate::auth::{AttachToken, RequireToken};
 use crate::config::{Algorithm, CommConfig, DataPath, PeerInfo, host_port, listen_ip_for};
 use crate::error::CollectiveError;
@@ -327,22 +327,14 @@ impl Communicator {
             buf,
             |_| Ok(()),
             move |comm, wire, inboxes, buf| {
-                Box::pin(async move {
-                    match chosen {
-                        ChosenAlgorithm::Ring => {
-                            engine::ring(wire, inboxes, &comm.all_ranks, buf).await
-                        }
-                        ChosenAlgorithm::Star => {
-                            engine::star(wire, inboxes, &comm.all_ranks, buf).await
-                        }
-                        ChosenAlgorithm::Doubling => {
-                            engine::doubling(wire, inboxes, &comm.all_ranks, buf).await
-                        }
-                        ChosenAlgorithm::Hierarchical => {
-                            comm.hierarchical(wire, inboxes, buf).await
-                        }
-                    }
-                })
+                Box::pin(algorithms::all_reduce(
+                    chosen,
+                    wire,
+                    inboxes,
+                    &comm.all_ranks,
+                    &comm.node_groups,
+                    buf,
+                ))
             },
         )
         .await
@@ -362,7 +354,7 @@ impl Communicator {
             }
         };
         self.run("broadcast", buf, check, move |comm, wire, inboxes, buf| {
-            Box::pin(engine::bcast_from_root(
+            Box::pin(algorithms::bcast_from_root(
                 wire,
                 inboxes,
                 &comm.all_ranks,
@@ -382,7 +374,7 @@ impl Communicator {
             |_| Ok(()),
             |comm, wire, inboxes, buf| {
                 // Rank 0 answers only after every rank's token arrived.
-                Box::pin(engine::star(wire, inboxes, &comm.all_ranks, buf))
+                Box::pin(algorithms::star(wire, inboxes, &comm.all_ranks, buf))
             },
         )
         .await
@@ -430,26 +422,6 @@ impl Communicator {
             self.cfg.world_size as usize,
             &self.node_groups,
         )
-    }
-
-    async fn hierarchical(
-        &self,
-        wire: &Wire<'_>,
-        inboxes: &mut [Option<Inbox>],
-        buf: &mut [f32],
-    ) -> Result<(), CollectiveError> {
-        let node = &self.node_groups.node_group;
-        let leader = node.first().copied().unwrap_or(self.cfg.rank);
-        if node.len() > 1 {
-            engine::reduce_to_root(wire, inboxes, node, buf).await?;
-        }
-        if leader == self.cfg.rank && self.node_groups.leaders.len() > 1 {
-            engine::ring(wire, inboxes, &self.node_groups.leaders, buf).await?;
-        }
-        if node.len() > 1 {
-            engine::bcast_from_root(wire, inboxes, node, leader, buf).await?;
-        }
-        Ok(())
     }
 
     /// Runs one collective: serialized with the others, numbered, bounded by the timeout; a
