@@ -23,8 +23,9 @@ use crate::proto;
 use crate::proto::collective_client::CollectiveClient;
 use crate::rendezvous::{self, RendezvousService, RendezvousTable};
 use crate::transport::Link;
-use crate::transport::grpc::{CollectiveService, InboundRouter};
+use crate::transport::grpc::{CollectiveService, GrpcLink};
 use crate::transport::inbox::Inbox;
+use crate::transport::router::InboundRouter;
 use crate::transport::tcp::{self, DataPort};
 
 /// Idle send buffers kept for reuse (about what is in flight: link queues plus windows).
@@ -252,7 +253,7 @@ impl Communicator {
                                 reason,
                             })?;
                         let _entered = span.enter();
-                        Link::open_grpc(
+                        Link::Grpc(GrpcLink::open(
                             cfg.rank,
                             p.rank,
                             cfg.identity.generation,
@@ -260,7 +261,7 @@ impl Communicator {
                             token,
                             max_message,
                             pool.clone(),
-                        )
+                        ))
                     }
                 };
                 Ok::<_, CollectiveError>((p.rank, link))

@@ -1,123 +1,39 @@
-//! Accepting peers' streams: the `Collective` server (and the TCP data port) route each peer's
-//! incoming stream to that peer's inbox (see `inbox`). One long-lived stream per directed pair
-//! (sent by a `link`), so chunks from one peer arrive in the order it sent them.
+//! The gRPC transport: the `Collective` service every rank serves (aborts, and `Send` streams of
+//! chunks handed to inboxes) and, with [`DataPath::Grpc`](crate::DataPath::Grpc), the sending
+//! side of chunks as `Send` streams.
+//!
+//! Why chunks may still travel on gRPC when the raw TCP path (`tcp`) is faster: `Send` is part
+//! of the wire protocol (`proto/collective/v1`) and every rank accepts it, so the receiving side
+//! stays whatever this rank sends on; what sending adds is `GrpcLink` and the send-buffer pool.
+//! In exchange the tests run every algorithm over a second transport, and over a mix of the two,
+//! which keeps the algorithms independent of how chunks travel; and `allreduce-bench
+//! --data-path grpc` measures what the TCP path gains over tonic's copies.
 
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument;
 
+use crate::auth::AttachToken;
 use crate::error::CollectiveError;
-use crate::fault::FailState;
+use crate::kernels::{BufferPool, add_from_le, copy_from_le};
 use crate::proto;
-use crate::transport::inbox::{Handoff, Inbox};
+use crate::proto::collective_client::CollectiveClient;
+use crate::transport::ChunkId;
+use crate::transport::inbox::{Apply, Handoff, InboxError, check, ended};
+use crate::transport::router::ChunkReceiver;
+
+/// Chunks queued per gRPC link before the sender waits (on top of the HTTP/2 window).
+const LINK_QUEUE: usize = 4;
 
 /// Metadata key naming the sending rank of a `Send` stream.
 pub const FROM_RANK: &str = "x-rdu-from-rank";
 /// Metadata key naming the generation of a `Send` stream.
 pub const GENERATION: &str = "x-rdu-generation";
-
-/// What a rank does with incoming streams and aborts; the gRPC service adapts it.
-pub(crate) trait ChunkReceiver: Send + Sync + 'static {
-    /// Accepts the stream of `from_rank` (returning where to hand it), or refuses it.
-    fn open(&self, from_rank: u32, generation: u64) -> Result<oneshot::Sender<Handoff>, Status>;
-    /// A peer says the job failed.
-    fn abort(&self, request: proto::AbortRequest) -> Result<(), Status>;
-    /// Becomes true when this rank shuts down.
-    fn shutdown_signal(&self) -> watch::Receiver<bool>;
-}
-
-/// Routes streams to inboxes, one slot per peer rank, each usable once.
-pub(crate) struct InboundRouter {
-    me: u32,
-    generation: u64,
-    slots: Vec<Mutex<Option<oneshot::Sender<Handoff>>>>,
-    fail: Arc<FailState>,
-    shutdown: watch::Receiver<bool>,
-}
-
-impl InboundRouter {
-    /// The router and the inboxes (indexed by rank; `None` for this rank).
-    pub(crate) fn new(
-        me: u32,
-        world_size: u32,
-        generation: u64,
-        fail: Arc<FailState>,
-        shutdown: watch::Receiver<bool>,
-    ) -> (Self, Vec<Option<Inbox>>) {
-        let mut slots = Vec::with_capacity(world_size as usize);
-        let mut inboxes = Vec::with_capacity(world_size as usize);
-        for rank in 0..world_size {
-            if rank == me {
-                slots.push(Mutex::new(None));
-                inboxes.push(None);
-            } else {
-                let (tx, rx) = oneshot::channel();
-                slots.push(Mutex::new(Some(tx)));
-                inboxes.push(Some(Inbox::Waiting(rx)));
-            }
-        }
-        let router = InboundRouter {
-            me,
-            generation,
-            slots,
-            fail,
-            shutdown,
-        };
-        (router, inboxes)
-    }
-
-    fn check_generation(&self, generation: u64) -> Result<(), Status> {
-        if generation == self.generation {
-            Ok(())
-        } else {
-            Err(Status::failed_precondition(format!(
-                "generation {generation} is not this rank's generation {}",
-                self.generation
-            )))
-        }
-    }
-}
-
-impl ChunkReceiver for InboundRouter {
-    fn open(&self, from_rank: u32, generation: u64) -> Result<oneshot::Sender<Handoff>, Status> {
-        self.check_generation(generation)?;
-        if from_rank == self.me {
-            return Err(Status::invalid_argument("a rank does not stream to itself"));
-        }
-        let slot = self.slots.get(from_rank as usize).ok_or_else(|| {
-            Status::invalid_argument(format!(
-                "from rank {from_rank} is outside 0..{}",
-                self.slots.len()
-            ))
-        })?;
-        slot.lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-            .ok_or_else(|| {
-                Status::already_exists(format!("rank {from_rank} already has a stream open"))
-            })
-    }
-
-    fn abort(&self, request: proto::AbortRequest) -> Result<(), Status> {
-        self.check_generation(request.generation)?;
-        if request.from_rank as usize >= self.slots.len() {
-            return Err(Status::invalid_argument("from_rank outside the world"));
-        }
-        let reason: String = request.reason.chars().take(1024).collect();
-        tracing::warn!(rank = self.me, by_rank = request.from_rank, %reason, "abort received");
-        self.fail.fail(CollectiveError::AbortedByPeer {
-            by_rank: request.from_rank,
-            reason,
-        });
-        Ok(())
-    }
-
-    fn shutdown_signal(&self) -> watch::Receiver<bool> {
-        self.shutdown.clone()
-    }
-}
 
 fn metadata_u64(metadata: &MetadataMap, key: &str) -> Result<u64, Status> {
     metadata
@@ -142,7 +58,7 @@ impl<R: ChunkReceiver> proto::collective_server::Collective for CollectiveServic
         let generation = metadata_u64(request.metadata(), GENERATION)?;
         let slot = self.0.open(from, generation)?;
         let (done_tx, done_rx) = oneshot::channel();
-        let handoff = Handoff::grpc(request.into_inner(), done_tx);
+        let handoff = Handoff::grpc(GrpcSource::new(request.into_inner()), done_tx);
         if slot.send(handoff).is_err() {
             return Err(Status::unavailable("rank is shutting down"));
         }
@@ -162,60 +78,134 @@ impl<R: ChunkReceiver> proto::collective_server::Collective for CollectiveServic
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// This rank's `Send` stream to one peer: encoded chunks queued for a task that streams them.
+pub(crate) struct GrpcLink {
+    peer: u32,
+    generation: u64,
+    tx: mpsc::Sender<proto::Chunk>,
+    pool: Arc<BufferPool>,
+    closed_reason: Arc<Mutex<Option<String>>>,
+    task: JoinHandle<()>,
+}
 
-    fn router() -> (InboundRouter, Vec<Option<Inbox>>, Arc<FailState>) {
-        let fail = Arc::new(FailState::new());
-        let (_tx, rx) = watch::channel(false);
-        let (r, inboxes) = InboundRouter::new(1, 3, 7, fail.clone(), rx);
-        (r, inboxes, fail)
+impl GrpcLink {
+    /// Opens a gRPC `Send` stream on an already connected channel.
+    pub(crate) fn open(
+        me: u32,
+        peer: u32,
+        generation: u64,
+        channel: tonic::transport::Channel,
+        token: &AttachToken,
+        max_message: usize,
+        pool: Arc<BufferPool>,
+    ) -> GrpcLink {
+        let mut client = CollectiveClient::with_interceptor(channel, token.clone())
+            .max_encoding_message_size(max_message)
+            .max_decoding_message_size(max_message);
+        let (tx, rx) = mpsc::channel(LINK_QUEUE);
+        let closed_reason = Arc::new(Mutex::new(None));
+        let reason_slot = closed_reason.clone();
+        let span = tracing::debug_span!("link", rank = me, peer);
+        let task = tokio::spawn(
+            async move {
+                let mut request = Request::new(ReceiverStream::new(rx));
+                request.metadata_mut().insert(FROM_RANK, me.into());
+                request.metadata_mut().insert(GENERATION, generation.into());
+                let why = match client.send(request).await {
+                    Ok(summary) => {
+                        format!("stream closed after {} chunks", summary.get_ref().chunks)
+                    }
+                    Err(status) => format!("{:?}: {}", status.code(), status.message()),
+                };
+                tracing::debug!(%why, "link ended");
+                *reason_slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+            }
+            .instrument(span),
+        );
+        GrpcLink {
+            peer,
+            generation,
+            tx,
+            pool,
+            closed_reason,
+            task,
+        }
     }
 
-    #[test]
-    fn streams_are_accepted_once_per_peer_and_checked() {
-        let (r, inboxes, _) = router();
-        assert!(inboxes[1].is_none() && inboxes[0].is_some());
-        assert!(r.open(0, 7).is_ok());
-        assert_eq!(
-            r.open(0, 7).err().map(|s| s.code()),
-            Some(tonic::Code::AlreadyExists)
-        );
-        assert_eq!(
-            r.open(2, 6).err().map(|s| s.code()),
-            Some(tonic::Code::FailedPrecondition)
-        );
-        assert_eq!(
-            r.open(1, 7).err().map(|s| s.code()),
-            Some(tonic::Code::InvalidArgument)
-        );
-        assert_eq!(
-            r.open(3, 7).err().map(|s| s.code()),
-            Some(tonic::Code::InvalidArgument)
-        );
-        assert!(r.open(2, 7).is_ok());
+    /// Queues one chunk of `values` (encoded, so the caller may change `values` once this
+    /// returns). Fails when the stream to the peer is gone.
+    pub(crate) async fn send(&self, id: ChunkId, values: &[f32]) -> Result<(), CollectiveError> {
+        let message = proto::Chunk {
+            generation: self.generation,
+            op_id: id.op_id,
+            phase: id.phase,
+            segment: id.segment,
+            chunk: id.chunk,
+            payload: self.pool.encode(values),
+        };
+        self.tx.send(message).await.map_err(|_| {
+            let reason = self
+                .closed_reason
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+                .unwrap_or_else(|| "stream to peer closed".into());
+            CollectiveError::PeerLost {
+                rank: self.peer,
+                reason,
+            }
+        })
     }
 
-    #[test]
-    fn aborts_of_this_generation_latch_the_failure() {
-        let (r, _inboxes, fail) = router();
-        let stale = proto::AbortRequest {
-            generation: 6,
-            from_rank: 0,
-            reason: "old".into(),
+    /// Ends the stream after everything queued; the handle finishes when the peer answered.
+    pub(crate) fn close(self) -> JoinHandle<()> {
+        drop(self.tx);
+        self.task
+    }
+}
+
+/// A peer's `Send` stream, read by the inbox it was handed to.
+pub(crate) struct GrpcSource(Box<Streaming<proto::Chunk>>);
+
+impl GrpcSource {
+    pub(crate) fn new(stream: Streaming<proto::Chunk>) -> Self {
+        GrpcSource(Box::new(stream))
+    }
+
+    /// Reads the next chunk, which must be `expected` of this rank's `generation` with
+    /// `dst.len()` values, and applies it to `dst`.
+    pub(crate) async fn receive(
+        &mut self,
+        generation: u64,
+        expected: ChunkId,
+        dst: &mut [f32],
+        apply: Apply,
+    ) -> Result<(), InboxError> {
+        let chunk = self
+            .0
+            .message()
+            .await
+            .map_err(|status| {
+                InboxError::Lost(format!("{:?}: {}", status.code(), status.message()))
+            })?
+            .ok_or_else(ended)?;
+        if chunk.generation != generation {
+            return Err(InboxError::Violation(format!(
+                "chunk of generation {} on a stream of generation {generation}",
+                chunk.generation
+            )));
+        }
+        let got = ChunkId {
+            op_id: chunk.op_id,
+            phase: chunk.phase,
+            segment: chunk.segment,
+            chunk: chunk.chunk,
         };
-        assert!(r.abort(stale).is_err());
-        assert!(fail.current().is_none());
-        let now = proto::AbortRequest {
-            generation: 7,
-            from_rank: 2,
-            reason: "peer lost".into(),
-        };
-        assert!(r.abort(now).is_ok());
-        assert!(matches!(
-            fail.current(),
-            Some(CollectiveError::AbortedByPeer { by_rank: 2, .. })
-        ));
+        check(expected, got, chunk.payload.len(), dst.len())?;
+        match apply {
+            Apply::Add => add_from_le(dst, &chunk.payload),
+            Apply::Copy => copy_from_le(dst, &chunk.payload),
+        }
+        Ok(())
     }
 }
