@@ -2,12 +2,14 @@
 //! chunks handed to inboxes) and, with [`DataPath::Grpc`](crate::DataPath::Grpc), the sending
 //! side of chunks as `Send` streams.
 //!
-//! Why chunks may still travel on gRPC when the raw TCP path (`tcp`) is faster: `Send` is part
-//! of the wire protocol (`proto/collective/v1`) and every rank accepts it, so the receiving side
-//! stays whatever this rank sends on; what sending adds is `GrpcLink` and the send-buffer pool.
-//! In exchange the tests run every algorithm over a second transport, and over a mix of the two,
-//! which keeps the algorithms independent of how chunks travel; and `allreduce-bench
-//! --data-path grpc` measures what the TCP path gains over tonic's copies.
+//! Why chunks can still travel on gRPC although the raw TCP path (`tcp`) is faster: every rank
+//! serves `Send` anyway (it is part of the wire protocol, `proto/collective/v1`, and lets ranks on
+//! different data paths talk), so keeping the sending side costs only `GrpcLink`, the send-buffer
+//! pool (`kernels::BufferPool`) and `net::dial_until`. In exchange the tests run every algorithm
+//! over a second transport and over a mix of the two, which keeps the algorithms independent of
+//! how chunks travel, and `allreduce-bench --data-path grpc` measures what the TCP path gains
+//! over tonic's copies. It is a test and comparison path, not a fallback: nothing in the
+//! workspace selects it outside the tests and the bench.
 
 use std::sync::{Arc, Mutex};
 
