@@ -21,7 +21,8 @@ pub enum DataPath {
     /// no protobuf or HTTP/2 re-buffering copies).
     #[default]
     Tcp,
-    /// One gRPC `Send` stream per directed pair of ranks.
+    /// One gRPC `Send` stream per directed pair of ranks (slower; kept so tests and
+    /// `allreduce-bench` can run the algorithms over a second transport and compare).
     Grpc,
 }
 

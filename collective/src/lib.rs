@@ -6,21 +6,16 @@
 //! bitwise-identical results on every rank. Failures of peers or timeouts abort every rank with
 //! a retryable [`CollectiveError`].
 
+mod algorithms;
 mod auth;
 mod communicator;
 mod config;
-mod engine;
 mod error;
 mod fault;
-mod frame;
-mod inbox;
 mod kernels;
-mod link;
 mod net;
 mod rendezvous;
 mod segments;
-mod tcp;
-mod topology;
 mod transport;
 
 /// Generated gRPC code of `proto/collective/v1/collective.proto`.
@@ -29,6 +24,7 @@ pub mod proto {
     tonic::include_proto!("rdu.collective.v1");
 }
 
+pub use algorithms::choice::AUTO_SMALL_MAX_BYTES;
 pub use auth::{AUTHORIZATION, AttachToken, RequireToken};
 pub use communicator::{Communicator, ConnectOptions};
 pub use config::{
@@ -37,5 +33,4 @@ pub use config::{
 pub use error::CollectiveError;
 pub use rendezvous::{RendezvousHandler, RendezvousService, RendezvousTable};
 pub use segments::{chunk_count, segment_range, segment_ranges};
-pub use topology::AUTO_SMALL_MAX_BYTES;
 pub use transport::{FROM_RANK, GENERATION};

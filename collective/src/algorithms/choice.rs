@@ -8,46 +8,48 @@ use crate::config::{Algorithm, PeerInfo};
 /// ring 1039 us at 4 KiB, 597 vs 1403 us at 64 KiB, about even at 256 KiB).
 pub const AUTO_SMALL_MAX_BYTES: usize = 64 << 10;
 
-/// The algorithm actually run, after `Auto` is resolved.
+/// The algorithm an all-reduce actually runs: the caller's [`Algorithm`] with `Auto` resolved
+/// by buffer size, world size and node groups.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Plan {
+pub(crate) enum ChosenAlgorithm {
     Ring,
     Hierarchical,
     Star,
     Doubling,
 }
 
-impl Plan {
+impl ChosenAlgorithm {
     pub(crate) fn choose(
         algorithm: Algorithm,
         bytes: usize,
         world: usize,
-        topology: &Topology,
-    ) -> Plan {
+        groups: &NodeGroups,
+    ) -> ChosenAlgorithm {
         match algorithm {
-            Algorithm::Ring => Plan::Ring,
-            Algorithm::Star => Plan::Star,
-            Algorithm::Hierarchical => Plan::Hierarchical,
+            Algorithm::Ring => ChosenAlgorithm::Ring,
+            Algorithm::Star => ChosenAlgorithm::Star,
+            Algorithm::Hierarchical => ChosenAlgorithm::Hierarchical,
             Algorithm::Auto if bytes <= AUTO_SMALL_MAX_BYTES && world.is_power_of_two() => {
-                Plan::Doubling
+                ChosenAlgorithm::Doubling
             }
-            Algorithm::Auto if bytes <= AUTO_SMALL_MAX_BYTES => Plan::Star,
-            Algorithm::Auto if topology.multi_rank_nodes(world) => Plan::Hierarchical,
-            Algorithm::Auto => Plan::Ring,
+            Algorithm::Auto if bytes <= AUTO_SMALL_MAX_BYTES => ChosenAlgorithm::Star,
+            Algorithm::Auto if groups.multi_rank_nodes(world) => ChosenAlgorithm::Hierarchical,
+            Algorithm::Auto => ChosenAlgorithm::Ring,
         }
     }
 }
 
-/// How ranks group into nodes, for the hierarchical algorithm.
+/// How ranks group into nodes, for the hierarchical algorithm (the nodes named in the peer
+/// table; not the device plugin's topology of RDUs and tiles).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Topology {
+pub(crate) struct NodeGroups {
     /// Ranks on this rank's node, ascending; the first is the node leader.
     pub(crate) node_group: Vec<u32>,
     /// The leader (lowest rank) of every node, ascending.
     pub(crate) leaders: Vec<u32>,
 }
 
-impl Topology {
+impl NodeGroups {
     pub(crate) fn new(peers: &[PeerInfo], me: u32) -> Self {
         let my_node = peers
             .iter()
@@ -65,7 +67,7 @@ impl Topology {
             .filter(|p| seen.insert(p.node.as_str()))
             .map(|p| p.rank)
             .collect();
-        Topology {
+        NodeGroups {
             node_group,
             leaders,
         }
@@ -89,7 +91,7 @@ mod tests {
     }
 
     #[test]
-    fn topology_groups_ranks_by_node_with_lowest_rank_leading() {
+    fn node_groups_gather_ranks_by_node_with_lowest_rank_leading() {
         let peers = [
             peer(0, "a"),
             peer(1, "b"),
@@ -97,42 +99,57 @@ mod tests {
             peer(3, "b"),
             peer(4, "c"),
         ];
-        let t = Topology::new(&peers, 3);
+        let t = NodeGroups::new(&peers, 3);
         assert_eq!(t.node_group, vec![1, 3]);
         assert_eq!(t.leaders, vec![0, 1, 4]);
         assert!(t.multi_rank_nodes(5));
-        let flat = Topology::new(&[peer(0, "a"), peer(1, "b")], 0);
+        let flat = NodeGroups::new(&[peer(0, "a"), peer(1, "b")], 0);
         assert!(!flat.multi_rank_nodes(2));
-        let one = Topology::new(&[peer(0, "a"), peer(1, "a")], 1);
+        let one = NodeGroups::new(&[peer(0, "a"), peer(1, "a")], 1);
         assert_eq!(one.leaders, vec![0]);
         assert!(!one.multi_rank_nodes(2));
     }
 
     #[test]
     fn auto_picks_doubling_or_star_for_small_hierarchical_for_shared_nodes_else_ring() {
-        let shared = Topology::new(&[peer(0, "a"), peer(1, "a"), peer(2, "b")], 0);
-        let flat = Topology::new(&[peer(0, "a"), peer(1, "b")], 0);
+        let shared = NodeGroups::new(&[peer(0, "a"), peer(1, "a"), peer(2, "b")], 0);
+        let flat = NodeGroups::new(&[peer(0, "a"), peer(1, "b")], 0);
         let big = AUTO_SMALL_MAX_BYTES + 4;
-        assert_eq!(Plan::choose(Algorithm::Auto, 4096, 3, &shared), Plan::Star);
         assert_eq!(
-            Plan::choose(Algorithm::Auto, AUTO_SMALL_MAX_BYTES, 2, &flat),
-            Plan::Doubling
+            ChosenAlgorithm::choose(Algorithm::Auto, 4096, 3, &shared),
+            ChosenAlgorithm::Star
         );
         assert_eq!(
-            Plan::choose(Algorithm::Auto, 4096, 8, &flat),
-            Plan::Doubling
+            ChosenAlgorithm::choose(Algorithm::Auto, AUTO_SMALL_MAX_BYTES, 2, &flat),
+            ChosenAlgorithm::Doubling
         );
-        assert_eq!(Plan::choose(Algorithm::Auto, 4096, 6, &flat), Plan::Star);
         assert_eq!(
-            Plan::choose(Algorithm::Auto, big, 3, &shared),
-            Plan::Hierarchical
+            ChosenAlgorithm::choose(Algorithm::Auto, 4096, 8, &flat),
+            ChosenAlgorithm::Doubling
         );
-        assert_eq!(Plan::choose(Algorithm::Auto, big, 2, &flat), Plan::Ring);
-        assert_eq!(Plan::choose(Algorithm::Ring, 4, 3, &shared), Plan::Ring);
-        assert_eq!(Plan::choose(Algorithm::Star, big, 2, &flat), Plan::Star);
         assert_eq!(
-            Plan::choose(Algorithm::Hierarchical, 4, 2, &flat),
-            Plan::Hierarchical
+            ChosenAlgorithm::choose(Algorithm::Auto, 4096, 6, &flat),
+            ChosenAlgorithm::Star
+        );
+        assert_eq!(
+            ChosenAlgorithm::choose(Algorithm::Auto, big, 3, &shared),
+            ChosenAlgorithm::Hierarchical
+        );
+        assert_eq!(
+            ChosenAlgorithm::choose(Algorithm::Auto, big, 2, &flat),
+            ChosenAlgorithm::Ring
+        );
+        assert_eq!(
+            ChosenAlgorithm::choose(Algorithm::Ring, 4, 3, &shared),
+            ChosenAlgorithm::Ring
+        );
+        assert_eq!(
+            ChosenAlgorithm::choose(Algorithm::Star, big, 2, &flat),
+            ChosenAlgorithm::Star
+        );
+        assert_eq!(
+            ChosenAlgorithm::choose(Algorithm::Hierarchical, 4, 2, &flat),
+            ChosenAlgorithm::Hierarchical
         );
     }
 }

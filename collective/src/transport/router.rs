@@ -1,22 +1,16 @@
-//! Accepting peers' streams: the `Collective` server (and the TCP data port) route each peer's
-//! incoming stream to that peer's inbox (see `inbox`). One long-lived stream per directed pair
-//! (sent by a `link`), so chunks from one peer arrive in the order it sent them.
+//! Routing peers' incoming streams to inboxes: each peer may open one stream to this rank, of
+//! this rank's generation, whichever transport it arrives on (the TCP data port or the gRPC
+//! `Collective` service); a peer's abort latches this rank's failure.
 
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{oneshot, watch};
-use tonic::metadata::MetadataMap;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::Status;
 
 use crate::error::CollectiveError;
 use crate::fault::FailState;
-use crate::inbox::{Handoff, Inbox};
 use crate::proto;
-
-/// Metadata key naming the sending rank of a `Send` stream.
-pub const FROM_RANK: &str = "x-rdu-from-rank";
-/// Metadata key naming the generation of a `Send` stream.
-pub const GENERATION: &str = "x-rdu-generation";
+use crate::transport::inbox::{Handoff, Inbox};
 
 /// What a rank does with incoming streams and aborts; the gRPC service adapts it.
 pub(crate) trait ChunkReceiver: Send + Sync + 'static {
@@ -116,49 +110,6 @@ impl ChunkReceiver for InboundRouter {
 
     fn shutdown_signal(&self) -> watch::Receiver<bool> {
         self.shutdown.clone()
-    }
-}
-
-fn metadata_u64(metadata: &MetadataMap, key: &str) -> Result<u64, Status> {
-    metadata
-        .get(key)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok())
-        .ok_or_else(|| Status::invalid_argument(format!("missing or non-numeric {key} metadata")))
-}
-
-/// tonic adapter of a [`ChunkReceiver`].
-pub(crate) struct CollectiveService<R>(pub(crate) Arc<R>);
-
-#[tonic::async_trait]
-impl<R: ChunkReceiver> proto::collective_server::Collective for CollectiveService<R> {
-    async fn send(
-        &self,
-        request: Request<Streaming<proto::Chunk>>,
-    ) -> Result<Response<proto::SendSummary>, Status> {
-        let from = metadata_u64(request.metadata(), FROM_RANK)?;
-        let from =
-            u32::try_from(from).map_err(|_| Status::invalid_argument("from rank too large"))?;
-        let generation = metadata_u64(request.metadata(), GENERATION)?;
-        let slot = self.0.open(from, generation)?;
-        let (done_tx, done_rx) = oneshot::channel();
-        let handoff = Handoff::grpc(request.into_inner(), done_tx);
-        if slot.send(handoff).is_err() {
-            return Err(Status::unavailable("rank is shutting down"));
-        }
-        let mut shutdown = self.0.shutdown_signal();
-        tokio::select! {
-            received = done_rx => Ok(Response::new(proto::SendSummary { chunks: received.unwrap_or_default() })),
-            _ = shutdown.wait_for(|down| *down) => Err(Status::unavailable("rank is shutting down")),
-        }
-    }
-
-    async fn abort(
-        &self,
-        request: Request<proto::AbortRequest>,
-    ) -> Result<Response<proto::AbortResponse>, Status> {
-        self.0.abort(request.into_inner())?;
-        Ok(Response::new(proto::AbortResponse {}))
     }
 }
 

@@ -1,0 +1,312 @@
+//! Connecting one rank, in three steps: `serve` (this rank's `Collective` server with the TCP
+//! data port on the same listener, and on rank 0 the `Rendezvous` server), `join` (the rendezvous,
+//! which returns the peer table) and `dial` (a link and an abort client to every peer).
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::sync::{Mutex, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tonic::service::interceptor::InterceptedService;
+use tracing::Instrument;
+
+use super::{ABORT_GRACE, Communicator, OpState};
+use crate::algorithms::choice::NodeGroups;
+use crate::auth::{AttachToken, RequireToken};
+use crate::config::{CommConfig, DataPath, PeerInfo, host_port, listen_ip_for};
+use crate::error::CollectiveError;
+use crate::fault::FailState;
+use crate::kernels::BufferPool;
+use crate::net;
+use crate::proto::collective_client::CollectiveClient;
+use crate::proto::collective_server::CollectiveServer;
+use crate::proto::rendezvous_server::RendezvousServer;
+use crate::rendezvous::{self, RendezvousService, RendezvousTable};
+use crate::transport::Link;
+use crate::transport::grpc::{CollectiveService, GrpcLink};
+use crate::transport::router::InboundRouter;
+use crate::transport::tcp::{self, DataPort};
+
+/// Idle send buffers kept for reuse (about what is in flight: link queues plus windows).
+const POOLED_BUFFERS: usize = 32;
+
+/// Choices of [`Communicator::connect_with`] beyond the config.
+#[derive(Debug, Default)]
+pub struct ConnectOptions {
+    /// How this rank sends chunks (it accepts both kinds of stream).
+    pub data_path: DataPath,
+    /// Rank 0 only: its rendezvous listener, already bound (lets tests and benches pick a
+    /// free port before starting the other ranks).
+    pub rendezvous_listener: Option<TcpListener>,
+}
+
+impl Communicator {
+    /// Serves `Collective`, serves `Rendezvous` on rank 0 (binding `master_port`), joins, and
+    /// dials every peer; bounded by `cfg.timeout`.
+    /// Chunks travel on the TCP data path.
+    pub async fn connect(cfg: CommConfig) -> Result<Communicator, CollectiveError> {
+        Self::connect_with(cfg, ConnectOptions::default()).await
+    }
+
+    /// Like [`Communicator::connect`] for rank 0, with its rendezvous listener already bound
+    /// (lets tests and benches pick a free port before starting the other ranks).
+    pub async fn connect_with_rendezvous_listener(
+        cfg: CommConfig,
+        listener: TcpListener,
+    ) -> Result<Communicator, CollectiveError> {
+        let options = ConnectOptions {
+            rendezvous_listener: Some(listener),
+            ..ConnectOptions::default()
+        };
+        Self::connect_with(cfg, options).await
+    }
+
+    /// [`Communicator::connect`] with a choice of data path and, on rank 0, a bound
+    /// rendezvous listener.
+    pub async fn connect_with(
+        cfg: CommConfig,
+        options: ConnectOptions,
+    ) -> Result<Communicator, CollectiveError> {
+        let ConnectOptions {
+            data_path,
+            rendezvous_listener,
+        } = options;
+        if rendezvous_listener.is_some() && cfg.rank != 0 {
+            return Err(CollectiveError::invalid_config(
+                "rank",
+                "only rank 0 serves the rendezvous",
+            ));
+        }
+        cfg.validate()?;
+        let token = AttachToken::new(&cfg.identity.token)?;
+        let deadline = Instant::now() + cfg.timeout;
+        let mut comm = Communicator::unconnected(cfg);
+        if comm.cfg.world_size == 1 {
+            let cfg = &comm.cfg;
+            comm.peers = vec![PeerInfo {
+                rank: 0,
+                address: host_port(&cfg.advertise_host, cfg.collective_port),
+                node: cfg.node.clone(),
+            }];
+            return Ok(comm);
+        }
+        // Dropping `comm` on an error below stops whatever was already served.
+        let address = comm.serve().await?;
+        if comm.cfg.rank == 0 {
+            comm.serve_rendezvous(rendezvous_listener).await?;
+        }
+        let peers = comm.join(&address).await?;
+        comm.dial(peers, data_path, &token, deadline).await?;
+        Ok(comm)
+    }
+
+    /// This rank alone: no servers, peers or links yet.
+    fn unconnected(cfg: CommConfig) -> Communicator {
+        let span = tracing::info_span!("collective", rank = cfg.rank, job = %cfg.identity.job_uid);
+        Communicator {
+            peers: Vec::new(),
+            all_ranks: (0..cfg.world_size).collect(),
+            node_groups: NodeGroups {
+                node_group: vec![cfg.rank],
+                leaders: vec![cfg.rank],
+            },
+            links: Vec::new(),
+            abort_clients: Vec::new(),
+            fail: Arc::new(FailState::new()),
+            pool: BufferPool::new(POOLED_BUFFERS),
+            ops: Mutex::new(OpState {
+                next_op_id: 0,
+                inboxes: Vec::new(),
+            }),
+            shutdown: watch::Sender::new(false),
+            servers: Vec::new(),
+            span,
+            cfg,
+        }
+    }
+
+    /// Step 1: serves `Collective` on the collective port, with the TCP data port on the same
+    /// listener, and opens the inboxes they fill; returns the address peers reach this rank at.
+    async fn serve(&mut self) -> Result<String, CollectiveError> {
+        let cfg = &self.cfg;
+        let listener = net::bind(listen_ip_for(&cfg.advertise_host), cfg.collective_port).await?;
+        let port = listener
+            .local_addr()
+            .map_err(|e| CollectiveError::Bind {
+                addr: format!("port {}", cfg.collective_port),
+                reason: e.to_string(),
+            })?
+            .port();
+        let (router, inboxes) = InboundRouter::new(
+            cfg.rank,
+            cfg.world_size,
+            cfg.identity.generation,
+            self.fail.clone(),
+            self.shutdown.subscribe(),
+        );
+        let router = Arc::new(router);
+        let data_port = DataPort::new(
+            router.clone(),
+            RequireToken::new(&cfg.identity.token),
+            cfg.timeout,
+        );
+        let connections = {
+            let _entered = self.span.enter();
+            tcp::demux(listener, data_port, self.shutdown.subscribe())
+        };
+        let service = CollectiveServer::new(CollectiveService(router))
+            .max_decoding_message_size(max_message(cfg))
+            .max_encoding_message_size(max_message(cfg));
+        let guarded = InterceptedService::new(service, RequireToken::new(&cfg.identity.token));
+        let server = net::server()
+            .add_service(guarded)
+            .serve_with_incoming_shutdown(connections, self.stopped());
+        let address = host_port(&cfg.advertise_host, port);
+        self.servers.push(self.spawn_server("collective", server));
+        self.ops.get_mut().inboxes = inboxes;
+        Ok(address)
+    }
+
+    /// Step 1 on rank 0: serves `Rendezvous` on `listener`, or on `master_port` if none.
+    async fn serve_rendezvous(
+        &mut self,
+        listener: Option<TcpListener>,
+    ) -> Result<(), CollectiveError> {
+        let cfg = &self.cfg;
+        let listener = match listener {
+            Some(l) => l,
+            None => net::bind(listen_ip_for(&cfg.master_addr), cfg.master_port).await?,
+        };
+        let table = Arc::new(RendezvousTable::new(cfg));
+        let service = InterceptedService::new(
+            RendezvousServer::new(RendezvousService(table)),
+            RequireToken::new(&cfg.identity.token),
+        );
+        let server = net::server()
+            .add_service(service)
+            .serve_with_incoming_shutdown(net::incoming(listener), self.stopped());
+        self.servers.push(self.spawn_server("rendezvous", server));
+        Ok(())
+    }
+
+    /// Step 2: joins the rendezvous with this rank's `address`; returns the peer table (every
+    /// rank, ordered by rank) once every rank has joined.
+    async fn join(&self, address: &str) -> Result<Vec<PeerInfo>, CollectiveError> {
+        let peers = rendezvous::join(&self.cfg, address)
+            .instrument(self.span.clone())
+            .await?;
+        tracing::info!(parent: &self.span, world_size = self.cfg.world_size, address = %address, "rendezvous complete");
+        Ok(peers)
+    }
+
+    /// Step 3: opens a link on `data_path` to every peer concurrently and an abort client to
+    /// each, and groups the ranks into nodes.
+    async fn dial(
+        &mut self,
+        peers: Vec<PeerInfo>,
+        data_path: DataPath,
+        token: &AttachToken,
+        deadline: Instant,
+    ) -> Result<(), CollectiveError> {
+        let this = &*self;
+        let opens = peers
+            .iter()
+            .filter(|p| p.rank != this.cfg.rank)
+            .map(|p| async move {
+                let link = this.open_link(p, data_path, token, deadline).await?;
+                Ok::<_, CollectiveError>((p.rank, link))
+            });
+        let opened = futures::future::try_join_all(opens).await?;
+        let mut links: Vec<Option<Link>> = (0..self.cfg.world_size).map(|_| None).collect();
+        let mut abort_clients = Vec::new();
+        for (rank, link) in opened {
+            links[rank as usize] = Some(link);
+            let address = &peers[rank as usize].address;
+            let abort_channel = net::lazy_channel(address, ABORT_GRACE.min(self.cfg.timeout))
+                .map_err(|reason| CollectiveError::PeerLost { rank, reason })?;
+            abort_clients.push(CollectiveClient::with_interceptor(
+                abort_channel,
+                token.clone(),
+            ));
+        }
+        self.node_groups = NodeGroups::new(&peers, self.cfg.rank);
+        self.peers = peers;
+        self.links = links;
+        self.abort_clients = abort_clients;
+        Ok(())
+    }
+
+    /// This rank's link to `peer` on `data_path`, connected by `deadline`.
+    async fn open_link(
+        &self,
+        peer: &PeerInfo,
+        data_path: DataPath,
+        token: &AttachToken,
+        deadline: Instant,
+    ) -> Result<Link, CollectiveError> {
+        let cfg = &self.cfg;
+        match data_path {
+            DataPath::Tcp => {
+                tcp::open_link(
+                    cfg.rank,
+                    peer.rank,
+                    cfg.identity.generation,
+                    &peer.address,
+                    &cfg.identity.token,
+                    deadline,
+                )
+                .instrument(self.span.clone())
+                .await
+            }
+            DataPath::Grpc => {
+                let channel = net::dial_until(&peer.address, deadline, cfg.timeout)
+                    .await
+                    .map_err(|reason| CollectiveError::PeerLost {
+                        rank: peer.rank,
+                        reason,
+                    })?;
+                let _entered = self.span.enter();
+                Ok(Link::Grpc(GrpcLink::open(
+                    cfg.rank,
+                    peer.rank,
+                    cfg.identity.generation,
+                    channel,
+                    token,
+                    max_message(cfg),
+                    self.pool.clone(),
+                )))
+            }
+        }
+    }
+
+    /// Resolves once this communicator shuts down or is dropped (a server's shutdown signal).
+    fn stopped(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut stop = self.shutdown.subscribe();
+        async move {
+            let _ = stop.wait_for(|down| *down).await;
+        }
+    }
+
+    /// Runs `server` in this communicator's span until it stops; warns if it failed.
+    fn spawn_server(
+        &self,
+        name: &'static str,
+        server: impl Future<Output = Result<(), tonic::transport::Error>> + Send + 'static,
+    ) -> JoinHandle<()> {
+        tokio::spawn(
+            async move {
+                if let Err(e) = server.await {
+                    tracing::warn!(error = %e, "{name} server stopped");
+                }
+            }
+            .instrument(self.span.clone()),
+        )
+    }
+}
+
+/// Largest gRPC message a rank sends or accepts: one chunk and the fields beside it.
+fn max_message(cfg: &CommConfig) -> usize {
+    cfg.chunk_elems() * 4 + 1024
+}

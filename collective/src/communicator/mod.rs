@@ -1,0 +1,276 @@
+//! `Communicator`: one rank's membership in the job, and its collectives (all-reduce, broadcast,
+//! barrier), which run one at a time, in the same order on every rank. Connecting (serve, join,
+//! dial) is in `connect`.
+
+mod connect;
+
+pub use connect::ConnectOptions;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{Mutex, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::algorithms::choice::{ChosenAlgorithm, NodeGroups};
+use crate::algorithms::{self, Wire};
+use crate::auth::AttachToken;
+use crate::config::{Algorithm, CommConfig, PeerInfo};
+use crate::error::CollectiveError;
+use crate::fault::FailState;
+use crate::kernels::BufferPool;
+use crate::proto;
+use crate::proto::collective_client::CollectiveClient;
+use crate::transport::Link;
+use crate::transport::inbox::Inbox;
+
+/// Longest a shutdown waits for streams to flush and servers to stop.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// Longest an abort notice to one peer may take.
+const ABORT_GRACE: Duration = Duration::from_secs(1);
+
+type AbortClient = CollectiveClient<
+    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, AttachToken>,
+>;
+
+/// State used by one collective at a time.
+struct OpState {
+    next_op_id: u64,
+    inboxes: Vec<Option<Inbox>>,
+}
+
+/// One rank's handle on the job's communication.
+pub struct Communicator {
+    cfg: CommConfig,
+    peers: Vec<PeerInfo>,
+    all_ranks: Vec<u32>,
+    node_groups: NodeGroups,
+    links: Vec<Option<Link>>,
+    abort_clients: Vec<AbortClient>,
+    fail: Arc<FailState>,
+    pool: Arc<BufferPool>,
+    ops: Mutex<OpState>,
+    shutdown: watch::Sender<bool>,
+    servers: Vec<JoinHandle<()>>,
+    span: tracing::Span,
+}
+
+impl Communicator {
+    pub fn rank(&self) -> u32 {
+        self.cfg.rank
+    }
+
+    pub fn world_size(&self) -> u32 {
+        self.cfg.world_size
+    }
+
+    /// Every rank of the job, ordered by rank.
+    pub fn peers(&self) -> &[PeerInfo] {
+        &self.peers
+    }
+
+    /// In-place average over all ranks; bitwise identical on every rank afterwards.
+    pub async fn all_reduce_mean(
+        &self,
+        buf: &mut [f32],
+        algorithm: Algorithm,
+    ) -> Result<(), CollectiveError> {
+        self.all_reduce_sum(buf, algorithm).await?;
+        let n = self.cfg.world_size as f32;
+        if self.cfg.world_size > 1 {
+            for v in buf.iter_mut() {
+                *v /= n;
+            }
+        }
+        Ok(())
+    }
+
+    /// In-place sum over all ranks; bitwise identical on every rank afterwards.
+    pub async fn all_reduce_sum(
+        &self,
+        buf: &mut [f32],
+        algorithm: Algorithm,
+    ) -> Result<(), CollectiveError> {
+        let chosen = self.choose(algorithm, buf.len() * 4);
+        self.run(
+            "all_reduce",
+            buf,
+            |_| Ok(()),
+            move |comm, wire, inboxes, buf| {
+                Box::pin(algorithms::all_reduce(
+                    chosen,
+                    wire,
+                    inboxes,
+                    &comm.all_ranks,
+                    &comm.node_groups,
+                    buf,
+                ))
+            },
+        )
+        .await
+    }
+
+    /// Copies `root`'s buffer into every rank's buffer (all must have the same length).
+    pub async fn broadcast(&self, buf: &mut [f32], root: u32) -> Result<(), CollectiveError> {
+        let world = self.cfg.world_size;
+        let check = move |_: &[f32]| {
+            if root < world {
+                Ok(())
+            } else {
+                Err(CollectiveError::InvalidArgument {
+                    field: "root",
+                    reason: format!("root {root} is outside 0..{world}"),
+                })
+            }
+        };
+        self.run("broadcast", buf, check, move |comm, wire, inboxes, buf| {
+            Box::pin(algorithms::bcast_from_root(
+                wire,
+                inboxes,
+                &comm.all_ranks,
+                root,
+                buf,
+            ))
+        })
+        .await
+    }
+
+    /// Returns once every rank has entered the barrier.
+    pub async fn barrier(&self) -> Result<(), CollectiveError> {
+        let mut token = [0.0f32];
+        self.run(
+            "barrier",
+            &mut token,
+            |_| Ok(()),
+            |comm, wire, inboxes, buf| {
+                // Rank 0 answers only after every rank's token arrived.
+                Box::pin(algorithms::star(wire, inboxes, &comm.all_ranks, buf))
+            },
+        )
+        .await
+    }
+
+    /// Marks this communicator failed and tells every peer to abort (best effort, bounded).
+    pub async fn abort(&self, reason: &str) {
+        self.fail.fail(CollectiveError::Aborted {
+            reason: reason.to_string(),
+        });
+        self.tell_peers_to_abort(reason).await;
+    }
+
+    /// Stops receiving, closes the streams to peers and waits (bounded) until every peer has
+    /// taken them in full, then stops the servers. Call after a final barrier so no peer still
+    /// needs data from this rank.
+    pub async fn shutdown(mut self) {
+        let grace = SHUTDOWN_GRACE.min(self.cfg.timeout);
+        // Stop receiving first: peers' streams to this rank complete, so their shutdowns,
+        // which wait for their streams to be taken in full, do not wait on ours.
+        self.ops.get_mut().inboxes.clear();
+        let flushing: Vec<JoinHandle<()>> = std::mem::take(&mut self.links)
+            .into_iter()
+            .flatten()
+            .map(Link::close)
+            .collect();
+        for task in flushing {
+            if tokio::time::timeout(grace, task).await.is_err() {
+                tracing::debug!(parent: &self.span, "a link did not close in time");
+            }
+        }
+        self.shutdown.send_replace(true);
+        for mut task in std::mem::take(&mut self.servers) {
+            if tokio::time::timeout(grace, &mut task).await.is_err() {
+                task.abort();
+            }
+        }
+        tracing::info!(parent: &self.span, "communicator shut down");
+    }
+
+    fn choose(&self, algorithm: Algorithm, bytes: usize) -> ChosenAlgorithm {
+        ChosenAlgorithm::choose(
+            algorithm,
+            bytes,
+            self.cfg.world_size as usize,
+            &self.node_groups,
+        )
+    }
+
+    /// Runs one collective: serialized with the others, numbered, bounded by the timeout; a
+    /// failure latches and is announced to the peers.
+    async fn run<C, F>(
+        &self,
+        op: &'static str,
+        buf: &mut [f32],
+        check: C,
+        body: F,
+    ) -> Result<(), CollectiveError>
+    where
+        C: FnOnce(&[f32]) -> Result<(), CollectiveError>,
+        F: for<'a> FnOnce(
+            &'a Communicator,
+            &'a Wire<'a>,
+            &'a mut [Option<Inbox>],
+            &'a mut [f32],
+        ) -> std::pin::Pin<
+            Box<dyn std::future::Future<Output = Result<(), CollectiveError>> + Send + 'a>,
+        >,
+    {
+        check(buf)?;
+        if let Some(error) = self.fail.current() {
+            return Err(error);
+        }
+        if self.cfg.world_size == 1 {
+            return Ok(());
+        }
+        let mut state = self.ops.lock().await;
+        let op_id = state.next_op_id;
+        state.next_op_id += 1;
+        let wire = Wire {
+            me: self.cfg.rank,
+            op,
+            op_id,
+            generation: self.cfg.identity.generation,
+            deadline: Instant::now() + self.cfg.timeout,
+            timeout: self.cfg.timeout,
+            chunk_elems: self.cfg.chunk_elems(),
+            fail: &self.fail,
+            links: &self.links,
+        };
+        let result = body(self, &wire, &mut state.inboxes, buf)
+            .instrument(tracing::debug_span!(parent: &self.span, "op", op, op_id))
+            .await;
+        drop(state);
+        if let Err(error) = &result {
+            let first = self.fail.fail(error.clone());
+            let from_peer = matches!(error, CollectiveError::AbortedByPeer { .. });
+            tracing::warn!(parent: &self.span, op, op_id, %error, "collective failed");
+            if first && !from_peer {
+                self.tell_peers_to_abort(&error.to_string()).await;
+            }
+            return Err(self.fail.current().unwrap_or_else(|| error.clone()));
+        }
+        Ok(())
+    }
+
+    async fn tell_peers_to_abort(&self, reason: &str) {
+        let request = proto::AbortRequest {
+            generation: self.cfg.identity.generation,
+            from_rank: self.cfg.rank,
+            reason: reason.to_string(),
+        };
+        let bound = ABORT_GRACE.min(self.cfg.timeout);
+        let calls = self.abort_clients.iter().map(|client| {
+            let mut client = client.clone();
+            let request = request.clone();
+            async move { tokio::time::timeout(bound, client.abort(request)).await }
+        });
+        futures::future::join_all(calls).await;
+    }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        self.shutdown.send_replace(true);
+    }
+}

@@ -1,0 +1,136 @@
+//! The receiving side of the TCP data path: the collective port's accept loop, which tells data
+//! streams from gRPC connections by their first byte, and the data port, which checks a data
+//! stream's hello and hands the stream to the sender's inbox.
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Code, Status};
+use tracing::Instrument;
+
+use super::framing::{self, HELLO_FIXED};
+use super::receive::TcpSource;
+use crate::auth::RequireToken;
+use crate::transport::inbox::Handoff;
+use crate::transport::router::{ChunkReceiver, InboundRouter};
+
+/// gRPC connections waiting for tonic to take them.
+const GRPC_BACKLOG: usize = 16;
+
+/// The receiving side of the data path: who may open a stream, and into which inbox it goes.
+pub(crate) struct DataPort {
+    router: Arc<InboundRouter>,
+    token: RequireToken,
+    handshake_timeout: Duration,
+}
+
+impl DataPort {
+    pub(crate) fn new(
+        router: Arc<InboundRouter>,
+        token: RequireToken,
+        handshake_timeout: Duration,
+    ) -> Arc<Self> {
+        Arc::new(DataPort {
+            router,
+            token,
+            handshake_timeout,
+        })
+    }
+
+    /// Checks the hello of a new data stream; on success the inbox slot to hand it to.
+    async fn admit(&self, stream: &mut TcpStream) -> Result<oneshot::Sender<Handoff>, Status> {
+        let incomplete = |e: io::Error| Status::invalid_argument(format!("incomplete hello: {e}"));
+        let mut fixed = [0u8; HELLO_FIXED];
+        stream.read_exact(&mut fixed).await.map_err(incomplete)?;
+        let hello =
+            framing::decode_hello(&fixed).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let mut token = vec![0u8; hello.token_len];
+        stream.read_exact(&mut token).await.map_err(incomplete)?;
+        if !self.token.accepts(&token) {
+            return Err(Status::unauthenticated("wrong job token"));
+        }
+        self.router.open(hello.from_rank, hello.generation)
+    }
+
+    /// Admits (or refuses, with a reply saying why) one data stream and hands it to its inbox.
+    async fn serve(self: Arc<Self>, mut stream: TcpStream) {
+        let admitted = tokio::time::timeout(self.handshake_timeout, self.admit(&mut stream)).await;
+        let slot = match admitted {
+            Ok(Ok(admitted)) => admitted,
+            Ok(Err(refusal)) => {
+                tracing::warn!(code = ?refusal.code(), reason = refusal.message(), "data stream refused");
+                let reply = framing::encode_reply(refusal.code(), refusal.message());
+                let _ = stream.write_all(&reply).await;
+                return;
+            }
+            Err(_) => {
+                tracing::debug!("no hello within the timeout; connection closed");
+                return;
+            }
+        };
+        if stream
+            .write_all(&framing::encode_reply(Code::Ok, ""))
+            .await
+            .is_err()
+        {
+            return;
+        }
+        // The collective reads its chunks from here on; the inbox closes it when dropped.
+        let _ = slot.send(Handoff::tcp(TcpSource::new(stream)));
+    }
+}
+
+/// Accepts connections on the collective port until shutdown: data streams (starting with the
+/// data-path magic) go to `port`, everything else to the returned stream for tonic.
+pub(crate) fn demux(
+    listener: TcpListener,
+    port: Arc<DataPort>,
+    mut shutdown: watch::Receiver<bool>,
+) -> ReceiverStream<io::Result<TcpStream>> {
+    let (grpc_tx, grpc_rx) = mpsc::channel(GRPC_BACKLOG);
+    let span = tracing::Span::current();
+    tokio::spawn(
+        async move {
+            loop {
+                let accepted = tokio::select! {
+                    accepted = listener.accept() => accepted,
+                    _ = shutdown.wait_for(|down| *down) => return,
+                };
+                match accepted {
+                    Ok((stream, _)) => {
+                        tokio::spawn(
+                            route(stream, port.clone(), grpc_tx.clone())
+                                .instrument(tracing::Span::current()),
+                        );
+                    }
+                    Err(error) => {
+                        // Typically out of file descriptors: give closing sockets a moment.
+                        tracing::warn!(%error, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            }
+        }
+        .instrument(span),
+    );
+    ReceiverStream::new(grpc_rx)
+}
+
+/// Sends one accepted connection where its first byte says it belongs.
+async fn route(stream: TcpStream, port: Arc<DataPort>, grpc: mpsc::Sender<io::Result<TcpStream>>) {
+    let _ = stream.set_nodelay(true);
+    let mut first = [0u8; 1];
+    match tokio::time::timeout(port.handshake_timeout, stream.peek(&mut first)).await {
+        Ok(Ok(1)) if first[0] == framing::MAGIC[0] => port.serve(stream).await,
+        Ok(Ok(_)) => {
+            let _ = grpc.send(Ok(stream)).await;
+        }
+        Ok(Err(error)) => tracing::debug!(%error, "connection failed before its first byte"),
+        Err(_) => tracing::debug!("connection silent within the timeout; closed"),
+    }
+}
