@@ -160,9 +160,8 @@ impl Communicator {
             .max_decoding_message_size(max_message(cfg))
             .max_encoding_message_size(max_message(cfg));
         let guarded = InterceptedService::new(service, RequireToken::new(&cfg.identity.token));
-        let server = net::server()
-            .add_service(guarded)
-            .serve_with_incoming_shutdown(connections, self.stopped());
+        let server =
+            net::server().serve_with_incoming_shutdown(guarded, connections, self.stopped());
         let address = host_port(&cfg.advertise_host, port);
         self.servers.push(self.spawn_server("collective", server));
         self.ops.get_mut().inboxes = inboxes;
@@ -184,9 +183,11 @@ impl Communicator {
             RendezvousServer::new(RendezvousService(table)),
             RequireToken::new(&cfg.identity.token),
         );
-        let server = net::server()
-            .add_service(service)
-            .serve_with_incoming_shutdown(net::incoming(listener), self.stopped());
+        let server = net::server().serve_with_incoming_shutdown(
+            service,
+            net::incoming(listener),
+            self.stopped(),
+        );
         self.servers.push(self.spawn_server("rendezvous", server));
         Ok(())
     }
