@@ -11,7 +11,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::Client;
 use kube::api::Api;
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::{Controller, watcher};
+use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
 use rdu_crds::RduJob;
 use rdu_operator::health::Health;
 use rdu_operator::leader::LeaderElector;
@@ -60,7 +60,10 @@ async fn main() -> anyhow::Result<()> {
     let identity = args.identity.clone().unwrap_or_else(hostname);
 
     let client = connect().await?;
-    let metrics = Arc::new(Metrics::default());
+    // The controller's job cache, made before leadership so /metrics can count it from the start (empty, so all
+    // phases 0, until this replica leads).
+    let (job_store, job_writer) = reflector::store::<RduJob>();
+    let metrics = Arc::new(Metrics::new(job_store.clone()));
     let health = Arc::new(Health::new(metrics.clone()));
     let listener = tokio::net::TcpListener::bind(args.metrics_addr)
         .await
@@ -86,6 +89,8 @@ async fn main() -> anyhow::Result<()> {
     info!(%identity, "became leader");
 
     let pod_groups = pod_group_crd_installed(&client).await?;
+    // The controller's pod cache: reconcile reads a job's pods from it instead of listing them.
+    let (pod_store, pod_writer) = reflector::store::<Pod>();
     let ctx = Arc::new(Context {
         client: client.clone(),
         recorder: Recorder::new(
@@ -96,6 +101,8 @@ async fn main() -> anyhow::Result<()> {
             },
         ),
         metrics,
+        pods: pod_store.clone(),
+        expectations: Default::default(),
         pod_groups,
         network_policies: args.network_policy,
     });
@@ -112,13 +119,23 @@ async fn main() -> anyhow::Result<()> {
         ),
     };
     let child_watch = watcher::Config::default().labels(rdu_crds::consts::LABEL_JOB_NAME);
-    let controller = Controller::new(jobs, watcher::Config::default())
-        .owns(pods, child_watch.clone())
+    // What `Controller::new(jobs).owns(pods)` does, but with the stores kept: the job watch fills the job cache
+    // (/metrics reads it), and the pod watch (whole pods, not metadata: the lifecycle reads their status) fills the
+    // pod cache before it triggers the owner's reconcile, so a reconcile always sees the event that woke it.
+    let job_events = watcher(jobs, watcher::Config::default())
+        .reflect(job_writer)
+        .applied_objects();
+    let pod_events = watcher(pods, child_watch.clone())
+        .reflect(pod_writer)
+        .touched_objects();
+    let controller = Controller::for_stream(job_events, job_store.clone())
+        .owns_stream(pod_events)
         .owns(services, child_watch);
-    let store = controller.store();
     let ready_flag = health.clone();
     tokio::spawn(async move {
-        if store.wait_until_ready().await.is_ok() {
+        let synced = job_store.wait_until_ready().await.is_ok()
+            && pod_store.wait_until_ready().await.is_ok();
+        if synced {
             ready_flag.set_ready(true);
             info!("caches synced; ready");
         }
