@@ -6,17 +6,25 @@
 //! decision would then create the same pods again. As the Kubernetes Job controller does with its "expectations",
 //! the reconcile records each pod it wrote, and while a pod it created is not in the cache yet (or one it deleted
 //! is still there and not terminating), it skips the decision: the watch events that bring the cache up to date
-//! wake it again. Expectations older than [`EXPECTATION_TIMEOUT`] are dropped, so a pod that was created and
-//! deleted by someone else before the watch showed it cannot hold a job forever.
+//! wake it again. The check looks up only the pods still awaited, by name, so a reconcile that waits costs next
+//! to nothing. Expectations older than [`EXPECTATION_TIMEOUT`] are dropped, so a pod that was created and
+//! deleted by someone else before a reconcile saw it in the cache cannot hold a job forever.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Pod;
-
 /// How long a reconcile waits for the cache to show its own pod writes before it acts on the cache as it is.
-pub const EXPECTATION_TIMEOUT: Duration = Duration::from_secs(30);
+pub const EXPECTATION_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What the cache holds under a pod's name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cached {
+    Absent,
+    Live,
+    /// Present with a deletion timestamp.
+    Terminating,
+}
 
 /// Pod writes per job (keyed by the job's uid) that the cache has not shown yet.
 #[derive(Debug)]
@@ -83,22 +91,15 @@ impl Expectations {
         }
     }
 
-    /// Drops the writes `pods` (the job's pods in the cache) already show. `None`: the cache has caught up (or the
-    /// expectations expired); `Some`: what it still lacks.
-    pub fn behind(&self, job: &str, pods: &[Pod]) -> Option<Behind> {
+    /// Drops the writes the cache already shows (`cached` tells what it holds under a pod name of the job's
+    /// namespace). `None`: the cache has caught up (or the expectations expired); `Some`: what it still lacks.
+    pub fn behind(&self, job: &str, cached: impl Fn(&str) -> Cached) -> Option<Behind> {
         let Ok(mut jobs) = self.jobs.lock() else {
             return None;
         };
         let pending = jobs.get_mut(job)?;
-        let name = |p: &Pod| p.metadata.name.clone().unwrap_or_default();
-        let present: HashSet<String> = pods.iter().map(name).collect();
-        let live: HashSet<String> = pods
-            .iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .map(name)
-            .collect();
-        pending.created.retain(|pod| !present.contains(pod));
-        pending.deleted.retain(|pod| live.contains(pod));
+        pending.created.retain(|pod| cached(pod) == Cached::Absent);
+        pending.deleted.retain(|pod| cached(pod) == Cached::Live);
         let waited = pending.since.elapsed();
         if (pending.created.is_empty() && pending.deleted.is_empty()) || waited >= self.timeout {
             jobs.remove(job);
@@ -139,20 +140,20 @@ impl Expectations {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-    fn pod(name: &str, terminating: bool) -> Pod {
-        let mut pod = Pod::default();
-        pod.metadata.name = Some(name.to_string());
-        if terminating {
-            pod.metadata.deletion_timestamp = Some(Time(jiff::Timestamp::UNIX_EPOCH));
+    /// A cache holding these pods: (name, terminating).
+    fn cache(pods: &[(&str, bool)]) -> impl Fn(&str) -> Cached {
+        let pods: Vec<(String, bool)> = pods.iter().map(|(n, t)| (n.to_string(), *t)).collect();
+        move |name| match pods.iter().find(|(n, _)| n == name) {
+            None => Cached::Absent,
+            Some((_, false)) => Cached::Live,
+            Some((_, true)) => Cached::Terminating,
         }
-        pod
     }
 
     #[test]
     fn nothing_recorded_is_never_behind() {
-        assert_eq!(Expectations::default().behind("u", &[]), None);
+        assert_eq!(Expectations::default().behind("u", cache(&[])), None);
     }
 
     #[test]
@@ -160,12 +161,12 @@ mod tests {
         let e = Expectations::default();
         e.created("u", "a");
         e.created("u", "b");
-        let behind = e.behind("u", &[pod("a", false)]).expect("b is missing");
+        let behind = e.behind("u", cache(&[("a", false)])).expect("b is missing");
         assert_eq!((behind.created, behind.deleted), (1, 0));
         assert!(behind.expires_in <= EXPECTATION_TIMEOUT);
-        assert_eq!(e.behind("u", &[pod("a", false), pod("b", false)]), None);
+        assert_eq!(e.behind("u", cache(&[("a", false), ("b", false)])), None);
         assert!(e.is_empty(), "a job whose writes all showed is dropped");
-        assert_eq!(e.behind("other", &[]), None, "jobs are kept apart");
+        assert_eq!(e.behind("other", cache(&[])), None, "jobs are kept apart");
     }
 
     #[test]
@@ -173,9 +174,9 @@ mod tests {
         let e = Expectations::default();
         e.deleted("u", "a");
         e.deleted("u", "b");
-        let behind = e.behind("u", &[pod("a", false), pod("b", true)]);
+        let behind = e.behind("u", cache(&[("a", false), ("b", true)]));
         assert_eq!(behind.map(|b| (b.created, b.deleted)), Some((0, 1)));
-        assert_eq!(e.behind("u", &[]), None);
+        assert_eq!(e.behind("u", cache(&[])), None);
     }
 
     #[test]
@@ -183,7 +184,7 @@ mod tests {
         let e = Expectations::with_timeout(Duration::ZERO);
         e.created("u", "a");
         assert_eq!(
-            e.behind("u", &[]),
+            e.behind("u", cache(&[])),
             None,
             "an expired expectation lets the job act"
         );
@@ -195,6 +196,6 @@ mod tests {
         let e = Expectations::default();
         e.created("u", "a");
         e.forget("u");
-        assert_eq!(e.behind("u", &[]), None);
+        assert_eq!(e.behind("u", cache(&[])), None);
     }
 }

@@ -13,14 +13,14 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::Action as Requeue;
 use kube::runtime::events::{Event, EventType, Recorder};
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
 use rdu_crds::{JobPhase, RduJob, RduJobStatus};
 use serde_json::json;
 use tracing::{debug, info, warn};
 
 use crate::builders::{self, BuildError};
-use crate::expectations::Expectations;
+use crate::expectations::{Cached, Expectations};
 use crate::lifecycle::{Action, Decision, JobEvent, condition, decide};
 use crate::metrics::Metrics;
 
@@ -181,14 +181,15 @@ async fn run_pipeline(job: &RduJob, ctx: &Context) -> Result<Requeue, ReconcileE
 
 /// Step 1: the job's pods from the controller's cache, unless it is behind this job's own writes. No API call.
 fn fetch(job: &RduJob, ctx: &Context) -> Fetch {
-    let pods = cached_pods(
-        &ctx.pods,
-        builders::job_namespace(job),
-        builders::job_name(job),
-    );
-    match ctx.expectations.behind(&job_key(job), &pods) {
+    let ns = builders::job_namespace(job);
+    let cached = |pod: &str| match ctx.pods.get(&ObjectRef::new(pod).within(ns)) {
+        None => Cached::Absent,
+        Some(p) if p.metadata.deletion_timestamp.is_some() => Cached::Terminating,
+        Some(_) => Cached::Live,
+    };
+    match ctx.expectations.behind(&job_key(job), cached) {
         Some(behind) => Fetch::Behind(behind),
-        None => Fetch::Current(pods),
+        None => Fetch::Current(cached_pods(&ctx.pods, ns, builders::job_name(job))),
     }
 }
 
