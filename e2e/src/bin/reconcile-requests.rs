@@ -7,10 +7,12 @@
 //! until the operator has seen all 5120 pods (its `rdu_operator_job_pods_created_seconds_count` grew by 20) and
 //! its reconcile counter has not moved for `QUIET`, then prints one JSON line. Requests are the API server's own `apiserver_request_total` (scraped before
 //! the jobs are created and at the end) for the resources a reconcile reads or writes: pods, services, secrets,
-//! networkpolicies, persistentvolumeclaims, podgroups, rdujobs and events. Leases (leader election) and the API
-//! server's own traffic are left out, and so are the bench's 20 creates of rdujobs; the bench makes no other
-//! request in between (it waits on the operator's /metrics). Reconciles are the operator's
-//! `rdu_operator_reconciles_total`.
+//! networkpolicies, persistentvolumeclaims, podgroups, rdujobs and events. Leases (leader election) and other
+//! resources are left out, and so are the bench's 20 creates of rdujobs; the bench makes no other request in
+//! between (it waits on the operator's /metrics). The metric has no user label, so `watch` also counts the
+//! re-watches of the API server's own Node-authorizer pod informer (a few per run). A watch is counted when it
+//! ends: re-watches after the API server closed one, not the long-lived ones. Reconciles are the operator's
+//! `rdu_operator_reconciles_total`; a reconcile that only waits for the cache to show its own writes counts too.
 //!
 //!     KUBEBUILDER_ASSETS=... RDU_E2E_HELM=... RDU_OPERATOR_BIN=target/debug/rdu-operator \
 //!         cargo run -p rdu-e2e --bin reconcile-requests
