@@ -7,7 +7,7 @@ pub const TOKEN_BYTES: usize = 32;
 /// Why no token could be made.
 #[derive(Debug, thiserror::Error)]
 #[error("the operating system's random source failed: {0}")]
-pub struct TokenError(String);
+pub struct TokenError(pub String);
 
 /// A fresh token: [`TOKEN_BYTES`] bytes from the operating system's random source, as lowercase hex.
 pub fn new_token() -> Result<String, TokenError> {

@@ -123,11 +123,12 @@ pub const CHART_RELEASE: &str = "rdu";
 
 /// Applies the chart's manifests (its RBAC among them) into `namespace` server-side and starts the operator
 /// binary beside the control plane (log `rdu-operator`), authenticated as the chart's ServiceAccount with a
-/// TokenRequest token, so every API call it makes is checked against the chart's RBAC.
+/// TokenRequest token, so every API call it makes is checked against the chart's RBAC. Returns the address of
+/// its /metrics, /healthz and /readyz.
 pub fn start_operator_as_chart(
     plane: &mut ControlPlane,
     namespace: &str,
-) -> Result<(), ClusterError> {
+) -> Result<std::net::SocketAddr, ClusterError> {
     let binary = crate::tools::operator_binary()?;
     let chart = crate::tools::helm_template(CHART_RELEASE, namespace, &[])?;
     kubectl(plane, &["apply", "--server-side", "-f", "-"], Some(&chart))?;
@@ -139,19 +140,17 @@ pub fn start_operator_as_chart(
         &token,
         namespace,
     )?;
+    let metrics = std::net::SocketAddr::from(([127, 0, 0, 1], crate::ports::free_port()?));
     let mut operator = std::process::Command::new(binary);
     operator
-        .arg(format!(
-            "--metrics-addr=127.0.0.1:{}",
-            crate::ports::free_port()?
-        ))
+        .arg(format!("--metrics-addr={metrics}"))
         .arg(format!("--lease-namespace={namespace}"))
         .arg("--identity=e2e-operator")
         .arg("--log-format=text")
         .env("KUBECONFIG", kubeconfig)
         .env("RUST_LOG", "info");
     plane.spawn("rdu-operator", operator)?;
-    Ok(())
+    Ok(metrics)
 }
 
 pub fn service_account_token(

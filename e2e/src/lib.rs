@@ -11,6 +11,7 @@ pub mod cluster;
 pub mod control_plane;
 pub mod image;
 pub mod kubeconfig;
+pub mod metrics;
 pub mod node;
 pub mod pki;
 pub mod poll;
@@ -24,5 +25,6 @@ pub use cluster::{
     service_account_token, start_operator_as_chart,
 };
 pub use control_plane::{Components, ControlPlane, ControlPlaneError, NodeAccess};
+pub use metrics::{MetricsError, Sample};
 pub use poll::{PollError, poll_until};
 pub use tools::{ToolError, helm_template, kubectl_in, operator_binary, workspace_root};

@@ -1,6 +1,7 @@
 //! The operator binary, running as the chart's ServiceAccount under RBAC with the chart's RBAC applied,
 //! against a real API server and kube-controller-manager (garbage collector). There is no kubelet: the
-//! test drives pod phases through the pods/status subresource, as a kubelet would report them.
+//! test drives pod phases through the pods/status subresource, as a kubelet would report them. The operator's
+//! /metrics is read as Prometheus would scrape it.
 
 use futures::StreamExt;
 use futures::future::join_all;
@@ -14,6 +15,7 @@ use rdu_e2e::{
     start_operator_as_chart,
 };
 use serde_json::{Value, json};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 const OPERATOR_NAMESPACE: &str = "rdu-system";
@@ -153,8 +155,9 @@ where
     .unwrap_or_else(|e| panic!("{e}"));
 }
 
-/// Starts the control plane, applies the chart, and runs the operator as the chart's ServiceAccount.
-async fn operator_plane() -> Option<ControlPlane> {
+/// Starts the control plane, applies the chart, and runs the operator as the chart's ServiceAccount; returns the
+/// plane and the operator's /metrics address.
+async fn operator_plane() -> Option<(ControlPlane, SocketAddr)> {
     let assets = assets_or_skip("operator")?;
     let components = Components {
         scheduler: false,
@@ -184,13 +187,13 @@ async fn operator_plane() -> Option<ControlPlane> {
         None,
     )
     .expect("PodGroup CRD established");
-    start_operator_as_chart(&mut plane, OPERATOR_NAMESPACE).expect("operator starts");
-    Some(plane)
+    let metrics = start_operator_as_chart(&mut plane, OPERATOR_NAMESPACE).expect("operator starts");
+    Some((plane, metrics))
 }
 
 #[tokio::test]
 async fn the_operator_runs_the_job_lifecycle_under_the_charts_rbac() {
-    let Some(mut plane) = operator_plane().await else {
+    let Some((mut plane, _)) = operator_plane().await else {
         return;
     };
     let client = plane.admin_client().await.expect("client");
@@ -368,7 +371,7 @@ async fn the_operator_runs_the_job_lifecycle_under_the_charts_rbac() {
 
 #[tokio::test]
 async fn a_gang_job_gets_a_pod_group_and_its_pods_join_it() {
-    let Some(plane) = operator_plane().await else {
+    let Some((plane, _)) = operator_plane().await else {
         return;
     };
     let client = plane.admin_client().await.expect("client");
@@ -425,7 +428,7 @@ async fn a_gang_job_gets_a_pod_group_and_its_pods_join_it() {
 
 #[tokio::test]
 async fn bench_apply_to_pods_256() {
-    let Some(plane) = operator_plane().await else {
+    let Some((plane, _)) = operator_plane().await else {
         return;
     };
     let client = plane.admin_client().await.expect("client");
@@ -486,4 +489,87 @@ async fn bench_apply_to_pods_256() {
         json!({"bench": "apply_to_pods_256", "seconds": seconds, "pods": 256,
                "baseline_direct_create_seconds": baseline, "ratio": seconds / baseline})
     );
+}
+
+/// `rdu_operator_jobs` by phase on the operator's /metrics.
+async fn jobs_by_phase(metrics: SocketAddr) -> Result<Vec<(String, f64)>, String> {
+    let text = rdu_e2e::metrics::scrape(metrics)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(rdu_e2e::metrics::parse(&text)
+        .into_iter()
+        .filter(|s| s.name == "rdu_operator_jobs")
+        .map(|s| (s.labels.get("phase").cloned().unwrap_or_default(), s.value))
+        .collect())
+}
+
+/// Polls /metrics until every phase has the count `want` gives it (0 when it gives none).
+async fn wait_jobs_by_phase(plane: &ControlPlane, metrics: SocketAddr, want: &[(&str, f64)]) {
+    let what = format!("rdu_operator_jobs {want:?}");
+    poll_until(&what, TIMEOUT, || async {
+        let seen = jobs_by_phase(metrics).await?;
+        let expected = |phase: &str| {
+            want.iter()
+                .find(|(p, _)| *p == phase)
+                .map_or(0.0, |(_, n)| *n)
+        };
+        let all_phases = seen.len() == 6;
+        if all_phases && seen.iter().all(|(p, n)| *n == expected(p)) {
+            Ok(())
+        } else {
+            Err(format!("{seen:?}"))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", plane.log_tail("rdu-operator", 40)));
+}
+
+#[tokio::test]
+async fn jobs_by_phase_follow_the_jobs_and_a_deleted_job_leaves_the_count() {
+    let Some((plane, metrics)) = operator_plane().await else {
+        return;
+    };
+    let client = plane.admin_client().await.expect("client");
+    let jobs: Api<RduJob> = Api::namespaced(client.clone(), JOBS);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), JOBS);
+    poll_until("the operator's /readyz", TIMEOUT, || async {
+        match rdu_e2e::metrics::http_get(metrics, "/readyz").await {
+            Ok((200, _)) => Ok(()),
+            Ok((code, body)) => Err(format!("{code} {body}")),
+            Err(e) => Err(e.to_string()),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", plane.log_tail("rdu-operator", 40)));
+    wait_jobs_by_phase(&plane, metrics, &[]).await;
+
+    kubectl(
+        &plane,
+        &["apply", "-f", "-"],
+        Some(&job("counted", 2, json!({}))),
+    )
+    .expect("apply");
+    let names = wait_pods(&plane, &pods, "counted", 2, 0).await;
+    wait_jobs_by_phase(&plane, metrics, &[("Pending", 1.0)]).await;
+    report_all(&pods, &names, "Running", None).await;
+    wait_phase(&plane, &jobs, "counted", "Running").await;
+    wait_jobs_by_phase(&plane, metrics, &[("Running", 1.0)]).await;
+
+    // No finalizer: the operator never reconciles the deleted job, yet it leaves the count.
+    jobs.delete("counted", &DeleteParams::default())
+        .await
+        .expect("delete");
+    wait_jobs_by_phase(&plane, metrics, &[]).await;
+
+    let text = rdu_e2e::metrics::scrape(metrics).await.expect("scrape");
+    let samples = rdu_e2e::metrics::parse(&text);
+    for step in ["fetch", "build", "apply", "status"] {
+        assert!(
+            samples
+                .iter()
+                .any(|s| s.name == "rdu_operator_reconcile_errors_total"
+                    && s.labels.get("step").map(String::as_str) == Some(step)),
+            "errors by step {step}: {text}"
+        );
+    }
 }

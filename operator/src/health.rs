@@ -79,7 +79,8 @@ mod tests {
             .await
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let health = Arc::new(Health::new(Arc::new(Metrics::default())));
+        let (jobs, _writer) = kube::runtime::reflector::store();
+        let health = Arc::new(Health::new(Arc::new(Metrics::new(jobs))));
         tokio::spawn(serve(listener, health.clone()));
 
         assert!(get(addr, "/healthz").await.starts_with("HTTP/1.1 200"));
@@ -94,6 +95,10 @@ mod tests {
         );
         assert!(
             metrics.contains("rdu_operator_reconcile_duration_seconds"),
+            "{metrics}"
+        );
+        assert!(
+            metrics.contains("rdu_operator_jobs{phase=\"Pending\"} 0"),
             "{metrics}"
         );
     }

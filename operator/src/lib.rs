@@ -1,6 +1,8 @@
-//! The RduJob controller: builders, state machine, reconcile pipeline, metrics and leader election.
+//! The RduJob controller: builders, state machine, reconcile pipeline (reading pods from the controller's cache),
+//! metrics and leader election.
 
 pub mod builders;
+pub mod expectations;
 pub mod health;
 pub mod leader;
 pub mod lifecycle;
@@ -9,5 +11,5 @@ pub mod reconcile;
 pub mod validate;
 
 pub use lifecycle::{Action, Decision, JobEvent, decide};
-pub use reconcile::{Context, FIELD_MANAGER, ReconcileError, error_policy, reconcile};
+pub use reconcile::{Context, FIELD_MANAGER, ReconcileError, Step, error_policy, reconcile};
 pub use validate::{ValidJob, ValidationErrors, validate};

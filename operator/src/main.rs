@@ -2,16 +2,17 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::{Context as _, bail};
 use clap::{Parser, ValueEnum};
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Client;
 use kube::api::Api;
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::{Controller, watcher};
+use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
 use rdu_crds::RduJob;
 use rdu_operator::health::Health;
 use rdu_operator::leader::LeaderElector;
@@ -60,7 +61,10 @@ async fn main() -> anyhow::Result<()> {
     let identity = args.identity.clone().unwrap_or_else(hostname);
 
     let client = connect().await?;
-    let metrics = Arc::new(Metrics::default());
+    // The controller's job cache, made before leadership so /metrics can count it from the start (empty, so all
+    // phases 0, until this replica leads).
+    let (job_store, job_writer) = reflector::store::<RduJob>();
+    let metrics = Arc::new(Metrics::new(job_store.clone()));
     let health = Arc::new(Health::new(metrics.clone()));
     let listener = tokio::net::TcpListener::bind(args.metrics_addr)
         .await
@@ -86,6 +90,8 @@ async fn main() -> anyhow::Result<()> {
     info!(%identity, "became leader");
 
     let pod_groups = pod_group_crd_installed(&client).await?;
+    // The controller's pod cache: reconcile reads a job's pods from it instead of listing them.
+    let (pod_store, pod_writer) = reflector::store::<Pod>();
     let ctx = Arc::new(Context {
         client: client.clone(),
         recorder: Recorder::new(
@@ -96,6 +102,8 @@ async fn main() -> anyhow::Result<()> {
             },
         ),
         metrics,
+        pods: pod_store,
+        expectations: Default::default(),
         pod_groups,
         network_policies: args.network_policy,
     });
@@ -112,17 +120,24 @@ async fn main() -> anyhow::Result<()> {
         ),
     };
     let child_watch = watcher::Config::default().labels(rdu_crds::consts::LABEL_JOB_NAME);
-    let controller = Controller::new(jobs, watcher::Config::default())
-        .owns(pods, child_watch.clone())
-        .owns(services, child_watch);
-    let store = controller.store();
-    let ready_flag = health.clone();
-    tokio::spawn(async move {
-        if store.wait_until_ready().await.is_ok() {
-            ready_flag.set_ready(true);
-            info!("caches synced; ready");
-        }
+    // What `Controller::new(jobs).owns(pods)` does, but with the stores kept: the job watch fills the job cache
+    // (/metrics reads it), and the pod watch (whole pods, not metadata: the lifecycle reads their status) fills the
+    // pod cache before it triggers the owner's reconcile, so a reconcile always sees the event that woke it.
+    // Ready once both caches hold their first full list. Seen on the streams themselves: a second task awaiting
+    // `Store::wait_until_ready` beside the controller's own wait was never woken (its one-shot keeps one waker),
+    // so /readyz stayed 503.
+    let synced = Arc::new(Synced {
+        health: health.clone(),
+        left: AtomicUsize::new(2),
     });
+    let job_events = watcher(jobs, watcher::Config::default())
+        .reflect(job_writer)
+        .inspect_ok(on_first_sync(synced.clone()))
+        .applied_objects();
+    let pod_events = pod_watch(pods, child_watch.clone(), pod_writer, synced);
+    let controller = Controller::for_stream(job_events, job_store)
+        .owns_stream(pod_events)
+        .owns(services, child_watch);
     let run = controller
         .graceful_shutdown_on(shutdown_signal())
         .run(reconcile, error_policy, ctx)
@@ -150,6 +165,56 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Err(lost) => bail!("stopping: {lost}"),
+    }
+}
+
+/// The pod watch, driven by a task of its own that fills the pod cache and then passes each touched pod on to the
+/// controller as a trigger. Driven inside the controller's task instead, a gang's burst of events was read too
+/// slowly and the API server closed the watch as unresponsive, again and again, leaving the cache seconds behind.
+/// The watch backs off on errors itself (the controller's trigger backoff would only slow the channel) and its
+/// errors are logged here.
+fn pod_watch(
+    pods: Api<Pod>,
+    config: watcher::Config,
+    writer: reflector::store::Writer<Pod>,
+    synced: Arc<Synced>,
+) -> impl futures::Stream<Item = Result<Pod, watcher::Error>> + Send + 'static {
+    let (tx, rx) = futures::channel::mpsc::unbounded();
+    let events = watcher(pods, config)
+        .default_backoff()
+        .reflect(writer)
+        .inspect_ok(on_first_sync(synced))
+        .touched_objects();
+    tokio::spawn(events.for_each(move |event| {
+        match event {
+            Ok(pod) => {
+                // The controller is gone only at shutdown.
+                let _ = tx.unbounded_send(Ok(pod));
+            }
+            Err(error) => warn!(%error, "pod watch failed; retrying with backoff"),
+        }
+        std::future::ready(())
+    }));
+    rx
+}
+
+/// The caches still waiting for their first full list; the operator is ready when none is.
+struct Synced {
+    health: Arc<Health>,
+    left: AtomicUsize,
+}
+
+/// Counts a cache as synced at its stream's first `InitDone`.
+fn on_first_sync<K>(synced: Arc<Synced>) -> impl FnMut(&watcher::Event<K>) {
+    let mut counted = false;
+    move |event| {
+        if matches!(event, watcher::Event::InitDone) && !counted {
+            counted = true;
+            if synced.left.fetch_sub(1, Ordering::SeqCst) == 1 {
+                synced.health.set_ready(true);
+                info!("caches synced; ready");
+            }
+        }
     }
 }
 

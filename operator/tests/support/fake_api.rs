@@ -1,5 +1,6 @@
 //! A small in-process stand-in for the Kubernetes API server: keeps objects by path, answers get, list (with a
-//! label selector), server-side apply (including the status subresource), delete and event creation.
+//! label selector), server-side apply (including the status subresource), delete and event creation; and fails the
+//! requests a test tells it to.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -14,6 +15,7 @@ use serde_json::{Value, json};
 pub struct FakeApi {
     objects: Arc<Mutex<BTreeMap<String, Value>>>,
     log: Arc<Mutex<Vec<String>>>,
+    failures: Arc<Mutex<Vec<(String, String)>>>,
 }
 
 fn decode(query: &str) -> String {
@@ -103,6 +105,23 @@ impl FakeApi {
         self.log.lock().expect("lock").clone()
     }
 
+    /// Every later `method` request to a path starting with `path_prefix` fails with 500.
+    pub fn fail(&self, method: &str, path_prefix: &str) {
+        self.failures
+            .lock()
+            .expect("lock")
+            .push((method.to_string(), path_prefix.to_string()));
+    }
+
+    /// Every object stored under `prefix` (e.g. a namespace's pods), parsed.
+    pub fn objects_under<T: serde::de::DeserializeOwned>(&self, prefix: &str) -> Vec<T> {
+        self.paths_under(prefix)
+            .iter()
+            .filter_map(|p| self.get(p))
+            .map(|v| serde_json::from_value(v).expect("stored object parses"))
+            .collect()
+    }
+
     async fn handle(&self, req: Request<Body>) -> Response<Body> {
         let method = req.method().as_str().to_string();
         let path = req.uri().path().to_string();
@@ -113,6 +132,19 @@ impl FakeApi {
             .push(format!("{method} {path}?{query}"));
         let body = req.into_body().collect_bytes().await.unwrap_or_default();
         let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        let injected = self
+            .failures
+            .lock()
+            .expect("lock")
+            .iter()
+            .any(|(m, prefix)| *m == method && path.starts_with(prefix.as_str()));
+        if injected {
+            return respond(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "InternalError",
+                        "message": format!("injected failure of {method} {path}"), "code": 500}),
+            );
+        }
         match method.as_str() {
             "GET" => self.read(&path, &query),
             "PATCH" => self.apply(&path, body),
