@@ -3,6 +3,7 @@
 
 pub mod consts;
 pub mod policy;
+pub mod progress;
 pub mod rank_env;
 pub mod schema;
 pub mod spec;
@@ -10,6 +11,7 @@ pub mod status;
 pub mod token;
 pub mod validation;
 
+pub use progress::{StepPoint, TrainingProgress};
 pub use rank_env::RankEnv;
 pub use spec::*;
 pub use status::*;

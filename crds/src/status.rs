@@ -4,6 +4,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::progress::TrainingProgress;
+
 /// Observed state of an RduJob, derived by the operator from what it saw.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -31,6 +33,9 @@ pub struct RduJobStatus {
     pub completion_time: Option<Time>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<JobResult>,
+    /// How far the current generation's training is, as rank 0 last reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<TrainingProgress>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]

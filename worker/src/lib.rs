@@ -9,6 +9,7 @@ pub mod data;
 pub mod env;
 pub mod error;
 pub mod model;
+pub mod observe;
 pub mod optim;
 pub mod overlap;
 pub mod pef;

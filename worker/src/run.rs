@@ -10,6 +10,7 @@ use rdu_crds::consts::exit_code;
 use crate::data;
 use crate::env::WorkerEnv;
 use crate::error::WorkerError;
+use crate::observe::Observers;
 use crate::pef;
 use crate::result::write_result;
 use crate::train::{TrainOutcome, train};
@@ -67,8 +68,16 @@ pub fn run(get: impl Fn(&str) -> Option<String>) -> i32 {
     }
 }
 
-/// Data, rendezvous, training, result: the rank's pipeline.
+/// Data, rendezvous, training, result: the rank's pipeline, observed by what `env` asks for.
 pub async fn run_rank(env: &WorkerEnv) -> Result<TrainOutcome, WorkerError> {
+    run_rank_observed(env, &mut Observers::for_rank(env)).await
+}
+
+/// [`run_rank`] with the given observers.
+pub async fn run_rank_observed(
+    env: &WorkerEnv,
+    observers: &mut Observers,
+) -> Result<TrainOutcome, WorkerError> {
     let splits = data::load(&env.spec.data, &env.spec.model, Path::new("."))?;
     pef::check_job(&env.spec, &splits, env.world_size)?;
     let comm = Communicator::connect(comm_config(env)).await?;
@@ -78,7 +87,7 @@ pub async fn run_rank(env: &WorkerEnv) -> Result<TrainOutcome, WorkerError> {
         peers = comm.peers().len(),
         "joined the job"
     );
-    let outcome = match train(env, &comm, &splits).await {
+    let outcome = match train(env, &comm, &splits, observers).await {
         Ok(o) => o,
         Err(e) => {
             comm.abort(&e.to_string()).await;

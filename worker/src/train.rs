@@ -8,7 +8,7 @@
 use std::time::Instant;
 
 use rdu_collective::{Algorithm, Communicator};
-use rdu_crds::{DataParallelSpec, JobResult, LossOn, ReduceAlgorithm};
+use rdu_crds::{DataParallelSpec, JobResult, LossOn, ReduceAlgorithm, StepPoint};
 
 use crate::buckets;
 use crate::checkpoint::{self, Checkpoint};
@@ -16,6 +16,7 @@ use crate::data::Splits;
 use crate::env::WorkerEnv;
 use crate::error::WorkerError;
 use crate::model::{BatchStats, Mlp, checksum};
+use crate::observe::{EpochDone, Observers, StepDone};
 use crate::optim::Optimizer;
 use crate::overlap::{ReducePlan, StepBuffers, averaged_gradient};
 use crate::sampler::DistributedSampler;
@@ -66,11 +67,12 @@ async fn global_stats(comm: &Communicator, stats: BatchStats) -> Result<BatchSta
     })
 }
 
-/// Trains to the end and returns the result every rank agrees on.
+/// Trains to the end, telling `observers` of every step and epoch, and returns the result every rank agrees on.
 pub async fn train(
     env: &WorkerEnv,
     comm: &Communicator,
     splits: &Splits,
+    observers: &mut Observers,
 ) -> Result<TrainOutcome, WorkerError> {
     let spec = &env.spec;
     let model = Mlp::for_job(&spec.model, splits);
@@ -169,6 +171,20 @@ pub async fn train(
             stats.add(batch_stats);
             optimizer.step(&mut bufs.params, &grad);
             step += 1;
+            observers.step_done(&StepDone {
+                point: StepPoint {
+                    step,
+                    total_steps,
+                    start_step,
+                    epoch: epoch + 1,
+                    epochs,
+                    loss: batch_stats.mean_loss(),
+                    elapsed_seconds: started.elapsed().as_secs_f64(),
+                    samples: (local_samples + stats.samples) * u64::from(env.world_size),
+                },
+                batch: batch_stats,
+                learning_rate: spec.training.learning_rate,
+            });
             if let Some((policy, dir)) = ckpt_policy
                 && env.rank == 0
                 && step % policy.interval_steps == 0
@@ -188,15 +204,13 @@ pub async fn train(
             LossOn::Host => global_stats(comm, stats).await?,
         };
         let secs = epoch_started.elapsed().as_secs_f64();
-        tracing::info!(
-            epoch = epoch + 1,
+        observers.epoch_done(&EpochDone {
+            epoch: epoch + 1,
             epochs,
-            loss = format!("{:.4}", logged.mean_loss()),
-            train_accuracy = format!("{:.4}", logged.accuracy()),
-            samples_per_sec = format!("{:.1}", stats.samples as f64 / secs.max(1e-9)),
-            global_steps = step,
-            "epoch done"
-        );
+            step,
+            logged,
+            samples_per_second: stats.samples as f64 / secs.max(1e-9),
+        });
         last_epoch = stats;
     }
     let train_seconds = started.elapsed().as_secs_f64();
@@ -222,14 +236,16 @@ pub async fn train(
         test_loss = format!("{:.4}", test.mean_loss()),
         "test"
     );
+    let result = JobResult {
+        final_loss: final_stats.mean_loss(),
+        test_accuracy: test.accuracy(),
+        samples_per_second: local_sps * env.world_size as f64,
+        train_seconds,
+        global_steps: step,
+    };
+    observers.finished(&result);
     Ok(TrainOutcome {
-        result: JobResult {
-            final_loss: final_stats.mean_loss(),
-            test_accuracy: test.accuracy(),
-            samples_per_second: local_sps * env.world_size as f64,
-            train_seconds,
-            global_steps: step,
-        },
+        result,
         checksum: sum,
     })
 }

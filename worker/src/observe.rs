@@ -1,0 +1,87 @@
+//! What the training loop tells as it goes: a [`TrainObserver`] hears of every step, every epoch and the end.
+//! The epoch log line is one observer; rank 0's progress reports and its TensorBoard files are others.
+//! Observers run on the training loop's thread between steps, so they must not block: one that does I/O over
+//! the network hands its work to a task.
+
+use rdu_crds::{JobResult, StepPoint};
+
+use crate::env::WorkerEnv;
+use crate::model::BatchStats;
+
+/// The end of one optimizer step.
+#[derive(Clone, Copy, Debug)]
+pub struct StepDone {
+    /// Where the run is (global step, epoch, this rank's batch loss, time and samples so far).
+    pub point: StepPoint,
+    /// This rank's batch.
+    pub batch: BatchStats,
+    /// The optimizer's learning rate for this step.
+    pub learning_rate: f64,
+}
+
+/// The end of one epoch.
+#[derive(Clone, Copy, Debug)]
+pub struct EpochDone {
+    /// From 1.
+    pub epoch: u64,
+    pub epochs: u64,
+    /// Global steps done.
+    pub step: u64,
+    /// The epoch's loss and accuracy as `training.lossOn` defines them (this rank's, or every rank's).
+    pub logged: BatchStats,
+    /// This rank's samples per second over the epoch.
+    pub samples_per_second: f64,
+}
+
+/// Hears the training loop's events; every method defaults to doing nothing.
+pub trait TrainObserver: Send {
+    fn step_done(&mut self, _step: &StepDone) {}
+    fn epoch_done(&mut self, _epoch: &EpochDone) {}
+    fn finished(&mut self, _result: &JobResult) {}
+}
+
+/// The observers of one rank, told in order.
+#[derive(Default)]
+pub struct Observers(Vec<Box<dyn TrainObserver>>);
+
+impl Observers {
+    /// What a rank run from `env` reports: its epoch log lines.
+    pub fn for_rank(_env: &WorkerEnv) -> Observers {
+        let mut observers = Observers::default();
+        observers.push(EpochLog);
+        observers
+    }
+
+    pub fn push(&mut self, observer: impl TrainObserver + 'static) {
+        self.0.push(Box::new(observer));
+    }
+
+    pub fn step_done(&mut self, step: &StepDone) {
+        self.0.iter_mut().for_each(|o| o.step_done(step));
+    }
+
+    pub fn epoch_done(&mut self, epoch: &EpochDone) {
+        self.0.iter_mut().for_each(|o| o.epoch_done(epoch));
+    }
+
+    pub fn finished(&mut self, result: &JobResult) {
+        self.0.iter_mut().for_each(|o| o.finished(result));
+    }
+}
+
+/// The `epoch done` line of every rank's log.
+pub struct EpochLog;
+
+impl TrainObserver for EpochLog {
+    fn epoch_done(&mut self, e: &EpochDone) {
+        tracing::info!(
+            epoch = e.epoch,
+            epochs = e.epochs,
+            loss = format!("{:.4}", e.logged.mean_loss()),
+            train_accuracy = format!("{:.4}", e.logged.accuracy()),
+            samples_per_sec = format!("{:.1}", e.samples_per_second),
+            global_steps = e.step,
+            "epoch done"
+        );
+    }
+}
