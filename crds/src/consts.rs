@@ -30,6 +30,19 @@ pub const TOKEN_SECRET_KEY: &str = "token";
 /// Where rank 0 writes the result JSON in a pod.
 pub const TERMINATION_LOG_PATH: &str = "/dev/termination-log";
 
+/// Audience of the ServiceAccount token rank 0 shows the operator with its progress reports (a projected token
+/// the kubelet mounts and refreshes; the API server's TokenReview accepts it for this audience only).
+pub const PROGRESS_TOKEN_AUDIENCE: &str = "rdu.dev/progress";
+/// Directory of that token in rank 0's worker container (file `token`).
+pub const PROGRESS_TOKEN_DIR: &str = "/var/run/secrets/rdu.dev/progress";
+/// Largest progress report body the operator reads, in bytes.
+pub const PROGRESS_REPORT_MAX_BYTES: usize = 4096;
+
+/// Path of a job's progress endpoint on the operator (POST a `ProgressReport`).
+pub fn progress_path(namespace: &str, job: &str) -> String {
+    format!("/progress/v1/namespaces/{namespace}/rdujobs/{job}")
+}
+
 /// Environment variables set on every rank (DESIGN 4.2) and by the device plugin (DESIGN 4.3).
 pub mod env {
     pub const RANK: &str = "RANK";
@@ -51,6 +64,10 @@ pub mod env {
     pub const RESULT_PATH: &str = "RDU_RESULT_PATH";
     /// Directory for checkpoints.
     pub const CHECKPOINT_DIR: &str = "RDU_CHECKPOINT_DIR";
+    /// Rank 0 only, when the operator takes progress reports: the operator's base URL.
+    pub const PROGRESS_URL: &str = "RDU_PROGRESS_URL";
+    /// Rank 0 only: the file holding its progress token (re-read before each report: the kubelet refreshes it).
+    pub const PROGRESS_TOKEN_FILE: &str = "RDU_PROGRESS_TOKEN_FILE";
     /// Tile-affinity mask handed out by the device plugin, as in the seeds.
     pub const TILE_AFFINITY: &str = "SF_RNT_TILE_AFFINITY";
     /// Comma-separated tile device IDs handed out by the device plugin.

@@ -4,6 +4,7 @@
 pub mod consts;
 pub mod policy;
 pub mod progress;
+pub mod progress_report;
 pub mod rank_env;
 pub mod schema;
 pub mod spec;
@@ -12,7 +13,8 @@ pub mod token;
 pub mod validation;
 
 pub use progress::{StepPoint, TrainingProgress};
-pub use rank_env::RankEnv;
+pub use progress_report::{ProgressReport, ReportError};
+pub use rank_env::{ProgressEndpoint, RankEnv};
 pub use spec::*;
 pub use status::*;
 pub use validation::{FieldError, validate_job, validate_spec};

@@ -24,6 +24,17 @@ pub struct RankEnv {
     pub result_path: Option<String>,
     /// Directory for checkpoints, when the job checkpoints.
     pub checkpoint_dir: Option<String>,
+    /// Rank 0 in a cluster whose operator takes progress reports: where to send them, and the token file.
+    pub progress: Option<ProgressEndpoint>,
+}
+
+/// Where rank 0 reports progress (DESIGN 4.8).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProgressEndpoint {
+    /// The operator's base URL (`http://rdu-operator-metrics.rdu-system.svc:8080`).
+    pub url: String,
+    /// The projected ServiceAccount token to show it, re-read before each report.
+    pub token_file: String,
 }
 
 /// A value the cluster supplies by reference rather than as a literal.
@@ -116,6 +127,7 @@ impl RankEnv {
             spec: job.spec.clone(),
             result_path: None,
             checkpoint_dir: None,
+            progress: None,
         }
     }
 
@@ -141,6 +153,10 @@ impl RankEnv {
         }
         if let Some(dir) = &self.checkpoint_dir {
             vars.push((env::CHECKPOINT_DIR, dir.clone()));
+        }
+        if let Some(progress) = &self.progress {
+            vars.push((env::PROGRESS_URL, progress.url.clone()));
+            vars.push((env::PROGRESS_TOKEN_FILE, progress.token_file.clone()));
         }
         vars
     }
@@ -201,6 +217,28 @@ impl RankEnv {
             spec,
             result_path: value(env::RESULT_PATH),
             checkpoint_dir: value(env::CHECKPOINT_DIR),
+            progress: match (value(env::PROGRESS_URL), value(env::PROGRESS_TOKEN_FILE)) {
+                (Some(url), Some(token_file)) => Some(ProgressEndpoint { url, token_file }),
+                (None, None) => None,
+                (Some(_), None) => {
+                    return Err(EnvError::new(
+                        env::PROGRESS_TOKEN_FILE,
+                        format!(
+                            "is not set, but {} is; set both or neither",
+                            env::PROGRESS_URL
+                        ),
+                    ));
+                }
+                (None, Some(_)) => {
+                    return Err(EnvError::new(
+                        env::PROGRESS_URL,
+                        format!(
+                            "is not set, but {} is; set both or neither",
+                            env::PROGRESS_TOKEN_FILE
+                        ),
+                    ));
+                }
+            },
         };
         let supplied = SuppliedValues {
             token: required(env::JOB_TOKEN)?,
@@ -265,10 +303,23 @@ mod tests {
         let mut env = RankEnv::new(&job(2, None), 1, 3, "127.0.0.1".into(), 4000, 0);
         env.result_path = Some("/tmp/r.json".into());
         env.checkpoint_dir = Some("/tmp/ckpt".into());
+        env.progress = Some(ProgressEndpoint {
+            url: "http://op:8080".into(),
+            token_file: "/run/token".into(),
+        });
         let vars: HashMap<&str, String> = env.vars_with(&supplied()).into_iter().collect();
         let (back, values) = RankEnv::read(|k| vars.get(k).cloned()).expect("reads back");
         assert_eq!(back, env);
         assert_eq!(values, supplied());
+    }
+
+    #[test]
+    fn a_progress_url_without_its_token_file_is_refused() {
+        let env = RankEnv::new(&job(2, None), 0, 0, "h".into(), 1, 2);
+        let mut vars: HashMap<&str, String> = env.vars_with(&supplied()).into_iter().collect();
+        vars.insert(env::PROGRESS_URL, "http://op:8080".into());
+        let error = RankEnv::read(|k| vars.get(k).cloned()).expect_err("half a pair");
+        assert_eq!(error.var, env::PROGRESS_TOKEN_FILE);
     }
 
     #[test]

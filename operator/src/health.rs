@@ -24,6 +24,11 @@ impl Health {
         }
     }
 
+    /// Whether the controller's caches are synced (and this replica leads).
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::SeqCst)
+    }
+
     /// Marks the controller's caches synced (true) or the controller stopped (false).
     pub fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::SeqCst);

@@ -7,6 +7,7 @@ pub mod health;
 pub mod leader;
 pub mod lifecycle;
 pub mod metrics;
+pub mod progress;
 pub mod reconcile;
 pub mod validate;
 

@@ -17,6 +17,9 @@ use rdu_crds::RduJob;
 use rdu_operator::health::Health;
 use rdu_operator::leader::LeaderElector;
 use rdu_operator::metrics::Metrics;
+use rdu_operator::progress::ProgressService;
+use rdu_operator::progress::review::ApiTokenReviewer;
+use rdu_operator::progress::writer::write_progress;
 use rdu_operator::{Context, FIELD_MANAGER, error_policy, reconcile};
 use tracing::{error, info, warn};
 
@@ -52,6 +55,10 @@ struct Args {
     /// networking.k8s.io networkpolicies; `--network-policy=false` where the chart grants none).
     #[arg(long, env = "RDU_NETWORK_POLICY", default_value_t = true, action = clap::ArgAction::Set)]
     network_policy: bool,
+    /// This operator's base URL as rank 0's pods reach it (`http://<service>.<namespace>.svc:<port>`): rank 0
+    /// reports progress there with a projected ServiceAccount token (DESIGN 4.8). Unset: no progress in status.
+    #[arg(long, env = "RDU_PROGRESS_URL")]
+    progress_url: Option<String>,
 }
 
 #[tokio::main]
@@ -66,12 +73,23 @@ async fn main() -> anyhow::Result<()> {
     let (job_store, job_writer) = reflector::store::<RduJob>();
     let metrics = Arc::new(Metrics::new(job_store.clone()));
     let health = Arc::new(Health::new(metrics.clone()));
+    // The controller's pod cache: reconcile reads a job's pods from it instead of listing them, and the progress
+    // endpoint finds rank 0's pod in it. Empty (so every report is refused as not ready) until this replica leads.
+    let (pod_store, pod_writer) = reflector::store::<Pod>();
+    let progress = Arc::new(ProgressService::new(
+        Arc::new(ApiTokenReviewer::new(client.clone())),
+        job_store.clone(),
+        pod_store.clone(),
+        health.clone(),
+    ));
     let listener = tokio::net::TcpListener::bind(args.metrics_addr)
         .await
         .with_context(|| format!("cannot listen on --metrics-addr {}", args.metrics_addr))?;
-    let server = health.clone();
+    let routes = rdu_operator::health::router(health.clone()).merge(
+        rdu_operator::progress::router(progress.clone(), metrics.clone()),
+    );
     tokio::spawn(async move {
-        if let Err(e) = rdu_operator::health::serve(listener, server).await {
+        if let Err(e) = axum::serve(listener, routes).await {
             error!(error = %e, "metrics server stopped");
         }
     });
@@ -90,8 +108,7 @@ async fn main() -> anyhow::Result<()> {
     info!(%identity, "became leader");
 
     let pod_groups = pod_group_crd_installed(&client).await?;
-    // The controller's pod cache: reconcile reads a job's pods from it instead of listing them.
-    let (pod_store, pod_writer) = reflector::store::<Pod>();
+    tokio::spawn(write_progress(progress, client.clone()));
     let ctx = Arc::new(Context {
         client: client.clone(),
         recorder: Recorder::new(
@@ -106,6 +123,7 @@ async fn main() -> anyhow::Result<()> {
         expectations: Default::default(),
         pod_groups,
         network_policies: args.network_policy,
+        progress_url: args.progress_url.clone(),
     });
     let (jobs, pods, services) = match &args.namespace {
         Some(ns) => (

@@ -30,6 +30,12 @@ pub struct StepLabel {
     pub step: &'static str,
 }
 
+/// The `outcome` label of `rdu_operator_progress_reports_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    pub outcome: &'static str,
+}
+
 /// Every metric the operator exports, registered in one registry.
 pub struct Metrics {
     pub registry: Registry,
@@ -38,6 +44,8 @@ pub struct Metrics {
     pub errors: Family<StepLabel, Counter>,
     pub reconcile_seconds: Histogram,
     pub pods_created_seconds: Histogram,
+    /// Progress reports by outcome (`accepted` or why they were refused).
+    pub progress_reports: Family<OutcomeLabel, Counter>,
 }
 
 impl Metrics {
@@ -71,7 +79,14 @@ impl Metrics {
             "Time from a job's creation to all its pods existing (first generation)",
             pods_created_seconds.clone(),
         );
+        let progress_reports = Family::<OutcomeLabel, Counter>::default();
+        registry.register(
+            "progress_reports",
+            "Progress reports from rank 0 by outcome (accepted, or the reason they were refused)",
+            progress_reports.clone(),
+        );
         Metrics {
+            progress_reports,
             registry,
             reconciles,
             errors,

@@ -103,6 +103,8 @@ pub struct Context {
     pub pod_groups: bool,
     /// Whether every job gets a NetworkPolicy admitting only its own pods to the worker ports.
     pub network_policies: bool,
+    /// The operator's own base URL for rank 0's progress reports (DESIGN 4.8); none: ranks do not report.
+    pub progress_url: Option<String>,
 }
 
 /// What the fetch step read.
@@ -307,7 +309,9 @@ async fn apply(
                 ensure_shared_children(job, ctx, existing).await?;
                 let built: Vec<Pod> = ranks
                     .iter()
-                    .map(|rank| builders::worker_pod(job, *rank, *generation))
+                    .map(|rank| {
+                        builders::rank_pod(job, *rank, *generation, ctx.progress_url.as_deref())
+                    })
                     .collect();
                 futures::stream::iter(built.into_iter().map(|pod| {
                     let (pods, key) = (pods.clone(), &key);
@@ -453,8 +457,14 @@ async fn write_status(
     publish_events(job, ctx, &decision.events).await
 }
 
-/// The object server-side apply needs for the status subresource.
+/// The object server-side apply needs for the status subresource. `progress` is left out: the progress endpoint
+/// owns it under its own field manager, and an apply from this one must neither take it over nor roll it back to
+/// what the cache held.
 pub fn status_patch(status: &RduJobStatus) -> serde_json::Value {
+    let status = RduJobStatus {
+        progress: None,
+        ..status.clone()
+    };
     json!({
         "apiVersion": format!("{}/{}", rdu_crds::consts::GROUP, rdu_crds::consts::VERSION),
         "kind": "RduJob",

@@ -60,6 +60,7 @@ fn setup(workers: u32, run_policy: Value) -> (FakeApi, Harness) {
         expectations: Default::default(),
         pod_groups: false,
         network_policies: true,
+        progress_url: None,
     });
     let harness = Harness {
         ctx,

@@ -32,6 +32,8 @@ pub struct WorkerEnv {
     /// `SF_RNT_TILE_AFFINITY` and `RDU_VISIBLE_TILES` (empty when unset).
     pub tile_affinity: String,
     pub visible_tiles: String,
+    /// Rank 0 in a cluster whose operator takes progress reports: where they go.
+    pub progress: Option<rdu_crds::ProgressEndpoint>,
 }
 
 impl WorkerEnv {
@@ -67,6 +69,7 @@ impl WorkerEnv {
             tiles,
             tile_affinity: get(env::TILE_AFFINITY).unwrap_or_default(),
             visible_tiles: get(env::VISIBLE_TILES).unwrap_or_default(),
+            progress: contract.progress,
         })
     }
 }

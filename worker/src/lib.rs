@@ -13,6 +13,7 @@ pub mod observe;
 pub mod optim;
 pub mod overlap;
 pub mod pef;
+pub mod report;
 pub mod result;
 pub mod rng;
 pub mod run;

@@ -7,6 +7,7 @@ use rdu_crds::{JobResult, StepPoint};
 
 use crate::env::WorkerEnv;
 use crate::model::BatchStats;
+use crate::report::{ProgressReporter, ReportTarget};
 
 /// The end of one optimizer step.
 #[derive(Clone, Copy, Debug)]
@@ -45,10 +46,21 @@ pub trait TrainObserver: Send {
 pub struct Observers(Vec<Box<dyn TrainObserver>>);
 
 impl Observers {
-    /// What a rank run from `env` reports: its epoch log lines.
-    pub fn for_rank(_env: &WorkerEnv) -> Observers {
+    /// What a rank run from `env` reports: its epoch log lines, and rank 0 its progress to the operator when
+    /// the operator takes reports.
+    pub fn for_rank(env: &WorkerEnv) -> Observers {
         let mut observers = Observers::default();
         observers.push(EpochLog);
+        if let (0, Some(endpoint)) = (env.rank, &env.progress) {
+            let generation = u32::try_from(env.generation).unwrap_or(u32::MAX);
+            let target = ReportTarget::new(endpoint, &env.namespace, &env.job_name, generation);
+            match ProgressReporter::start(target) {
+                Ok(reporter) => observers.push(reporter),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot start the progress reporter; training goes on without it")
+                }
+            }
+        }
         observers
     }
 

@@ -5,6 +5,7 @@ pub mod checkpoint;
 pub mod children;
 pub mod env;
 pub mod network;
+pub mod progress;
 #[cfg(test)]
 pub(crate) mod test_fixtures;
 
@@ -18,4 +19,5 @@ pub use children::{
 };
 pub use env::{container_env, rank_env};
 pub use network::{network_policy, network_policy_name};
+pub use progress::{add_progress_reporting, rank_pod};
 pub use rdu_crds::{job_name, job_namespace};

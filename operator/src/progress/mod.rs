@@ -1,0 +1,266 @@
+//! The progress endpoint (DESIGN 4.8): rank 0 POSTs a `ProgressReport` with its pod-bound ServiceAccount token;
+//! the operator checks who sent it (TokenReview, then the pod in its cache: rank 0 of that job's current
+//! generation), what it says (size, shape, consistency) and how often, and writes `status.progress` under its own
+//! field manager at most once per job every few seconds.
+
+pub mod board;
+pub mod review;
+pub mod writer;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::runtime::reflector::{ObjectRef, Store};
+use rdu_crds::consts::{self, PROGRESS_REPORT_MAX_BYTES};
+use rdu_crds::{ProgressReport, RduJob, ReportError};
+use tokio::sync::Notify;
+
+use crate::health::Health;
+use crate::metrics::OutcomeLabel;
+use board::{Board, JobKey, TooFrequent};
+use review::{PodIdentity, ReviewError, TokenReviewer};
+
+/// Field manager of `status.progress`: only the endpoint writes it, so the reconciler's status apply (under
+/// `FIELD_MANAGER`, without `progress`) neither removes nor rolls it back.
+pub const PROGRESS_FIELD_MANAGER: &str = "rdu-operator-progress";
+
+/// Why a report was refused; each maps to an HTTP status and a message for the worker's log.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    #[error("the operator is not ready (caches not synced, or not the leader); retry later")]
+    NotReady,
+    #[error(
+        "no bearer token: send `Authorization: Bearer <the projected token in {}>`",
+        consts::PROGRESS_TOKEN_DIR
+    )]
+    NoToken,
+    #[error(transparent)]
+    Review(#[from] ReviewError),
+    #[error("no RduJob {namespace}/{name}")]
+    NoJob { namespace: String, name: String },
+    #[error(
+        "the token belongs to pod {namespace}/{pod}; only rank 0 ({namespace}/{rank0}) of generation {generation} of this job may report"
+    )]
+    NotRankZero {
+        namespace: String,
+        pod: String,
+        rank0: String,
+        generation: u32,
+    },
+    #[error("the report is not valid JSON of a ProgressReport: {0}")]
+    Malformed(String),
+    #[error("{0}")]
+    Inconsistent(#[from] ReportError),
+    #[error("the report is for generation {got}, the job is at generation {current}")]
+    StaleGeneration { got: u32, current: u32 },
+    #[error(transparent)]
+    TooFrequent(#[from] TooFrequent),
+}
+
+impl Refusal {
+    fn status(&self) -> StatusCode {
+        match self {
+            Refusal::NotReady | Refusal::Review(ReviewError::Unavailable(_)) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Refusal::NoToken | Refusal::Review(_) => StatusCode::UNAUTHORIZED,
+            Refusal::NoJob { .. } => StatusCode::NOT_FOUND,
+            Refusal::NotRankZero { .. } => StatusCode::FORBIDDEN,
+            Refusal::Malformed(_) => StatusCode::BAD_REQUEST,
+            Refusal::Inconsistent(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            Refusal::StaleGeneration { .. } => StatusCode::CONFLICT,
+            Refusal::TooFrequent(_) => StatusCode::TOO_MANY_REQUESTS,
+        }
+    }
+
+    /// The `outcome` label of the report counter.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            Refusal::NotReady | Refusal::Review(ReviewError::Unavailable(_)) => "unavailable",
+            Refusal::NoToken | Refusal::Review(_) => "unauthenticated",
+            Refusal::NoJob { .. } => "no_job",
+            Refusal::NotRankZero { .. } => "forbidden",
+            Refusal::Malformed(_) | Refusal::Inconsistent(_) => "malformed",
+            Refusal::StaleGeneration { .. } => "stale",
+            Refusal::TooFrequent(_) => "rate_limited",
+        }
+    }
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        let mut response = (self.status(), format!("{self}\n")).into_response();
+        if let Refusal::TooFrequent(t) = &self {
+            let seconds = t.retry_after.as_secs_f64().ceil().max(1.0) as u64;
+            if let Ok(value) = HeaderValue::from_str(&seconds.to_string()) {
+                response.headers_mut().insert(header::RETRY_AFTER, value);
+            }
+        }
+        response
+    }
+}
+
+/// What the endpoint reads and keeps.
+pub struct ProgressService {
+    pub reviewer: Arc<dyn TokenReviewer>,
+    /// The controller's job and pod caches.
+    pub jobs: Store<RduJob>,
+    pub pods: Store<Pod>,
+    pub health: Arc<Health>,
+    pub board: Board,
+    /// Wakes the status writer when a report was accepted.
+    pub accepted: Notify,
+}
+
+impl ProgressService {
+    pub fn new(
+        reviewer: Arc<dyn TokenReviewer>,
+        jobs: Store<RduJob>,
+        pods: Store<Pod>,
+        health: Arc<Health>,
+    ) -> Self {
+        ProgressService {
+            reviewer,
+            jobs,
+            pods,
+            health,
+            board: Board::default(),
+            accepted: Notify::new(),
+        }
+    }
+
+    /// One report: who sent it, what it says, how often; accepted progress waits on the board for its write.
+    pub async fn receive(
+        &self,
+        namespace: &str,
+        name: &str,
+        bearer: Option<&str>,
+        body: &[u8],
+    ) -> Result<(), Refusal> {
+        if !self.health.is_ready() {
+            return Err(Refusal::NotReady);
+        }
+        let token = bearer.ok_or(Refusal::NoToken)?;
+        let identity = self.reviewer.review(token).await?;
+        let job = self
+            .jobs
+            .get(&ObjectRef::new(name).within(namespace))
+            .ok_or_else(|| Refusal::NoJob {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+            })?;
+        let generation = authorize(&identity, &job, |ns, pod| {
+            self.pods.get(&ObjectRef::new(pod).within(ns))
+        })?;
+        let report: ProgressReport =
+            serde_json::from_slice(body).map_err(|e| Refusal::Malformed(e.to_string()))?;
+        if report.generation != generation {
+            return Err(Refusal::StaleGeneration {
+                got: report.generation,
+                current: generation,
+            });
+        }
+        let mut progress = report.checked()?;
+        progress.update_time = Some(Time(jiff::Timestamp::now()));
+        let key = JobKey {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+        };
+        self.board.accept(key, progress, Instant::now())?;
+        self.accepted.notify_one();
+        Ok(())
+    }
+}
+
+/// The job's current generation if `identity` is its rank 0 of that generation, as the pod cache shows it (the
+/// same name, the same UID, the job's labels): a token of another rank, of an earlier generation's pod, or of a
+/// pod of another job is refused.
+pub fn authorize(
+    identity: &PodIdentity,
+    job: &RduJob,
+    pod_named: impl Fn(&str, &str) -> Option<Arc<Pod>>,
+) -> Result<u32, Refusal> {
+    let namespace = rdu_crds::job_namespace(job);
+    let name = rdu_crds::job_name(job);
+    let generation = job.status.as_ref().map_or(0, |s| s.restarts);
+    let rank0 = consts::pod_name(name, 0);
+    let refused = || Refusal::NotRankZero {
+        namespace: identity.namespace.clone(),
+        pod: identity.pod_name.clone(),
+        rank0: rank0.clone(),
+        generation,
+    };
+    if identity.namespace != namespace || identity.pod_name != rank0 {
+        return Err(refused());
+    }
+    let pod = pod_named(namespace, &rank0).ok_or_else(refused)?;
+    let labels = pod.metadata.labels.clone().unwrap_or_default();
+    let label = |key: &str| labels.get(key).map(String::as_str);
+    let generation_text = generation.to_string();
+    let same_pod = pod.metadata.uid.as_deref() == Some(identity.pod_uid.as_str());
+    let of_this_job = label(consts::LABEL_JOB_NAME) == Some(name)
+        && label(consts::LABEL_RANK) == Some("0")
+        && label(consts::LABEL_GENERATION) == Some(generation_text.as_str());
+    if same_pod && of_this_job {
+        Ok(generation)
+    } else {
+        Err(refused())
+    }
+}
+
+/// The route `POST /progress/v1/namespaces/{namespace}/rdujobs/{name}`, bodies of at most
+/// `PROGRESS_REPORT_MAX_BYTES` (413 beyond).
+pub fn router(service: Arc<ProgressService>, metrics: Arc<crate::metrics::Metrics>) -> Router {
+    Router::new()
+        .route(
+            "/progress/v1/namespaces/{namespace}/rdujobs/{name}",
+            post(report),
+        )
+        .layer(DefaultBodyLimit::max(PROGRESS_REPORT_MAX_BYTES))
+        .with_state((service, metrics))
+}
+
+async fn report(
+    State((service, metrics)): State<(Arc<ProgressService>, Arc<crate::metrics::Metrics>)>,
+    Path((namespace, name)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|t| !t.is_empty());
+    let result = service.receive(&namespace, &name, bearer, &body).await;
+    let outcome = result
+        .as_ref()
+        .map_or_else(Refusal::outcome, |()| "accepted");
+    metrics
+        .progress_reports
+        .get_or_create(&OutcomeLabel { outcome })
+        .inc();
+    match result {
+        Ok(()) => (StatusCode::ACCEPTED, "accepted\n").into_response(),
+        Err(refusal) => {
+            let job = format!("{namespace}/{name}");
+            if matches!(refusal, Refusal::TooFrequent(_)) {
+                tracing::debug!(%job, reason = %refusal, "progress report refused");
+            } else {
+                tracing::info!(%job, reason = %refusal, "progress report refused");
+            }
+            refusal.into_response()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
