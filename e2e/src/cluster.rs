@@ -129,6 +129,15 @@ pub fn start_operator_as_chart(
     plane: &mut ControlPlane,
     namespace: &str,
 ) -> Result<std::net::SocketAddr, ClusterError> {
+    start_operator_as_chart_with(plane, namespace, &[])
+}
+
+/// [`start_operator_as_chart`] with extra flags for the operator (`--progress-url=…`).
+pub fn start_operator_as_chart_with(
+    plane: &mut ControlPlane,
+    namespace: &str,
+    flags: &[&str],
+) -> Result<std::net::SocketAddr, ClusterError> {
     let binary = crate::tools::operator_binary()?;
     let chart = crate::tools::helm_template(CHART_RELEASE, namespace, &[])?;
     kubectl(plane, &["apply", "--server-side", "-f", "-"], Some(&chart))?;
@@ -147,6 +156,7 @@ pub fn start_operator_as_chart(
         .arg(format!("--lease-namespace={namespace}"))
         .arg("--identity=e2e-operator")
         .arg("--log-format=text")
+        .args(flags)
         .env("KUBECONFIG", kubeconfig)
         .env("RUST_LOG", "info");
     plane.spawn("rdu-operator", operator)?;

@@ -22,7 +22,7 @@ pub mod tools;
 pub use assets::{Assets, AssetsError, assets_or_skip};
 pub use cluster::{
     CHART_RELEASE, ClusterError, create_namespace, install_crd, kubectl, kubectl_as,
-    service_account_token, start_operator_as_chart,
+    service_account_token, start_operator_as_chart, start_operator_as_chart_with,
 };
 pub use control_plane::{Components, ControlPlane, ControlPlaneError, NodeAccess};
 pub use metrics::{MetricsError, Sample};

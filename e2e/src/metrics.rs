@@ -29,14 +29,43 @@ pub enum MetricsError {
 
 /// `GET http://<addr><path>` (HTTP/1.1, connection closed after): the status code and the body.
 pub async fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String), MetricsError> {
+    http_request(addr, "GET", path, &[], b"").await
+}
+
+/// `POST http://<addr><path>` with `headers` and `body`: the status code and the body.
+pub async fn http_post(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Result<(u16, String), MetricsError> {
+    http_request(addr, "POST", path, headers, body).await
+}
+
+async fn http_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Result<(u16, String), MetricsError> {
     let io = |source| MetricsError::Io {
         addr,
         path: path.to_string(),
         source,
     };
     let mut stream = tokio::net::TcpStream::connect(addr).await.map_err(io)?;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.map_err(io)?;
+    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    if method != "GET" {
+        request.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
+    request.push_str("\r\n");
+    let mut bytes = request.into_bytes();
+    bytes.extend_from_slice(body);
+    stream.write_all(&bytes).await.map_err(io)?;
     let mut response = Vec::new();
     stream.read_to_end(&mut response).await.map_err(io)?;
     let response = String::from_utf8_lossy(&response).into_owned();

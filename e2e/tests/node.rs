@@ -337,6 +337,22 @@ impl Cluster {
         let steps = result["globalSteps"].as_u64().expect("globalSteps");
         self.undisturbed_steps = Some(steps);
 
+        // Rank 0 reported its progress to the operator through the chart's Service, with the projected token
+        // the kubelet mounted (DESIGN 4.8): its last report, every step done, reaches status.progress.
+        let progress = self
+            .wait("status.progress at the last step", LONG, async || {
+                let job = self.job("digits").await?;
+                let progress = &job["status"]["progress"];
+                if progress["step"] == steps {
+                    Ok(progress.clone())
+                } else {
+                    Err(format!("status.progress {progress}"))
+                }
+            })
+            .await;
+        assert_eq!(progress["percent"], 100, "{progress}");
+        assert_eq!(progress["totalSteps"], steps, "{progress}");
+
         // Every rank: its tiles in status, its log with the rank on every line, the seeds' final line, and
         // the SF_RNT_TILE_AFFINITY it was given matching those tiles.
         let ranks = job["status"]["ranks"]
@@ -393,6 +409,7 @@ impl Cluster {
         out.insert("apply_to_running_seconds".into(), json!(running));
         out.insert("apply_to_succeeded_seconds".into(), json!(succeeded));
         out.insert("digits_result".into(), result.clone());
+        out.insert("digits_progress".into(), progress);
         out
     }
 

@@ -1,0 +1,288 @@
+//! Progress in status (DESIGN 4.8) against a real API server: the operator runs as the chart's ServiceAccount with
+//! `--progress-url`, rank 0's pod gets the projected token, and reports are sent with real pod-bound tokens
+//! from the TokenRequest API (as the kubelet mints them). Forged, foreign, malformed, stale, oversized and too
+//! frequent reports are refused and leave `status.progress` as it was; an accepted one shows in the status, in
+//! `kubectl get rj` and survives the reconciler's own status writes.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use rdu_crds::{ProgressReport, RduJob, StepPoint, TrainingProgress, consts};
+use rdu_e2e::metrics::http_post;
+use rdu_e2e::{
+    Components, ControlPlane, assets_or_skip, create_namespace, install_crd, kubectl, poll_until,
+    start_operator_as_chart_with,
+};
+use serde_json::{Value, json};
+
+const OPERATOR_NAMESPACE: &str = "rdu-system";
+const JOBS: &str = "jobs";
+const TIMEOUT: Duration = Duration::from_secs(90);
+
+async fn plane() -> Option<(ControlPlane, SocketAddr)> {
+    let assets = assets_or_skip("progress")?;
+    let components = Components {
+        scheduler: false,
+        // The ServiceAccount controller makes each namespace's `default` account, which the pods run as.
+        controller_manager: true,
+        node: None,
+    };
+    let mut plane = ControlPlane::start(&assets, components)
+        .await
+        .expect("control plane");
+    install_crd(&plane).await.expect("CRD");
+    create_namespace(&plane, OPERATOR_NAMESPACE)
+        .await
+        .expect("namespace");
+    create_namespace(&plane, JOBS).await.expect("namespace");
+    let operator = start_operator_as_chart_with(
+        &mut plane,
+        OPERATOR_NAMESPACE,
+        &["--progress-url=http://rdu-rdu-operator-metrics.rdu-system.svc:8080"],
+    )
+    .expect("operator starts");
+    Some((plane, operator))
+}
+
+fn job_yaml(name: &str) -> String {
+    json!({
+        "apiVersion": "rdu.dev/v1alpha1", "kind": "RduJob",
+        "metadata": {"name": name, "namespace": JOBS},
+        "spec": {"workers": 2, "tilesPerWorker": 1, "image": "rdu-worker:0.1.0",
+                 "model": {"name": "ffn-logreg", "hiddenSizes": [16]},
+                 "data": {"source": "synthetic", "samples": 512},
+                 "training": {"epochs": 2, "batchSize": 8, "learningRate": 0.1}}
+    })
+    .to_string()
+}
+
+/// A token the TokenRequest API binds to `pod`, for `audience`, as the kubelet would mint it.
+async fn pod_token(client: &kube::Client, pod: &Pod, audience: &str) -> String {
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), JOBS);
+    let account = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.service_account_name.clone())
+        .unwrap_or_else(|| "default".into());
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: vec![audience.to_string()],
+            bound_object_ref: Some(BoundObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: pod.metadata.name.clone(),
+                uid: pod.metadata.uid.clone(),
+            }),
+            expiration_seconds: Some(600),
+        },
+        ..Default::default()
+    };
+    let answer = poll_until("a pod-bound token", TIMEOUT, || async {
+        accounts
+            .create_token_request(&account, &PostParams::default(), &request)
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .expect("TokenRequest");
+    answer.status.expect("token status").token
+}
+
+fn report(generation: u32, step: u64) -> Vec<u8> {
+    let progress = TrainingProgress::at(StepPoint {
+        step,
+        total_steps: 128,
+        start_step: 0,
+        epoch: 1,
+        epochs: 2,
+        loss: 0.75,
+        elapsed_seconds: 4.0,
+        samples: step * 16,
+    });
+    serde_json::to_vec(&ProgressReport {
+        generation,
+        progress,
+    })
+    .expect("json")
+}
+
+async fn post(operator: SocketAddr, token: Option<&str>, body: &[u8]) -> (u16, String) {
+    let bearer = token.map(|t| format!("Bearer {t}"));
+    let mut headers = vec![("Content-Type", "application/json")];
+    if let Some(b) = &bearer {
+        headers.push(("Authorization", b.as_str()));
+    }
+    http_post(
+        operator,
+        &consts::progress_path(JOBS, "watched"),
+        &headers,
+        body,
+    )
+    .await
+    .expect("the operator answers")
+}
+
+async fn progress_of(jobs: &Api<RduJob>) -> Value {
+    let job = jobs.get("watched").await.expect("job");
+    serde_json::to_value(job.status.and_then(|s| s.progress)).expect("json")
+}
+
+#[tokio::test]
+async fn only_rank_zero_of_the_current_generation_sets_status_progress() {
+    let Some((plane, operator)) = plane().await else {
+        return;
+    };
+    let client = plane.admin_client().await.expect("client");
+    let jobs: Api<RduJob> = Api::namespaced(client.clone(), JOBS);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), JOBS);
+    kubectl(&plane, &["apply", "-f", "-"], Some(&job_yaml("watched"))).expect("apply");
+    let (rank0, rank1) = poll_until("both pods", TIMEOUT, || async {
+        let list = pods
+            .list(&ListParams::default().labels("rdu.dev/job-name=watched"))
+            .await
+            .map_err(|e| e.to_string())?;
+        let find = |name: &str| {
+            list.items
+                .iter()
+                .find(|p| p.metadata.name.as_deref() == Some(name))
+                .cloned()
+        };
+        match (find("watched-worker-0"), find("watched-worker-1")) {
+            (Some(a), Some(b)) => Ok((a, b)),
+            _ => Err(format!("{} pods", list.items.len())),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", plane.log_tail("rdu-operator", 40)));
+
+    // Only rank 0 is given the means to report.
+    let has_token_volume = |pod: &Pod| {
+        pod.spec
+            .iter()
+            .flat_map(|s| s.volumes.iter().flatten())
+            .any(|v| v.projected.is_some() && v.name == "rdu-progress-token")
+    };
+    assert!(has_token_volume(&rank0), "rank 0 mounts the progress token");
+    assert!(!has_token_volume(&rank1), "rank 1 does not");
+
+    let token0 = pod_token(&client, &rank0, consts::PROGRESS_TOKEN_AUDIENCE).await;
+    let token1 = pod_token(&client, &rank1, consts::PROGRESS_TOKEN_AUDIENCE).await;
+    let api_audience = pod_token(&client, &rank0, "https://kubernetes.default.svc").await;
+
+    // Refusals, each with its status and a message naming what is wrong.
+    let oversized = vec![b' '; consts::PROGRESS_REPORT_MAX_BYTES + 1];
+    let cases: [(&str, Option<&str>, Vec<u8>, u16, &str); 8] = [
+        ("no token", None, report(0, 10), 401, "bearer"),
+        ("forged token", Some("not-a-token"), report(0, 10), 401, "not accepted"),
+        ("the API server's audience", Some(&api_audience), report(0, 10), 401, "not accepted"),
+        ("rank 1", Some(&token1), report(0, 10), 403, "only rank 0"),
+        ("not JSON", Some(&token0), b"{\"generation\":".to_vec(), 400, "not valid JSON"),
+        ("another generation", Some(&token0), report(3, 10), 409, "generation 3"),
+        ("inconsistent", Some(&token0), br#"{"generation":0,"progress":{"step":9,"totalSteps":8,"epoch":1,"epochs":1,"percent":100}}"#.to_vec(), 422, "past progress.totalSteps"),
+        ("oversized", Some(&token0), oversized, 413, ""),
+    ];
+    // The operator takes reports once its caches are synced (503 before).
+    poll_until("the operator's progress endpoint", TIMEOUT, || async {
+        match post(operator, None, &report(0, 1)).await {
+            (401, _) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+    .expect("endpoint ready");
+    for (what, token, body, code, says) in &cases {
+        let (got, message) = post(operator, *token, body).await;
+        assert_eq!(got, *code, "{what}: {message}");
+        assert!(
+            message.contains(says),
+            "{what}: {message:?} should say {says:?}"
+        );
+    }
+    assert_eq!(
+        progress_of(&jobs).await,
+        Value::Null,
+        "no refused report changed the status"
+    );
+
+    // Rank 0's report shows in the status, stamped by the operator.
+    let (code, message) = post(operator, Some(&token0), &report(0, 32)).await;
+    assert_eq!(code, 202, "{message}");
+    let progress = poll_until("status.progress", TIMEOUT, || async {
+        let p = progress_of(&jobs).await;
+        if p["step"] == 32 {
+            Ok(p)
+        } else {
+            Err(p.to_string())
+        }
+    })
+    .await
+    .expect("progress written");
+    assert_eq!(progress["percent"], 25);
+    assert_eq!(progress["estimatedRemainingSeconds"], 12);
+    assert!(progress["updateTime"].is_string(), "{progress}");
+
+    // A second report within a second is rate-limited.
+    let (code, _) = post(operator, Some(&token0), &report(0, 33)).await;
+    assert_eq!(code, 429);
+
+    // The printer columns show it.
+    let table =
+        kubectl(&plane, &["get", "rj", "watched", "-n", JOBS], None).expect("kubectl get rj");
+    let header: Vec<&str> = table
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    let row: Vec<&str> = table
+        .lines()
+        .nth(1)
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    let column = |name: &str| {
+        header
+            .iter()
+            .position(|h| *h == name)
+            .and_then(|i| row.get(i).copied())
+    };
+    assert_eq!(column("PROGRESS%"), Some("25"), "{table}");
+    assert_eq!(column("ETA(S)"), Some("12"), "{table}");
+
+    // The reconciler's own status writes (the job turning Running) keep it.
+    for pod in ["watched-worker-0", "watched-worker-1"] {
+        let now = "2026-01-01T00:00:00Z";
+        let patch = json!({"status": {"phase": "Running", "podIP": "10.1.0.1", "startTime": now,
+            "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now}],
+            "containerStatuses": [{"name": "worker", "ready": true, "restartCount": 0,
+                "image": "rdu-worker:0.1.0", "imageID": "", "state": {"running": {"startedAt": now}}}]}});
+        pods.patch_status(pod, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("pod status");
+    }
+    poll_until("Running with progress kept", TIMEOUT, || async {
+        let job = jobs.get("watched").await.map_err(|e| e.to_string())?;
+        let status = job.status.unwrap_or_default();
+        match (status.phase, status.progress) {
+            (Some(rdu_crds::JobPhase::Running), Some(p)) if p.step == 32 => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", plane.log_tail("rdu-operator", 40)));
+
+    let metrics = rdu_e2e::metrics::scrape(operator).await.expect("metrics");
+    for (outcome, n) in [
+        ("accepted", 1),
+        ("forbidden", 1),
+        ("stale", 1),
+        ("malformed", 2),
+        ("rate_limited", 1),
+    ] {
+        let line = format!("rdu_operator_progress_reports_total{{outcome=\"{outcome}\"}} {n}");
+        assert!(metrics.contains(&line), "{line} in\n{metrics}");
+    }
+}
