@@ -81,6 +81,8 @@ pub mod exit_code {
     pub const BAD_CONFIG: i32 = 64;
     /// Bad data: permanent.
     pub const BAD_DATA: i32 = 65;
+    /// The run's throughput was below `spec.training.minThroughput`: permanent.
+    pub const BELOW_MIN_THROUGHPUT: i32 = 66;
     /// Reading or writing a file failed (checkpoint, result, data): permanent.
     pub const IO_ERROR: i32 = 74;
     /// Transient (peer lost, timeout, rendezvous failed): the gang is restarted.

@@ -26,6 +26,7 @@ use crate::status::RduJobStatus;
 #[x_kube(validation = Rule::new("!has(self.compile) || self.workers >= self.compile.minWorldSize").message("spec.workers must be at least spec.compile.minWorldSize: raise workers or compile for a smaller world size"))]
 #[x_kube(validation = Rule::new("(has(self.runPolicy) && self.runPolicy.suspend) || (has(oldSelf.runPolicy) && oldSelf.runPolicy.suspend) || (self.workers == oldSelf.workers && self.model == oldSelf.model && self.data == oldSelf.data)").message("spec.workers, spec.model and spec.data are immutable while the job runs: set spec.runPolicy.suspend to true first"))]
 #[x_kube(validation = Rule::new("!has(self.runPolicy) || !has(self.runPolicy.schedulingPolicy) || !has(self.runPolicy.schedulingPolicy.minAvailable) || self.runPolicy.schedulingPolicy.minAvailable <= self.workers").message("spec.runPolicy.schedulingPolicy.minAvailable must be between 1 and spec.workers"))]
+#[x_kube(validation = Rule::new("!has(self.mode) || self.mode != 'inference' || has(self.checkpoint)").message("spec.mode inference loads the newest checkpoint: set spec.checkpoint to the storage a training run of this job wrote"))]
 #[serde(rename_all = "camelCase")]
 pub struct RduJobSpec {
     /// World size: the number of ranks, one pod each.
@@ -51,6 +52,12 @@ pub struct RduJobSpec {
     pub data: DataSpec,
     /// Epochs or steps, batch size, optimizer.
     pub training: TrainingSpec,
+    /// What the ranks run, as the seeds' commands: `train` (`run`, the default), `measurePerformance`
+    /// (`measure-performance`: `training.warmupSteps` untimed steps, then `training.steps` (default 50) timed ones;
+    /// throughput and step latency, no model result), or `inference` (`run --inference`: forward only over the
+    /// test split with the parameters of the newest checkpoint in `spec.checkpoint`'s storage).
+    #[serde(default)]
+    pub mode: RunMode,
     /// How gradients are reduced between ranks.
     #[serde(default)]
     pub data_parallel: DataParallelSpec,
@@ -208,6 +215,41 @@ pub struct TrainingSpec {
     /// Where the loss is computed.
     #[serde(default)]
     pub loss_on: LossOn,
+    /// Untimed steps (or inference batches) before the timed ones of `measurePerformance` and `inference`
+    /// (default 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warmup_steps: Option<u32>,
+    /// Samples per second (whole job) below which the run fails, as the seeds' `--min-throughput`: the job ends
+    /// Failed with a message naming the measured and the required throughput.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self > 0.0").message("spec.training.minThroughput must be greater than 0 (samples per second)"))]
+    pub min_throughput: Option<f64>,
+}
+
+/// What the ranks of a job run (`spec.mode`).
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
+)]
+#[serde(rename_all = "camelCase")]
+pub enum RunMode {
+    /// Train and evaluate on the test split (the seeds' `run`).
+    #[default]
+    Train,
+    /// Timed training steps after a warm-up: throughput and step latency (the seeds' `measure-performance`).
+    MeasurePerformance,
+    /// Forward passes over the test split from the newest checkpoint (the seeds' `run --inference`).
+    Inference,
+}
+
+impl RunMode {
+    /// The mode as the spec spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunMode::Train => "train",
+            RunMode::MeasurePerformance => "measurePerformance",
+            RunMode::Inference => "inference",
+        }
+    }
 }
 
 fn default_momentum() -> f64 {

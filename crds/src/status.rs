@@ -94,9 +94,22 @@ pub struct RankStatus {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct JobResult {
+    /// Training: the last epoch's mean loss; inference: the test split's.
     pub final_loss: f64,
     pub test_accuracy: f64,
+    /// Samples per second of the whole job (timed steps only in `measurePerformance` and `inference`).
     pub samples_per_second: f64,
+    /// Seconds of the training loop (of the timed steps, or of the timed inference batches).
     pub train_seconds: f64,
+    /// Optimizer steps (timed steps; inference: timed batches of rank 0).
     pub global_steps: u64,
+    /// The mode that produced this result; absent means `train`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<crate::RunMode>,
+    /// Median and 99th percentile of rank 0's timed step (inference: batch) latency, in seconds
+    /// (`measurePerformance` and `inference`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_latency_p50_seconds: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_latency_p99_seconds: Option<f64>,
 }

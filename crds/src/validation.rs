@@ -190,7 +190,22 @@ fn check_training(c: &mut Checks, spec: &RduJobSpec) {
             )
         },
     );
+    c.check(
+        training
+            .min_throughput
+            .is_none_or(|t| t > 0.0 && t.is_finite()),
+        "spec.training.minThroughput",
+        || "spec.training.minThroughput must be greater than 0 (samples per second)".into(),
+    );
+    c.check(
+        spec.mode != crate::RunMode::Inference || spec.checkpoint.is_some(),
+        "spec.checkpoint",
+        || INFERENCE_NEEDS_CHECKPOINT.into(),
+    );
 }
+
+/// The message of the rule that `spec.mode: inference` names its checkpoints.
+pub const INFERENCE_NEEDS_CHECKPOINT: &str = "spec.mode inference loads the newest checkpoint: set spec.checkpoint to the storage a training run of this job wrote";
 
 fn check_policies(c: &mut Checks, spec: &RduJobSpec) {
     let dp = &spec.data_parallel;
@@ -306,6 +321,11 @@ spec:
         let cases: Vec<(Breaker, &str)> = vec![
             (|s| s.workers = 0, "spec.workers"),
             (|s| s.tiles_per_worker = 3, "spec.tilesPerWorker"),
+            (
+                |s| s.training.min_throughput = Some(0.0),
+                "spec.training.minThroughput",
+            ),
+            (|s| s.mode = crate::RunMode::Inference, "spec.checkpoint"),
             (
                 |s| s.compile = Some(CompileSpec { min_world_size: 8 }),
                 "spec.workers",

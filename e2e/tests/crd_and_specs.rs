@@ -80,6 +80,17 @@ fn bad_specs() -> Vec<(&'static str, Value, &'static str)> {
             "spec.training.momentum must be in [0, 1)",
         ),
         (
+            "minThroughput 0",
+            with(b(), "/spec/training/minThroughput", json!(0.0)),
+            "spec.training.minThroughput must be greater than 0",
+        ),
+        (
+            "inference without checkpoints",
+            with(b(), "/spec/mode", json!("inference")),
+            "spec.mode inference loads the newest checkpoint",
+        ),
+
+        (
             "csv without a path",
             with(b(), "/spec/data", json!({"source": "csv"})),
             "spec.data.path is required for csv and idx sources",

@@ -119,7 +119,16 @@ impl PodView {
                 },
                 "Failed" | "Unknown" => PodState::Failed(Failure {
                     exit: terminated.map_or(RankExit::Lost, |t| RankExit::Code(t.exit_code)),
+                    // The worker writes why it failed to its termination message; the kubelet's reason
+                    // (`Error`, `OOMKilled`) otherwise.
                     reason: pod_reason
+                        .or_else(|| {
+                            terminated
+                                .and_then(|t| t.message.as_deref())
+                                .map(str::trim)
+                                .filter(|m| !m.is_empty())
+                                .map(|m| m.chars().take(512).collect())
+                        })
                         .or_else(|| terminated.and_then(|t| t.reason.clone()))
                         .unwrap_or_else(|| phase.to_string()),
                 }),

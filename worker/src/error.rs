@@ -20,6 +20,11 @@ pub enum WorkerError {
     /// The result or a checkpoint could not be written.
     #[error("cannot write {path}: {reason}")]
     Write { path: String, reason: String },
+    /// The run was slower than `spec.training.minThroughput` (the seeds' `--min-throughput`): permanent.
+    #[error(
+        "throughput {measured:.1} samples/s is below spec.training.minThroughput {required:.1} samples/s"
+    )]
+    BelowMinThroughput { measured: f64, required: f64 },
     /// A compute task was cancelled (the runtime is shutting down): a retry may succeed.
     #[error("interrupted: {0}")]
     Interrupted(String),
@@ -42,6 +47,7 @@ impl WorkerError {
             WorkerError::Collective(_) => exit_code::BAD_CONFIG,
             WorkerError::Write { .. } => exit_code::IO_ERROR,
             WorkerError::Interrupted(_) => exit_code::RETRYABLE,
+            WorkerError::BelowMinThroughput { .. } => exit_code::BELOW_MIN_THROUGHPUT,
         }
     }
 }

@@ -30,6 +30,7 @@ mod tests {
             samples_per_second: 100.0,
             train_seconds: 2.0,
             global_steps: 10,
+            ..Default::default()
         };
         write_result(&path, &result).unwrap();
         let v: serde_json::Value =

@@ -5,15 +5,18 @@ use std::path::Path;
 use std::time::Duration;
 
 use rdu_collective::{CommConfig, Communicator, DEFAULT_CHUNK_BYTES, JobIdentity};
-use rdu_crds::consts::exit_code;
+use rdu_crds::consts::{TERMINATION_LOG_PATH, exit_code};
 
 use crate::data;
 use crate::env::WorkerEnv;
 use crate::error::WorkerError;
+use crate::inference::infer;
+use crate::measure::measure_performance;
 use crate::observe::Observers;
 use crate::pef;
 use crate::result::write_result;
 use crate::train::{TrainOutcome, train};
+use rdu_crds::{RduJobSpec, RunMode};
 
 /// Runs one rank from the process environment and returns the exit code.
 pub fn run_from_process_env() -> i32 {
@@ -63,6 +66,11 @@ pub fn run(get: impl Fn(&str) -> Option<String>) -> i32 {
         }
         Err(e) => {
             tracing::error!(error = %e, exit_code = e.exit_code(), "rank failed");
+            // In a pod the reason goes to the termination message too, where the operator reads it into the job's
+            // Failed condition (a successful rank 0 writes its result there instead).
+            if env.result_path == Path::new(TERMINATION_LOG_PATH) {
+                let _ = std::fs::write(&env.result_path, e.to_string());
+            }
             e.exit_code()
         }
     }
@@ -87,7 +95,17 @@ pub async fn run_rank_observed(
         peers = comm.peers().len(),
         "joined the job"
     );
-    let outcome = match train(env, &comm, &splits, observers).await {
+    let ran = match env.spec.mode {
+        RunMode::Train => train(env, &comm, &splits, observers).await,
+        RunMode::MeasurePerformance => measure_performance(env, &comm, &splits).await,
+        RunMode::Inference => infer(env, &comm, &splits).await,
+    };
+    // Rank 0's throughput is the job's (status.result); a rank 0 below the minimum aborts the others.
+    let checked = match env.rank {
+        0 => ran.and_then(|o| check_min_throughput(&env.spec, o)),
+        _ => ran,
+    };
+    let outcome = match checked {
         Ok(o) => o,
         Err(e) => {
             comm.abort(&e.to_string()).await;
@@ -102,6 +120,23 @@ pub async fn run_rank_observed(
     }
     comm.shutdown().await;
     Ok(outcome)
+}
+
+/// The outcome, unless its throughput is below `spec.training.minThroughput` (every rank computes the same job
+/// throughput, so every rank fails alike).
+pub fn check_min_throughput(
+    spec: &RduJobSpec,
+    outcome: TrainOutcome,
+) -> Result<TrainOutcome, WorkerError> {
+    match spec.training.min_throughput {
+        Some(required) if outcome.result.samples_per_second < required => {
+            Err(WorkerError::BelowMinThroughput {
+                measured: outcome.result.samples_per_second,
+                required,
+            })
+        }
+        _ => Ok(outcome),
+    }
 }
 
 /// The communicator's settings from the env contract.

@@ -51,7 +51,10 @@ pub fn reduce_plan(dp: &DataParallelSpec, tiles: usize) -> ReducePlan {
 }
 
 /// Sums `stats` over all ranks (through rank 0).
-async fn global_stats(comm: &Communicator, stats: BatchStats) -> Result<BatchStats, WorkerError> {
+pub(crate) async fn global_stats(
+    comm: &Communicator,
+    stats: BatchStats,
+) -> Result<BatchStats, WorkerError> {
     let mut buf = [
         stats.loss_sum as f32,
         stats.correct as f32,
@@ -242,6 +245,7 @@ pub async fn train(
         samples_per_second: local_sps * env.world_size as f64,
         train_seconds,
         global_steps: step,
+        ..Default::default()
     };
     observers.finished(&result);
     Ok(TrainOutcome {

@@ -2,56 +2,14 @@
 //! training converges, replicas stay identical, rank 0 writes the result, a wrong token is refused, and
 //! checkpoints work when only rank 0 has a checkpoint directory (as with a checkpoint claim on a cluster).
 
-use std::collections::HashMap;
-use std::net::TcpListener;
-
 use rdu_crds::consts::env;
 
-const SPEC: &str = r#"{"workers":3,"tilesPerWorker":2,
- "model":{"name":"ffn-logreg","hiddenSizes":[16],"inputSize":8,"classes":3},
- "data":{"source":"synthetic","samples":600,"seed":3},
- "training":{"epochs":3,"batchSize":16,"learningRate":0.01,"optimizer":"adam"},
- "dataParallel":{"timeoutSeconds":5}}"#;
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn rank_vars(
-    rank: u32,
-    world: u32,
-    master_port: u16,
-    token: &str,
-    result: &std::path::Path,
-) -> HashMap<String, String> {
-    [
-        (env::RANK, rank.to_string()),
-        (env::WORLD_SIZE, world.to_string()),
-        (env::MASTER_ADDR, "127.0.0.1".into()),
-        (env::MASTER_PORT, master_port.to_string()),
-        (env::COLLECTIVE_PORT, free_port().to_string()),
-        (env::JOB_NAME, "t".into()),
-        (env::JOB_UID, "uid-t".into()),
-        (env::JOB_TOKEN, token.into()),
-        (env::GENERATION, "0".into()),
-        (
-            env::JOB_SPEC,
-            SPEC.replace("\"workers\":3", &format!("\"workers\":{world}")),
-        ),
-        (env::RESULT_PATH, result.display().to_string()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect()
-}
+mod common;
+use common::rank_vars;
 
 /// Runs `world` ranks, rank r with `tokens[r]`; returns their exit codes.
 fn run_ranks(world: u32, tokens: &[&str], result: &std::path::Path) -> Vec<i32> {
-    let master_port = free_port();
+    let master_port = common::free_port();
     let handles: Vec<_> = (0..world)
         .map(|rank| {
             let vars = rank_vars(rank, world, master_port, tokens[rank as usize], result);
@@ -85,7 +43,7 @@ fn a_rank_with_the_wrong_token_is_refused_and_nobody_hangs() {
 
 /// Runs 3 checkpointing ranks where only rank 0 has a checkpoint directory; returns their exit codes.
 fn run_checkpointed(result: &std::path::Path, checkpoints: &std::path::Path) -> Vec<i32> {
-    let master_port = free_port();
+    let master_port = common::free_port();
     let handles: Vec<_> = (0..3)
         .map(|rank| {
             let mut vars = rank_vars(rank, 3, master_port, "tok", result);

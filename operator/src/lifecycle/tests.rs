@@ -721,3 +721,24 @@ fn old_generation_and_terminating_pods_block_nothing() {
     let d = decide(&j, &observed, at(1));
     assert_eq!(blocked_condition(&d), None, "{:?}", d.status.conditions);
 }
+
+#[test]
+fn a_failed_ranks_termination_message_is_the_reason_in_the_condition() {
+    let j = with_status(job("mnist", None, 2), JobPhase::Running, 0, &[0, 1]);
+    let why = "throughput 12.0 samples/s is below spec.training.minThroughput 400.0 samples/s";
+    let d = decide(
+        &j,
+        &pods(&[
+            p(0, 0, "Failed").exit(66).message(why),
+            p(1, 0, "Failed").exit(75),
+        ]),
+        at(3),
+    );
+    let c = condition(&d, condition::FAILED).expect("failed");
+    assert!(
+        c.message
+            .contains(&format!("rank 0 exited with code 66 ({why})")),
+        "{}",
+        c.message
+    );
+}

@@ -1,0 +1,73 @@
+//! The harness of the multi-rank tests: one job's env for each rank, on loopback.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::net::TcpListener;
+
+use rdu_crds::consts::env;
+
+pub const SPEC: &str = r#"{"workers":3,"tilesPerWorker":2,
+ "model":{"name":"ffn-logreg","hiddenSizes":[16],"inputSize":8,"classes":3},
+ "data":{"source":"synthetic","samples":600,"seed":3},
+ "training":{"epochs":3,"batchSize":16,"learningRate":0.01,"optimizer":"adam"},
+ "dataParallel":{"timeoutSeconds":5}}"#;
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub fn rank_vars(
+    rank: u32,
+    world: u32,
+    master_port: u16,
+    token: &str,
+    result: &std::path::Path,
+) -> HashMap<String, String> {
+    [
+        (env::RANK, rank.to_string()),
+        (env::WORLD_SIZE, world.to_string()),
+        (env::MASTER_ADDR, "127.0.0.1".into()),
+        (env::MASTER_PORT, master_port.to_string()),
+        (env::COLLECTIVE_PORT, free_port().to_string()),
+        (env::JOB_NAME, "t".into()),
+        (env::JOB_UID, "uid-t".into()),
+        (env::JOB_TOKEN, token.into()),
+        (env::GENERATION, "0".into()),
+        (
+            env::JOB_SPEC,
+            SPEC.replace("\"workers\":3", &format!("\"workers\":{world}")),
+        ),
+        (env::RESULT_PATH, result.display().to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+/// Runs `world` ranks of SPEC, edited by `edit`, in threads; rank 0 with `checkpoints` as its checkpoint
+/// directory. Returns the exit codes.
+pub fn run_job(
+    world: u32,
+    edit: impl Fn(&mut serde_json::Value),
+    result: &std::path::Path,
+    checkpoints: Option<&std::path::Path>,
+) -> Vec<i32> {
+    let master_port = free_port();
+    let handles: Vec<_> = (0..world)
+        .map(|rank| {
+            let mut vars = rank_vars(rank, world, master_port, "tok", result);
+            let mut spec: serde_json::Value = serde_json::from_str(&vars[env::JOB_SPEC]).unwrap();
+            edit(&mut spec);
+            vars.insert(env::JOB_SPEC.into(), spec.to_string());
+            if let (0, Some(dir)) = (rank, checkpoints) {
+                vars.insert(env::CHECKPOINT_DIR.into(), dir.display().to_string());
+            }
+            std::thread::spawn(move || rdu_worker::run(|k| vars.get(k).cloned()))
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
