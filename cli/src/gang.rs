@@ -20,6 +20,8 @@ use rdu_crds::policy::RankExit;
 /// How to start and stop the ranks.
 #[derive(Debug, Clone)]
 pub struct GangOptions {
+    /// Where rank lines, rank 0's progress and notes go.
+    pub console: std::sync::Arc<crate::console::Console>,
     /// This executable, re-run as `worker`.
     pub exe: PathBuf,
     /// Working directory of every rank (the job file's directory).
@@ -60,14 +62,21 @@ fn send_signal(pid: u32, sig: i32) {
 }
 
 /// Copies `reader`'s lines to stderr with the rank's prefix.
-async fn forward_lines(rank: u32, reader: impl AsyncRead + Unpin) {
+async fn forward_lines(
+    rank: u32,
+    reader: impl AsyncRead + Unpin,
+    console: std::sync::Arc<crate::console::Console>,
+) {
     let mut lines = BufReader::new(reader).lines();
     loop {
         match lines.next_line().await {
-            Ok(Some(line)) => eprintln!("[rank {rank}] {line}"),
+            Ok(Some(line)) => match rdu_worker::progress_lines::ProgressLine::parse(&line) {
+                Some(progress) if rank == 0 => console.progress(&progress),
+                _ => console.rank_line(rank, &line),
+            },
             Ok(None) => break,
             Err(e) => {
-                eprintln!("[rank {rank}] <output unreadable: {e}>");
+                console.rank_line(rank, &format!("<output unreadable: {e}>"));
                 break;
             }
         }
@@ -99,10 +108,10 @@ pub async fn run(launches: &[RankLaunch], opts: &GangOptions) -> Result<GangOutc
             })?;
         let rank = launch.rank;
         if let Some(out) = child.stdout.take() {
-            logs.spawn(forward_lines(rank, out));
+            logs.spawn(forward_lines(rank, out, opts.console.clone()));
         }
         if let Some(err) = child.stderr.take() {
-            logs.spawn(forward_lines(rank, err));
+            logs.spawn(forward_lines(rank, err, opts.console.clone()));
         }
         running.push((rank, child.id().unwrap_or_default()));
         let tx = exit_tx.clone();
@@ -132,7 +141,7 @@ pub async fn run(launches: &[RankLaunch], opts: &GangOptions) -> Result<GangOutc
                 let Some((rank, exit)) = ended else { break };
                 running.retain(|(r, _)| *r != rank);
                 if !exit.is_success() {
-                    eprintln!("[rdujob] rank {rank} ended with {exit}");
+                    opts.console.note(&format!("rank {rank} ended with {exit}"));
                     if kill_at.is_none() {
                         kill_at = Some(Instant::now() + opts.failure_grace);
                     }
@@ -141,13 +150,13 @@ pub async fn run(launches: &[RankLaunch], opts: &GangOptions) -> Result<GangOutc
             }
             _ = sleep_until(deadline), if kill_at.is_some() => {
                 for &(rank, pid) in &running {
-                    eprintln!("[rdujob] rank {rank} still running after the grace period: killing it");
+                    opts.console.note(&format!("rank {rank} still running after the grace period: killing it"));
                     send_signal(pid, libc::SIGKILL);
                 }
                 kill_at = None;
             }
             _ = sleep_until(job_deadline.unwrap_or(far)), if job_deadline.is_some() => {
-                eprintln!("[rdujob] activeDeadlineSeconds passed: stopping {} rank(s)", running.len());
+                opts.console.note(&format!("activeDeadlineSeconds passed: stopping {} rank(s)", running.len()));
                 for &(_, pid) in &running {
                     send_signal(pid, libc::SIGTERM);
                 }
@@ -171,7 +180,8 @@ fn forward(
     outcome: &mut GangOutcome,
     kill_at: &mut Option<Instant>,
 ) {
-    eprintln!("[rdujob] signal {sig}: stopping {} rank(s)", running.len());
+    opts.console
+        .note(&format!("signal {sig}: stopping {} rank(s)", running.len()));
     for &(_, pid) in running {
         send_signal(pid, sig);
     }

@@ -19,6 +19,8 @@ pub struct LocalContext<'a> {
     pub tiles: &'a [BTreeMap<String, String>],
     pub result_path: &'a Path,
     pub checkpoint_dir: Option<&'a Path>,
+    /// Rank 0 writes its progress as JSON lines on stdout (`RDU_PROGRESS_LINES`) for the console.
+    pub progress_lines: bool,
 }
 
 /// One rank's process environment.
@@ -46,6 +48,12 @@ pub fn rank_launches(job: &RduJob, generation: u32, ctx: &LocalContext) -> Vec<R
                 .collect();
             if let Some(tiles) = ctx.tiles.get(rank as usize) {
                 env.extend(tiles.iter().map(|(k, v)| (k.clone(), v.clone())));
+            }
+            if rank == 0 && ctx.progress_lines {
+                env.push((
+                    rdu_crds::consts::env::PROGRESS_LINES.to_string(),
+                    "1".to_string(),
+                ));
             }
             RankLaunch { rank, env }
         })
@@ -85,6 +93,7 @@ mod tests {
             tiles: &tiles,
             result_path: Path::new("/tmp/r.json"),
             checkpoint_dir: None,
+            progress_lines: true,
         };
         let launches = rank_launches(&job(2), 3, &ctx);
         assert_eq!(launches.len(), 2);
@@ -102,5 +111,11 @@ mod tests {
         assert_eq!(get(r1, env::RESULT_PATH), Some("/tmp/r.json"));
         assert_eq!(get(r1, env::CHECKPOINT_DIR), None);
         assert!(get(r1, env::JOB_SPEC).is_some_and(|s| s.contains("\"workers\":2")));
+        assert_eq!(
+            get(&launches[0], env::PROGRESS_LINES),
+            Some("1"),
+            "rank 0 reports"
+        );
+        assert_eq!(get(r1, env::PROGRESS_LINES), None, "rank 1 does not");
     }
 }

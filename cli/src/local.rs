@@ -13,6 +13,9 @@ use rdu_crds::token::new_token;
 use rdu_crds::{JobResult, RduJob};
 use rdu_tiles::simulated::SimulatedNode;
 
+use std::sync::Arc;
+
+use crate::console::Console;
 use crate::error::CliError;
 use crate::gang::{self, GangOptions};
 use crate::launch::{LOCALHOST, LocalContext, rank_launches};
@@ -28,8 +31,9 @@ const FAILURE_GRACE_EXTRA: Duration = Duration::from_secs(5);
 /// Grace after a forwarded Ctrl-C/SIGTERM before the ranks are killed.
 const STOP_GRACE: Duration = Duration::from_secs(10);
 /// Runs the job in `path` to its end; returns the process exit code.
-pub async fn run(path: &Path, workers: Option<u32>) -> Result<i32, CliError> {
+pub async fn run(path: &Path, workers: Option<u32>, verbose: bool) -> Result<i32, CliError> {
     let LocalJob { mut job, dir } = manifest::load(path, workers)?;
+    let console = Arc::new(Console::new(verbose));
     let name = job.metadata.name.clone().unwrap_or_default();
     if job.metadata.uid.is_none() {
         job.metadata.uid = Some(format!("local-{}", &new_token()?[..16]));
@@ -53,6 +57,7 @@ pub async fn run(path: &Path, workers: Option<u32>) -> Result<i32, CliError> {
     };
     let policy = job.spec.run_policy.clone();
     let opts = GangOptions {
+        console: console.clone(),
         exe: std::env::current_exe().map_err(|e| CliError::Io {
             what: "finding this executable".into(),
             reason: e.to_string(),
@@ -65,21 +70,18 @@ pub async fn run(path: &Path, workers: Option<u32>) -> Result<i32, CliError> {
             .active_deadline_seconds
             .map(|s| tokio::time::Instant::now() + Duration::from_secs(s)),
     };
-    eprintln!(
-        "[rdujob] job {name}: {} rank(s) × {} tile(s), scratch {}",
-        job.spec.workers,
-        job.spec.tiles_per_worker,
-        scratch.path().display()
-    );
+    for line in header(&job, scratch.path()) {
+        console.note(&line);
+    }
     if job
         .spec
         .checkpoint
         .as_ref()
         .is_some_and(|c| c.volume_claim_template.is_some())
     {
-        eprintln!(
-            "[rdujob] spec.checkpoint.volumeClaimTemplate is for clusters; locally checkpoints go to the scratch \
-             directory, which survives gang restarts"
+        console.note(
+            "spec.checkpoint.volumeClaimTemplate is for clusters; locally checkpoints go to the scratch \
+             directory, which survives gang restarts",
         );
     }
     let mut node = simulated_node(&job)?;
@@ -92,23 +94,24 @@ pub async fn run(path: &Path, workers: Option<u32>) -> Result<i32, CliError> {
             tiles: &tiles,
             result_path: &result_path,
             checkpoint_dir: checkpoint_dir.as_deref(),
+            progress_lines: !console.verbose(),
         };
         let launches = rank_launches(&job, generation, &ctx);
-        eprintln!(
-            "[rdujob] generation {generation}: starting {} rank(s)",
+        console.note(&format!(
+            "generation {generation}: starting {} rank(s)",
             launches.len()
-        );
+        ));
         let outcome = gang::run(&launches, &opts).await?;
         node.release(&device_ids);
         if let Some(sig) = outcome.interrupted {
-            eprintln!("[rdujob] stopped by signal {sig}");
+            console.note(&format!("stopped by signal {sig}"));
             return Ok(128 + sig);
         }
         if outcome.deadline_exceeded {
-            eprintln!(
-                "[rdujob] job {name} failed: DeadlineExceeded (spec.runPolicy.activeDeadlineSeconds {})",
+            console.note(&format!(
+                "job {name} failed: DeadlineExceeded (spec.runPolicy.activeDeadlineSeconds {})",
                 policy.active_deadline_seconds.unwrap_or_default()
-            );
+            ));
             return Ok(exit_code::DEADLINE_EXCEEDED);
         }
         let Some((rank, exit)) = policy::culprit(outcome.exits.iter().copied()) else {
@@ -117,7 +120,11 @@ pub async fn run(path: &Path, workers: Option<u32>) -> Result<i32, CliError> {
                 what: "encoding the result".into(),
                 reason: e.to_string(),
             })?;
-            eprintln!("[rdujob] job {name} succeeded after {generation} restart(s)");
+            console.finish();
+            console.note(&format!(
+                "job {name} succeeded after {generation} restart(s)"
+            ));
+            console.note(&result_text(&result));
             println!("{json}");
             return Ok(exit_code::SUCCESS);
         };
@@ -127,22 +134,84 @@ pub async fn run(path: &Path, workers: Option<u32>) -> Result<i32, CliError> {
             generation,
             exit,
         ) {
-            Verdict::Restart => eprintln!(
-                "[rdujob] rank {rank} ended with {exit}: restarting the gang: generation {} (restart {} of at most {})",
+            Verdict::Restart => console.note(&format!(
+                "rank {rank} ended with {exit}: restarting the gang: generation {} (restart {} of at most {})",
                 generation + 1,
                 generation + 1,
                 policy.backoff_limit
-            ),
+            )),
             Verdict::Fail(reason) => {
-                eprintln!(
-                    "[rdujob] job {name} failed: rank {rank} ended with {exit} after {generation} restart(s) ({})",
+                console.finish();
+                console.note(&format!(
+                    "job {name} failed: rank {rank} ended with {exit} after {generation} restart(s) ({})",
                     reason.as_str()
-                );
+                ));
                 return Ok(exit.as_exit_code());
             }
         }
     }
     unreachable_generation()
+}
+
+/// The header of a local run: the job, its ranks and tiles, model, data, training, and the scratch directory.
+fn header(job: &RduJob, scratch: &Path) -> Vec<String> {
+    let spec = &job.spec;
+    let name = job.metadata.name.as_deref().unwrap_or_default();
+    let data = match &spec.data.path {
+        Some(path) => format!("{} {path}", spelled(&spec.data.source)),
+        None => spelled(&spec.data.source),
+    };
+    let length = match (spec.training.steps, spec.training.epochs) {
+        (Some(steps), _) => format!("{steps} steps"),
+        (None, Some(epochs)) => format!("{epochs} epochs"),
+        (None, None) => String::new(),
+    };
+    vec![
+        format!(
+            "job {name} ({}): {} rank(s) × {} tile(s) on 127.0.0.1",
+            spec.mode.as_str(),
+            spec.workers,
+            spec.tiles_per_worker
+        ),
+        format!(
+            "model {} {:?}, data {data}, {length} of batch {} per rank",
+            spelled(&spec.model.name),
+            spec.model.hidden_sizes,
+            spec.training.batch_size
+        ),
+        format!("scratch {} (rank logs: -v)", scratch.display()),
+    ]
+}
+
+/// A spec value as the YAML spells it (`csv`, `ffn-logreg`).
+fn spelled(value: &impl serde::Serialize) -> String {
+    match serde_json::to_value(value) {
+        Ok(serde_json::Value::String(s)) => s,
+        Ok(other) => other.to_string(),
+        Err(_) => String::new(),
+    }
+}
+
+/// The result as a person reads it.
+fn result_text(r: &JobResult) -> String {
+    let mut text = match r.mode.unwrap_or_default() {
+        rdu_crds::RunMode::MeasurePerformance => format!(
+            "{} timed steps in {:.2} s: {:.1} samples/s",
+            r.global_steps, r.train_seconds, r.samples_per_second
+        ),
+        _ => format!(
+            "test accuracy {:.4}, loss {:.4}, {:.1} samples/s, {} steps in {:.2} s",
+            r.test_accuracy, r.final_loss, r.samples_per_second, r.global_steps, r.train_seconds
+        ),
+    };
+    if let (Some(p50), Some(p99)) = (r.step_latency_p50_seconds, r.step_latency_p99_seconds) {
+        text.push_str(&format!(
+            ", latency p50 {:.3} ms p99 {:.3} ms",
+            p50 * 1e3,
+            p99 * 1e3
+        ));
+    }
+    text
 }
 
 /// The generation counter is unbounded in form but bounded by `backoffLimit` (a u32) in practice.

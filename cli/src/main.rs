@@ -1,6 +1,7 @@
 //! The rdujob command line: `run` an RduJob locally (like `mpirun -np N`), `tilestat` a node.
 
 mod bench;
+mod console;
 mod error;
 mod gang;
 mod launch;
@@ -34,6 +35,10 @@ enum Command {
         /// Override spec.workers (the world size).
         #[arg(long)]
         workers: Option<u32>,
+        /// Every rank's every log line (`[rank N]`-prefixed) instead of one progress line, warnings and errors;
+        /// also when RUST_LOG is set.
+        #[arg(short, long)]
+        verbose: bool,
     },
     /// Measure the job's samples/s at 1 rank and at each of --ranks, as JSON lines with the
     /// scaling efficiency against the 1-rank run.
@@ -71,8 +76,13 @@ fn main() {
             rdu_worker::init_logs();
             rdu_worker::run_from_process_env()
         }
-        Command::Run { file, workers } => {
-            with_runtime(|| async move { local::run(&file, workers).await })
+        Command::Run {
+            file,
+            workers,
+            verbose,
+        } => {
+            let verbose = verbose || std::env::var_os("RUST_LOG").is_some();
+            with_runtime(|| async move { local::run(&file, workers, verbose).await })
         }
         Command::Bench {
             file,

@@ -34,9 +34,11 @@ fn write_job(dir: &Path, spec: &str) -> std::path::PathBuf {
     path
 }
 
+/// `rdujob` with every rank's log (RUST_LOG set: what most tests here read).
 fn spawn(args: &[&str]) -> Child {
     Command::new(RDUJOB)
         .args(args)
+        .env("RUST_LOG", "info")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -87,7 +89,11 @@ fn finish(mut child: Child, lines: mpsc::Receiver<String>, mut seen: Vec<String>
 }
 
 fn run(args: &[&str]) -> Finished {
-    let mut child = spawn(args);
+    let child = spawn(args);
+    finish_streaming(child)
+}
+
+fn finish_streaming(mut child: Child) -> Finished {
     let lines = stream_lines(&mut child);
     finish(child, lines, Vec::new())
 }
@@ -117,6 +123,97 @@ fn checksums(stderr: &str) -> Vec<(String, String)> {
             (rank, sum)
         })
         .collect()
+}
+
+/// `rdujob run FILE` as a person runs it (no RUST_LOG), with `extra` arguments; stderr is not a terminal.
+fn run_quiet(spec: &str, extra: &[&str]) -> Finished {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_job(dir.path(), spec);
+    let child = Command::new(RDUJOB)
+        .arg("run")
+        .arg(&path)
+        .args(extra)
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    finish_streaming(child)
+}
+
+#[test]
+fn without_v_a_run_shows_a_header_progress_lines_warnings_and_the_result_only() {
+    // No held-out samples: every rank warns, and the warning must show.
+    let spec = SMALL.replace("seed: 3}", "seed: 3, testFraction: 0.0}");
+    let f = run_quiet(&spec, &[]);
+    assert_eq!(f.code, Some(0), "{}", f.stderr);
+    let lines: Vec<&str> = f.stderr.lines().collect();
+    assert!(
+        lines[0].starts_with("[rdujob] job t (train): 3 rank(s) × 2 tile(s)"),
+        "{}",
+        f.stderr
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("[rdujob] model ffn-logreg [16], data synthetic")),
+        "{}",
+        f.stderr
+    );
+    let progress: Vec<&&str> = lines
+        .iter()
+        .filter(|l| l.starts_with("[rdujob] step "))
+        .collect();
+    assert!(
+        progress.iter().any(|l| l.contains("step 39/39 (100%)")),
+        "{}",
+        f.stderr
+    );
+    assert!(
+        !lines.iter().any(|l| l.contains("epoch done")),
+        "no INFO lines without -v:\n{}",
+        f.stderr
+    );
+    for rank in 0..3 {
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with(&format!("[rank {rank}]"))
+                    && l.contains("WARN")
+                    && l.contains("no held-out samples")),
+            "rank {rank}'s warning:\n{}",
+            f.stderr
+        );
+    }
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("[rdujob] test accuracy ")),
+        "{}",
+        f.stderr
+    );
+    assert_eq!(
+        result_json(&f)["globalSteps"],
+        39,
+        "600 samples over 3 ranks, 13 batches of 16 each, 3 epochs"
+    );
+
+    let verbose = run_quiet(SMALL, &["-v"]);
+    assert_eq!(verbose.code, Some(0), "{}", verbose.stderr);
+    let epoch_lines = verbose
+        .stderr
+        .lines()
+        .filter(|l| l.contains("epoch done"))
+        .count();
+    assert_eq!(
+        epoch_lines, 9,
+        "3 ranks x 3 epochs with -v:\n{}",
+        verbose.stderr
+    );
+    assert!(
+        !verbose.stderr.contains("[rdujob] step "),
+        "no progress line with -v"
+    );
 }
 
 #[test]

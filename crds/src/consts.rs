@@ -68,6 +68,8 @@ pub mod env {
     pub const PROGRESS_URL: &str = "RDU_PROGRESS_URL";
     /// Rank 0 only: the file holding its progress token (re-read before each report: the kubelet refreshes it).
     pub const PROGRESS_TOKEN_FILE: &str = "RDU_PROGRESS_TOKEN_FILE";
+    /// Local mode, rank 0: `1` writes progress as JSON lines on stdout for `rdujob`'s progress line.
+    pub const PROGRESS_LINES: &str = "RDU_PROGRESS_LINES";
     /// Tile-affinity mask handed out by the device plugin, as in the seeds.
     pub const TILE_AFFINITY: &str = "SF_RNT_TILE_AFFINITY";
     /// Comma-separated tile device IDs handed out by the device plugin.

@@ -89,7 +89,6 @@ fn bad_specs() -> Vec<(&'static str, Value, &'static str)> {
             with(b(), "/spec/mode", json!("inference")),
             "spec.mode inference loads the newest checkpoint",
         ),
-
         (
             "csv without a path",
             with(b(), "/spec/data", json!({"source": "csv"})),

@@ -34,6 +34,8 @@ pub struct WorkerEnv {
     pub visible_tiles: String,
     /// Rank 0 in a cluster whose operator takes progress reports: where they go.
     pub progress: Option<rdu_crds::ProgressEndpoint>,
+    /// Local mode's rank 0: progress as JSON lines on stdout (`RDU_PROGRESS_LINES=1`).
+    pub progress_lines: bool,
 }
 
 impl WorkerEnv {
@@ -70,6 +72,7 @@ impl WorkerEnv {
             tile_affinity: get(env::TILE_AFFINITY).unwrap_or_default(),
             visible_tiles: get(env::VISIBLE_TILES).unwrap_or_default(),
             progress: contract.progress,
+            progress_lines: get(env::PROGRESS_LINES).as_deref() == Some("1"),
         })
     }
 }

@@ -16,6 +16,7 @@ pub mod observe;
 pub mod optim;
 pub mod overlap;
 pub mod pef;
+pub mod progress_lines;
 pub mod report;
 pub mod result;
 pub mod rng;

@@ -7,6 +7,7 @@ use rdu_crds::{JobResult, StepPoint};
 
 use crate::env::WorkerEnv;
 use crate::model::BatchStats;
+use crate::progress_lines::ProgressLines;
 use crate::report::{ProgressReporter, ReportTarget};
 
 /// The end of one optimizer step.
@@ -51,6 +52,9 @@ impl Observers {
     pub fn for_rank(env: &WorkerEnv) -> Observers {
         let mut observers = Observers::default();
         observers.push(EpochLog);
+        if env.rank == 0 && env.progress_lines {
+            observers.push(ProgressLines::default());
+        }
         if let (0, Some(endpoint)) = (env.rank, &env.progress) {
             let generation = u32::try_from(env.generation).unwrap_or(u32::MAX);
             let target = ReportTarget::new(endpoint, &env.namespace, &env.job_name, generation);
