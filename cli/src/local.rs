@@ -30,10 +30,23 @@ const MIN_RDUS: u32 = 8;
 const FAILURE_GRACE_EXTRA: Duration = Duration::from_secs(5);
 /// Grace after a forwarded Ctrl-C/SIGTERM before the ranks are killed.
 const STOP_GRACE: Duration = Duration::from_secs(10);
+/// What the command line adds to the job file.
+#[derive(Debug, Default)]
+pub struct RunOptions {
+    /// Override spec.workers.
+    pub workers: Option<u32>,
+    /// Override spec.mode.
+    pub mode: Option<rdu_crds::RunMode>,
+    /// Checkpoints here instead of the scratch directory.
+    pub checkpoint_dir: Option<std::path::PathBuf>,
+    /// Every rank's every line.
+    pub verbose: bool,
+}
+
 /// Runs the job in `path` to its end; returns the process exit code.
-pub async fn run(path: &Path, workers: Option<u32>, verbose: bool) -> Result<i32, CliError> {
-    let LocalJob { mut job, dir } = manifest::load(path, workers)?;
-    let console = Arc::new(Console::new(verbose));
+pub async fn run(path: &Path, options: RunOptions) -> Result<i32, CliError> {
+    let LocalJob { mut job, dir } = manifest::load(path, options.workers, options.mode)?;
+    let console = Arc::new(Console::new(options.verbose));
     let name = job.metadata.name.clone().unwrap_or_default();
     if job.metadata.uid.is_none() {
         job.metadata.uid = Some(format!("local-{}", &new_token()?[..16]));
@@ -45,11 +58,17 @@ pub async fn run(path: &Path, workers: Option<u32>, verbose: bool) -> Result<i32
             what: "creating a scratch directory".into(),
             reason: e.to_string(),
         })?;
-    let checkpoint_dir = job
-        .spec
-        .checkpoint
-        .as_ref()
-        .map(|_| scratch.path().join("checkpoints"));
+    let checkpoint_dir = match (&job.spec.checkpoint, options.checkpoint_dir) {
+        (None, _) => None,
+        (Some(_), Some(dir)) => {
+            std::fs::create_dir_all(&dir).map_err(|e| CliError::Io {
+                what: format!("creating --checkpoint-dir {}", dir.display()),
+                reason: e.to_string(),
+            })?;
+            Some(dir)
+        }
+        (Some(_), None) => Some(scratch.path().join("checkpoints")),
+    };
     let supplied = SuppliedValues {
         token: new_token()?,
         node_name: hostname(),

@@ -35,6 +35,14 @@ enum Command {
         /// Override spec.workers (the world size).
         #[arg(long)]
         workers: Option<u32>,
+        /// Override spec.mode: `train`, `measure-performance` (the seeds' `measure-performance`) or `inference`
+        /// (the seeds' `run --inference`; needs --checkpoint-dir with a training run's checkpoints).
+        #[arg(long, value_parser = parse_mode)]
+        mode: Option<rdu_crds::RunMode>,
+        /// Keep checkpoints in DIR (created if missing) instead of the scratch directory, which goes at the end:
+        /// a later `--mode inference` run reads them.
+        #[arg(long)]
+        checkpoint_dir: Option<PathBuf>,
         /// Every rank's every log line (`[rank N]`-prefixed) instead of one progress line, warnings and errors;
         /// also when RUST_LOG is set.
         #[arg(short, long)]
@@ -79,10 +87,17 @@ fn main() {
         Command::Run {
             file,
             workers,
+            mode,
+            checkpoint_dir,
             verbose,
         } => {
-            let verbose = verbose || std::env::var_os("RUST_LOG").is_some();
-            with_runtime(|| async move { local::run(&file, workers, verbose).await })
+            let options = local::RunOptions {
+                workers,
+                mode,
+                checkpoint_dir,
+                verbose: verbose || std::env::var_os("RUST_LOG").is_some(),
+            };
+            with_runtime(|| async move { local::run(&file, options).await })
         }
         Command::Bench {
             file,
@@ -107,6 +122,18 @@ fn main() {
         }),
     };
     std::process::exit(code);
+}
+
+/// `--mode` as the seeds' commands spell it, or as the spec does.
+fn parse_mode(text: &str) -> Result<rdu_crds::RunMode, String> {
+    match text {
+        "train" | "run" => Ok(rdu_crds::RunMode::Train),
+        "measure-performance" | "measurePerformance" => Ok(rdu_crds::RunMode::MeasurePerformance),
+        "inference" => Ok(rdu_crds::RunMode::Inference),
+        other => Err(format!(
+            "unknown mode {other:?}: use train, measure-performance or inference"
+        )),
+    }
 }
 
 fn with_runtime<F, Fut>(f: F) -> i32

@@ -14,8 +14,12 @@ pub struct LocalJob {
     pub dir: PathBuf,
 }
 
-/// Reads, overrides the world size with `workers` when given, and validates.
-pub fn load(path: &Path, workers: Option<u32>) -> Result<LocalJob, CliError> {
+/// Reads, overrides the world size with `workers` and the mode with `mode` when given, and validates.
+pub fn load(
+    path: &Path,
+    workers: Option<u32>,
+    mode: Option<rdu_crds::RunMode>,
+) -> Result<LocalJob, CliError> {
     let shown = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|e| CliError::ReadManifest {
         path: shown.clone(),
@@ -40,6 +44,9 @@ pub fn load(path: &Path, workers: Option<u32>) -> Result<LocalJob, CliError> {
     })?;
     if let Some(n) = workers {
         job.spec.workers = n;
+    }
+    if let Some(mode) = mode {
+        job.spec.mode = mode;
     }
     if let Err(errors) = rdu_crds::validate_job(&job) {
         return Err(CliError::Invalid {
@@ -70,16 +77,16 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("job.yaml");
         std::fs::write(&path, JOB).unwrap();
-        let job = load(&path, Some(3)).unwrap();
+        let job = load(&path, Some(3), None).unwrap();
         assert_eq!(job.job.spec.workers, 3);
         assert_eq!(job.dir, dir.path().canonicalize().unwrap());
-        let err = load(&path, Some(0)).unwrap_err().to_string();
+        let err = load(&path, Some(0), None).unwrap_err().to_string();
         assert!(err.contains("spec.workers"), "{err}");
     }
 
     #[test]
     fn a_missing_file_is_a_config_error() {
-        let err = load(Path::new("/nonexistent/job.yaml"), None).unwrap_err();
+        let err = load(Path::new("/nonexistent/job.yaml"), None, None).unwrap_err();
         assert_eq!(err.exit_code(), 64);
         assert!(err.to_string().contains("/nonexistent/job.yaml"));
     }

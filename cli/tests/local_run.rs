@@ -629,3 +629,51 @@ fn a_compiled_pef_runs_and_a_mismatching_job_is_refused() {
         refused.stderr
     );
 }
+
+#[test]
+fn the_seeds_run_modes_from_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let checkpoints = dir.path().join("ckpt");
+    let ckpt_arg = checkpoints.to_str().unwrap();
+    // 480 training samples over 3 ranks: 10 steps per epoch, 30 in all; the newest checkpoint is the end.
+    let spec = format!("{SMALL}  checkpoint: {{intervalSteps: 10, keep: 1}}\n");
+    let trained = run_quiet(&spec, &["--checkpoint-dir", ckpt_arg]);
+    assert_eq!(trained.code, Some(0), "{}", trained.stderr);
+    assert!(
+        std::fs::read_dir(&checkpoints).unwrap().count() > 0,
+        "checkpoints kept"
+    );
+
+    let inferred = run_quiet(
+        &spec,
+        &["--mode", "inference", "--checkpoint-dir", ckpt_arg],
+    );
+    assert_eq!(inferred.code, Some(0), "{}", inferred.stderr);
+    let (t, i) = (result_json(&trained), result_json(&inferred));
+    assert_eq!(i["mode"], "inference");
+    assert_eq!(i["testAccuracy"], t["testAccuracy"], "{t} vs {i}");
+    assert!(
+        inferred.stderr.contains("latency p50"),
+        "{}",
+        inferred.stderr
+    );
+
+    // Without the kept checkpoints, inference has nothing to load.
+    let nothing = run_quiet(&spec, &["--mode", "inference"]);
+    assert_eq!(nothing.code, Some(64), "{}", nothing.stderr);
+    assert!(
+        nothing.stderr.contains("inference found no checkpoint"),
+        "{}",
+        nothing.stderr
+    );
+
+    let measured = run_quiet(SMALL, &["--mode", "measure-performance"]);
+    assert_eq!(measured.code, Some(0), "{}", measured.stderr);
+    let m = result_json(&measured);
+    // training.steps unset: the default 50 timed steps.
+    assert_eq!(
+        (m["mode"].as_str(), m["globalSteps"].as_u64()),
+        (Some("measurePerformance"), Some(50)),
+        "{m}"
+    );
+}

@@ -69,8 +69,11 @@ pub async fn infer(
         seed: spec.data.seed,
     };
     let batch = spec.training.batch_size as usize;
-    let warmup = spec.training.warmup_steps.unwrap_or(DEFAULT_WARMUP_STEPS) as usize;
     let indices = sampler.indices(0);
+    // A small test split keeps at least half its batches timed.
+    let batches = indices.len().div_ceil(batch.max(1));
+    let warmup =
+        (spec.training.warmup_steps.unwrap_or(DEFAULT_WARMUP_STEPS) as usize).min(batches / 2);
     tracing::info!(
         trained_steps,
         test_samples = test.len(),
