@@ -19,6 +19,8 @@ pub struct LocalContext<'a> {
     pub tiles: &'a [BTreeMap<String, String>],
     pub result_path: &'a Path,
     pub checkpoint_dir: Option<&'a Path>,
+    /// Rank 0's TensorBoard directory, when the job asks for one.
+    pub tensorboard_dir: Option<&'a Path>,
     /// Rank 0 writes its progress as JSON lines on stdout (`RDU_PROGRESS_LINES`) for the console.
     pub progress_lines: bool,
 }
@@ -41,6 +43,9 @@ pub fn rank_launches(job: &RduJob, generation: u32, ctx: &LocalContext) -> Vec<R
                 RankEnv::new(job, rank, generation, LOCALHOST.into(), ctx.master_port, 0);
             contract.result_path = Some(ctx.result_path.display().to_string());
             contract.checkpoint_dir = ctx.checkpoint_dir.map(|d| d.display().to_string());
+            if rank == 0 {
+                contract.tensorboard_dir = ctx.tensorboard_dir.map(|d| d.display().to_string());
+            }
             let mut env: Vec<(String, String)> = contract
                 .vars_with(&ctx.supplied)
                 .into_iter()
@@ -93,6 +98,7 @@ mod tests {
             tiles: &tiles,
             result_path: Path::new("/tmp/r.json"),
             checkpoint_dir: None,
+            tensorboard_dir: Some(Path::new("/tmp/tb")),
             progress_lines: true,
         };
         let launches = rank_launches(&job(2), 3, &ctx);
@@ -117,5 +123,7 @@ mod tests {
             "rank 0 reports"
         );
         assert_eq!(get(r1, env::PROGRESS_LINES), None, "rank 1 does not");
+        assert_eq!(get(&launches[0], env::TENSORBOARD_DIR), Some("/tmp/tb"));
+        assert_eq!(get(r1, env::TENSORBOARD_DIR), None);
     }
 }

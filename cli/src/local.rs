@@ -69,6 +69,13 @@ pub async fn run(path: &Path, options: RunOptions) -> Result<i32, CliError> {
         }
         (Some(_), None) => Some(scratch.path().join("checkpoints")),
     };
+    // TensorBoard's files must outlive the run: the scratch directory is then kept.
+    let tensorboard_dir = job
+        .spec
+        .tensorboard
+        .as_ref()
+        .map(|_| scratch.path().join("tensorboard"));
+    let scratch = Scratch::new(scratch, tensorboard_dir.is_some());
     let supplied = SuppliedValues {
         token: new_token()?,
         node_name: hostname(),
@@ -113,6 +120,7 @@ pub async fn run(path: &Path, options: RunOptions) -> Result<i32, CliError> {
             tiles: &tiles,
             result_path: &result_path,
             checkpoint_dir: checkpoint_dir.as_deref(),
+            tensorboard_dir: tensorboard_dir.as_deref(),
             progress_lines: !console.verbose(),
         };
         let launches = rank_launches(&job, generation, &ctx);
@@ -144,6 +152,13 @@ pub async fn run(path: &Path, options: RunOptions) -> Result<i32, CliError> {
                 "job {name} succeeded after {generation} restart(s)"
             ));
             console.note(&result_text(&result));
+            if let Some(dir) = &tensorboard_dir {
+                console.note(&format!(
+                    "TensorBoard event files in {}: tensorboard --logdir {}",
+                    dir.display(),
+                    dir.display()
+                ));
+            }
             println!("{json}");
             return Ok(exit_code::SUCCESS);
         };
@@ -170,6 +185,29 @@ pub async fn run(path: &Path, options: RunOptions) -> Result<i32, CliError> {
         }
     }
     unreachable_generation()
+}
+
+/// The run's scratch directory: removed at the end, unless it holds files the user reads afterwards.
+enum Scratch {
+    Removed(tempfile::TempDir),
+    Kept(std::path::PathBuf),
+}
+
+impl Scratch {
+    fn new(dir: tempfile::TempDir, keep: bool) -> Self {
+        if keep {
+            Scratch::Kept(dir.keep())
+        } else {
+            Scratch::Removed(dir)
+        }
+    }
+
+    fn path(&self) -> &Path {
+        match self {
+            Scratch::Removed(dir) => dir.path(),
+            Scratch::Kept(path) => path,
+        }
+    }
 }
 
 /// The header of a local run: the job, its ranks and tiles, model, data, training, and the scratch directory.

@@ -677,3 +677,33 @@ fn the_seeds_run_modes_from_the_command_line() {
         "{m}"
     );
 }
+
+#[test]
+fn tensorboard_files_outlive_a_local_run_and_their_directory_is_printed() {
+    let f = run_quiet(&format!("{SMALL}  tensorboard: {{}}\n"), &[]);
+    assert_eq!(f.code, Some(0), "{}", f.stderr);
+    let line = f
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("[rdujob] TensorBoard event files in "))
+        .unwrap_or_else(|| panic!("no TensorBoard line:\n{}", f.stderr));
+    let dir = line
+        .trim_start_matches("[rdujob] TensorBoard event files in ")
+        .split(':')
+        .next()
+        .unwrap_or_default();
+    let dir = Path::new(dir);
+    let files: Vec<String> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        files.len() == 1 && files[0].starts_with("events.out.tfevents."),
+        "{files:?}"
+    );
+    // The kept scratch directory is the test's to remove.
+    if let Some(scratch) = dir.parent() {
+        std::fs::remove_dir_all(scratch).unwrap();
+    }
+}

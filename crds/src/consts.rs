@@ -43,6 +43,9 @@ pub fn progress_path(namespace: &str, job: &str) -> String {
     format!("/progress/v1/namespaces/{namespace}/rdujobs/{job}")
 }
 
+/// Where rank 0's pod mounts the TensorBoard log directory.
+pub const TENSORBOARD_MOUNT: &str = "/var/log/rdu/tensorboard";
+
 /// Environment variables set on every rank (DESIGN 4.2) and by the device plugin (DESIGN 4.3).
 pub mod env {
     pub const RANK: &str = "RANK";
@@ -68,6 +71,8 @@ pub mod env {
     pub const PROGRESS_URL: &str = "RDU_PROGRESS_URL";
     /// Rank 0 only: the file holding its progress token (re-read before each report: the kubelet refreshes it).
     pub const PROGRESS_TOKEN_FILE: &str = "RDU_PROGRESS_TOKEN_FILE";
+    /// Rank 0 of a job with `spec.tensorboard`: the directory its event files go to.
+    pub const TENSORBOARD_DIR: &str = "RDU_TENSORBOARD_DIR";
     /// Local mode, rank 0: `1` writes progress as JSON lines on stdout for `rdujob`'s progress line.
     pub const PROGRESS_LINES: &str = "RDU_PROGRESS_LINES";
     /// Tile-affinity mask handed out by the device plugin, as in the seeds.

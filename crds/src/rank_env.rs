@@ -26,6 +26,8 @@ pub struct RankEnv {
     pub checkpoint_dir: Option<String>,
     /// Rank 0 in a cluster whose operator takes progress reports: where to send them, and the token file.
     pub progress: Option<ProgressEndpoint>,
+    /// Rank 0 of a job with `spec.tensorboard`: the directory for its event files.
+    pub tensorboard_dir: Option<String>,
 }
 
 /// Where rank 0 reports progress (DESIGN 4.8).
@@ -128,6 +130,7 @@ impl RankEnv {
             result_path: None,
             checkpoint_dir: None,
             progress: None,
+            tensorboard_dir: None,
         }
     }
 
@@ -153,6 +156,9 @@ impl RankEnv {
         }
         if let Some(dir) = &self.checkpoint_dir {
             vars.push((env::CHECKPOINT_DIR, dir.clone()));
+        }
+        if let Some(dir) = &self.tensorboard_dir {
+            vars.push((env::TENSORBOARD_DIR, dir.clone()));
         }
         if let Some(progress) = &self.progress {
             vars.push((env::PROGRESS_URL, progress.url.clone()));
@@ -217,6 +223,7 @@ impl RankEnv {
             spec,
             result_path: value(env::RESULT_PATH),
             checkpoint_dir: value(env::CHECKPOINT_DIR),
+            tensorboard_dir: value(env::TENSORBOARD_DIR),
             progress: match (value(env::PROGRESS_URL), value(env::PROGRESS_TOKEN_FILE)) {
                 (Some(url), Some(token_file)) => Some(ProgressEndpoint { url, token_file }),
                 (None, None) => None,
@@ -303,6 +310,7 @@ mod tests {
         let mut env = RankEnv::new(&job(2, None), 1, 3, "127.0.0.1".into(), 4000, 0);
         env.result_path = Some("/tmp/r.json".into());
         env.checkpoint_dir = Some("/tmp/ckpt".into());
+        env.tensorboard_dir = Some("/tmp/tb".into());
         env.progress = Some(ProgressEndpoint {
             url: "http://op:8080".into(),
             token_file: "/run/token".into(),

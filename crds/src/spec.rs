@@ -70,6 +70,9 @@ pub struct RduJobSpec {
     /// Checkpointing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<CheckpointSpec>,
+    /// Rank 0 writes TensorBoard event files (loss, accuracy, samples/s, learning rate) when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tensorboard: Option<TensorBoardSpec>,
     /// Restarts, deadlines, clean-up, suspension, scheduling.
     #[serde(default)]
     pub run_policy: RunPolicy,
@@ -376,6 +379,17 @@ pub struct CheckpointSpec {
     #[serde(default = "default_keep")]
     #[x_kube(validation = Rule::new("self >= 1").message("spec.checkpoint.keep must be at least 1"))]
     pub keep: u32,
+}
+
+/// Where rank 0's TensorBoard event files go (`tensorboard --logdir` on that directory reads them).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TensorBoardSpec {
+    /// A volume of `template` (a PersistentVolumeClaim, for instance) that rank 0 mounts at
+    /// `/var/log/rdu/tensorboard`; an emptyDir when unset. Local mode writes to its scratch directory instead and
+    /// prints where.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume: Option<String>,
 }
 
 fn default_keep() -> u32 {

@@ -174,7 +174,9 @@ async fn only_rank_zero_of_the_current_generation_sets_status_progress() {
 
     // Refusals, each with its status and a message naming what is wrong.
     let oversized = vec![b' '; consts::PROGRESS_REPORT_MAX_BYTES + 1];
-    let cases: [(&str, Option<&str>, Vec<u8>, u16, &str); 8] = [
+    /// (what is wrong, the bearer token, the body, the status, what the message says).
+    type Case<'a> = (&'a str, Option<&'a str>, Vec<u8>, u16, &'a str);
+    let cases: [Case; 8] = [
         ("no token", None, report(0, 10), 401, "bearer"),
         ("forged token", Some("not-a-token"), report(0, 10), 401, "not accepted"),
         ("the API server's audience", Some(&api_audience), report(0, 10), 401, "not accepted"),

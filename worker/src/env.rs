@@ -36,6 +36,8 @@ pub struct WorkerEnv {
     pub progress: Option<rdu_crds::ProgressEndpoint>,
     /// Local mode's rank 0: progress as JSON lines on stdout (`RDU_PROGRESS_LINES=1`).
     pub progress_lines: bool,
+    /// Rank 0 of a job with `spec.tensorboard`: where its event files go.
+    pub tensorboard_dir: Option<PathBuf>,
 }
 
 impl WorkerEnv {
@@ -72,6 +74,7 @@ impl WorkerEnv {
             tile_affinity: get(env::TILE_AFFINITY).unwrap_or_default(),
             visible_tiles: get(env::VISIBLE_TILES).unwrap_or_default(),
             progress: contract.progress,
+            tensorboard_dir: contract.tensorboard_dir.map(PathBuf::from),
             progress_lines: get(env::PROGRESS_LINES).as_deref() == Some("1"),
         })
     }

@@ -22,6 +22,7 @@ pub mod result;
 pub mod rng;
 pub mod run;
 pub mod sampler;
+pub mod tensorboard;
 #[cfg(test)]
 mod test_fixtures;
 pub mod train;

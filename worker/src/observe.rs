@@ -9,6 +9,7 @@ use crate::env::WorkerEnv;
 use crate::model::BatchStats;
 use crate::progress_lines::ProgressLines;
 use crate::report::{ProgressReporter, ReportTarget};
+use crate::tensorboard::TensorBoardWriter;
 
 /// The end of one optimizer step.
 #[derive(Clone, Copy, Debug)]
@@ -52,6 +53,17 @@ impl Observers {
     pub fn for_rank(env: &WorkerEnv) -> Observers {
         let mut observers = Observers::default();
         observers.push(EpochLog);
+        if let (0, Some(dir)) = (env.rank, &env.tensorboard_dir) {
+            match TensorBoardWriter::create(dir, &env.node_name) {
+                Ok(writer) => {
+                    tracing::info!(path = %writer.path().display(), "writing TensorBoard events");
+                    observers.push(writer);
+                }
+                Err(e) => {
+                    tracing::warn!(dir = %dir.display(), error = %e, "cannot create a TensorBoard event file; training goes on without it")
+                }
+            }
+        }
         if env.rank == 0 && env.progress_lines {
             observers.push(ProgressLines::default());
         }

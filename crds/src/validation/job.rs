@@ -45,18 +45,26 @@ fn check_name(c: &mut Checks, job: &RduJob) {
 /// A named checkpoint volume must be one the pod template declares.
 fn check_checkpoint_volume(c: &mut Checks, job: &RduJob) {
     let spec = &job.spec;
-    let Some(volume) = spec.checkpoint.as_ref().and_then(|k| k.volume.as_ref()) else {
-        return;
-    };
-    let declared = spec
+    if let Some(volume) = spec.checkpoint.as_ref().and_then(|k| k.volume.as_ref()) {
+        check_declared(c, job, "spec.checkpoint.volume", volume);
+    }
+    if let Some(volume) = spec.tensorboard.as_ref().and_then(|t| t.volume.as_ref()) {
+        check_declared(c, job, "spec.tensorboard.volume", volume);
+    }
+}
+
+/// `field` names `volume`, which must be one of the pod template's volumes.
+fn check_declared(c: &mut Checks, job: &RduJob, field: &'static str, volume: &str) {
+    let declared = job
+        .spec
         .template
         .as_ref()
         .and_then(|t| t.spec.as_ref())
         .and_then(|s| s.volumes.as_ref())
-        .is_some_and(|vs| vs.iter().any(|v| &v.name == volume));
-    c.check(declared, "spec.checkpoint.volume", || {
+        .is_some_and(|vs| vs.iter().any(|v| v.name == volume));
+    c.check(declared, field, || {
         format!(
-            "spec.checkpoint.volume {volume:?} is not a volume of spec.template.spec.volumes: add it there or omit \
+            "{field} {volume:?} is not a volume of spec.template.spec.volumes: add it there or omit \
              the field for an emptyDir"
         )
     });
@@ -115,6 +123,14 @@ mod tests {
                 |j| j.spec.checkpoint = checkpoint_in("ckpt"),
                 "spec.checkpoint.volume",
             ),
+            (
+                |j| {
+                    j.spec.tensorboard = Some(crate::TensorBoardSpec {
+                        volume: Some("logs".into()),
+                    })
+                },
+                "spec.tensorboard.volume",
+            ),
             (|j| j.metadata.name = None, "metadata.name"),
             (|j| j.metadata.name = Some("Mnist".into()), "metadata.name"),
             (|j| j.metadata.name = Some("a".repeat(60)), "metadata.name"),
@@ -155,6 +171,9 @@ mod tests {
             .expect("template"),
         );
         j.spec.checkpoint = checkpoint_in("ckpt");
+        j.spec.tensorboard = Some(crate::TensorBoardSpec {
+            volume: Some("ckpt".into()),
+        });
         assert_eq!(validate_job(&j), Ok(()));
     }
 }

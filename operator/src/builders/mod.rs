@@ -6,6 +6,7 @@ pub mod children;
 pub mod env;
 pub mod network;
 pub mod progress;
+pub mod tensorboard;
 #[cfg(test)]
 pub(crate) mod test_fixtures;
 

@@ -15,11 +15,15 @@ pub const PROGRESS_TOKEN_VOLUME: &str = "rdu-progress-token";
 /// The token's lifetime; the kubelet renews it at 80% of it.
 pub const PROGRESS_TOKEN_SECONDS: i64 = 3600;
 
-/// The pod of `rank` at `generation`; rank 0's reports progress when the operator takes reports at `progress_url`.
+/// The pod of `rank` at `generation`; rank 0's reports progress when the operator takes reports at `progress_url`,
+/// and writes TensorBoard events when the job asks.
 pub fn rank_pod(job: &ValidJob, rank: u32, generation: u32, progress_url: Option<&str>) -> Pod {
     let mut pod = worker_pod(job, rank, generation);
-    if let (0, Some(url)) = (rank, progress_url) {
-        add_progress_reporting(&mut pod, url);
+    if rank == 0 {
+        if let Some(url) = progress_url {
+            add_progress_reporting(&mut pod, url);
+        }
+        super::tensorboard::add_tensorboard(&mut pod, job);
     }
     pod
 }

@@ -56,6 +56,17 @@ pub fn run_job(
     result: &std::path::Path,
     checkpoints: Option<&std::path::Path>,
 ) -> Vec<i32> {
+    run_job_with(world, edit, result, checkpoints, &[])
+}
+
+/// [`run_job`] with extra variables for rank 0.
+pub fn run_job_with(
+    world: u32,
+    edit: impl Fn(&mut serde_json::Value),
+    result: &std::path::Path,
+    checkpoints: Option<&std::path::Path>,
+    rank0_vars: &[(&str, String)],
+) -> Vec<i32> {
     let master_port = free_port();
     let handles: Vec<_> = (0..world)
         .map(|rank| {
@@ -65,6 +76,9 @@ pub fn run_job(
             vars.insert(env::JOB_SPEC.into(), spec.to_string());
             if let (0, Some(dir)) = (rank, checkpoints) {
                 vars.insert(env::CHECKPOINT_DIR.into(), dir.display().to_string());
+            }
+            if rank == 0 {
+                vars.extend(rank0_vars.iter().map(|(k, v)| (k.to_string(), v.clone())));
             }
             std::thread::spawn(move || rdu_worker::run(|k| vars.get(k).cloned()))
         })
