@@ -1,6 +1,7 @@
 //! The rdujob command line: `run` an RduJob locally (like `mpirun -np N`), `tilestat` a node.
 
 mod bench;
+mod cluster_cli;
 mod console;
 mod error;
 mod gang;
@@ -71,6 +72,16 @@ enum Command {
         #[arg(default_value = DEFAULT_TILESTAT_URL)]
         url: String,
     },
+    /// A cluster job's phase, progress, ranks and result (runs `kubectl-rdujob status`).
+    Status {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// A cluster job's rank logs, `[rank N]`-prefixed (runs `kubectl-rdujob logs`: `--rank N`, `-f`).
+    Logs {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// One rank of a local job (started by `run`; reads the env contract).
     #[command(hide = true)]
     Worker,
@@ -108,6 +119,14 @@ fn main() {
             rdu_worker::init_logs();
             rdu_worker::pef::compile_file(&file, &out)
         }
+        Command::Status { args } => cluster_cli::run("status", &args).unwrap_or_else(|e| {
+            eprintln!("rdujob: {e}");
+            e.exit_code()
+        }),
+        Command::Logs { args } => cluster_cli::run("logs", &args).unwrap_or_else(|e| {
+            eprintln!("rdujob: {e}");
+            e.exit_code()
+        }),
         Command::Tilestat { url } => with_runtime(|| async move {
             match rdu_tiles::tilestat::fetch_and_render(&url).await {
                 Ok(table) => {

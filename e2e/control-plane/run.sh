@@ -16,6 +16,6 @@ echo "run.sh: KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS"
 "$BIN/kube-apiserver" --version
 "$BIN/helm" version --short
 
-cargo build -p rdu-operator
+cargo build -p rdu-operator -p kubectl-rdujob
 # Each test starts its own control plane; two at a time fit a 2-core machine.
 cargo test -p rdu-e2e --no-fail-fast -- --test-threads="${RDU_E2E_THREADS:-2}" --nocapture

@@ -24,7 +24,7 @@ export KUBEBUILDER_ASSETS="$BIN" RDU_E2E_HELM="$BIN/helm" RDU_E2E_NODE_BIN="$NOD
 export RDU_REQUIRE_CONTROL_PLANE=1 RDU_REQUIRE_NODE=1
 
 # The images carry the binaries cargo builds here (the dev profile optimises the worker and collective).
-cargo build -p rdu-operator -p rdu-device-plugin -p rdu-worker --bins >&2
+cargo build -p rdu-operator -p rdu-device-plugin -p rdu-worker -p kubectl-rdujob --bins >&2
 TARGET="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
 export RDU_E2E_IMAGE_BINARIES="$TARGET/debug"
 

@@ -127,6 +127,25 @@ impl Cluster {
         }
     }
 
+    /// `kubectl-rdujob args…` in the default namespace as the admin (built beside this test's binary).
+    fn cluster_cli(&self, args: &[&str]) -> String {
+        let exe = std::env::current_exe().expect("test binary");
+        let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
+        let out = std::process::Command::new(dir.join("kubectl-rdujob"))
+            .arg("--kubeconfig")
+            .arg(&self.plane.admin_kubeconfig)
+            .args(["-n", "default"])
+            .args(args)
+            .output()
+            .expect("kubectl-rdujob runs (cargo build -p kubectl-rdujob)");
+        assert!(
+            out.status.success(),
+            "kubectl-rdujob {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     fn kubectl(&self, args: &[&str]) -> String {
         kubectl(&self.plane, args, None).unwrap_or_else(|e| panic!("{e}\n{}", self.diagnose()))
     }
@@ -352,6 +371,26 @@ impl Cluster {
             .await;
         assert_eq!(progress["percent"], 100, "{progress}");
         assert_eq!(progress["totalSteps"], steps, "{progress}");
+
+        // `kubectl rdujob logs` merges every rank's log with `[rank N]` prefixes; `status` shows the ranks.
+        let merged = self.cluster_cli(&["logs", "digits"]);
+        for rank in 0..workers {
+            let prefix = format!("[rank {rank}] ");
+            assert!(
+                merged
+                    .lines()
+                    .any(|l| l.starts_with(&prefix) && l.contains("inner train loop time")),
+                "no final line of rank {rank} in `kubectl rdujob logs digits`:\n{merged}"
+            );
+        }
+        let one = self.cluster_cli(&["logs", "digits", "--rank", "1"]);
+        assert!(
+            !one.is_empty() && one.lines().all(|l| l.starts_with("[rank 1] ")),
+            "{one}"
+        );
+        let shown = self.cluster_cli(&["status", "digits"]);
+        assert!(shown.contains("Phase:      Succeeded"), "{shown}");
+        assert!(shown.contains("Result:     test accuracy"), "{shown}");
 
         // Every rank: its tiles in status, its log with the rank on every line, the seeds' final line, and
         // the SF_RNT_TILE_AFFINITY it was given matching those tiles.
