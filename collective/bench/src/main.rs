@@ -5,7 +5,11 @@
 //! Prints one JSON line per size with nccl-tests' definitions: algbw = bytes / time,
 //! busbw = algbw * 2 (n - 1) / n; bandwidths in GB/s where 1 GB = 1e9 bytes; and `busbw_vs_tcp`, busbw over the
 //! baseline. Then one line `{"baseline":"tcp_stream","gbps":..}` (same unit): the mean of a raw TCP stream
-//! measured before and after the ranks ran (`gbps_before`, `gbps_after`).
+//! measured before and after the ranks ran (`gbps_before`, `gbps_after`). Then, per size, the second baseline
+//! `{"baseline":"tcp_pingpong","bytes":..,"rtt_us":..}`: the median round trip of a blocking TCP ping-pong of
+//! those bytes between two processes, and each size line's `time_vs_pingpong` is its time over that round trip.
+
+mod pingpong;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -75,6 +79,12 @@ struct Args {
     /// Internal: send `baseline_bytes` to this address and exit.
     #[arg(long, hide = true)]
     tcp_send_to: Option<String>,
+    /// Internal: echo ping-pong messages to this address (sizes and counts in `--echo-plan`) and exit.
+    #[arg(long, hide = true)]
+    tcp_echo_to: Option<String>,
+    /// Internal: `<bytes>x<count>,…` for `--tcp-echo-to`.
+    #[arg(long, hide = true, default_value = "")]
+    echo_plan: String,
 }
 
 fn main() -> Result<()> {
@@ -88,6 +98,9 @@ fn main() -> Result<()> {
     let args = Args::parse();
     if let Some(addr) = &args.tcp_send_to {
         return tcp_send(addr, args.baseline_bytes);
+    }
+    if let Some(addr) = &args.tcp_echo_to {
+        return pingpong::echo(addr, &args.echo_plan);
     }
     if args.ranks == 0 {
         bail!("--ranks must be at least 1");
@@ -122,12 +135,24 @@ fn run_parent(args: &Args) -> Result<()> {
     let after = (!args.no_baseline)
         .then(|| tcp_baseline(&exe, args.baseline_bytes))
         .transpose()?;
+    let pingpongs = if args.no_baseline {
+        Vec::new()
+    } else {
+        pingpong::measure(&exe, &args.sizes)?
+    };
     let baseline = before.zip(after).map(|(b, a)| (b + a) / 2.0);
     for line in lines {
         let mut value: serde_json::Value = serde_json::from_str(&line)
             .with_context(|| format!("rank 0 printed a line that is not JSON: {line}"))?;
         if let (Some(tcp), Some(busbw)) = (baseline, value["busbw_gbps"].as_f64()) {
             value["busbw_vs_tcp"] = serde_json::json!(round3(busbw / tcp));
+        }
+        let rtt = pingpongs
+            .iter()
+            .find(|(bytes, _)| Some(*bytes as u64) == value["bytes"].as_u64())
+            .map(|(_, rtt)| *rtt);
+        if let (Some(rtt), Some(time)) = (rtt, value["time_us"].as_f64()) {
+            value["time_vs_pingpong"] = serde_json::json!(round3(time / rtt));
         }
         println!("{value}");
     }
@@ -141,6 +166,12 @@ fn run_parent(args: &Args) -> Result<()> {
                 "gbps_before": round3(before),
                 "gbps_after": round3(after),
             })
+        );
+    }
+    for (bytes, rtt) in &pingpongs {
+        println!(
+            "{}",
+            serde_json::json!({"baseline": "tcp_pingpong", "bytes": bytes, "rtt_us": round3(*rtt)})
         );
     }
     Ok(())

@@ -1,5 +1,6 @@
 //! `allreduce-bench` runs its ranks as processes and prints the JSON lines its README and notes rely on:
-//! one per size with nccl-tests' fields and the ratio to the TCP baseline, then the baseline itself.
+//! one per size with nccl-tests' fields and the ratios to the TCP baselines, then the stream baseline, then a
+//! ping-pong round trip per size.
 
 use std::process::Command;
 
@@ -16,12 +17,17 @@ fn the_bench_prints_a_line_per_size_and_the_tcp_baseline() {
         .lines()
         .map(|l| serde_json::from_str(l).expect("a JSON line"))
         .collect();
-    assert_eq!(lines.len(), 3, "{lines:?}");
+    assert_eq!(lines.len(), 5, "{lines:?}");
     for (line, bytes) in lines.iter().zip([4096, 65540]) {
         assert_eq!(line["ranks"], 3);
         assert_eq!(line["bytes"], bytes);
         assert!(line["time_us"].as_f64().is_some_and(|v| v > 0.0), "{line}");
-        for field in ["algbw_gbps", "busbw_gbps", "busbw_vs_tcp"] {
+        for field in [
+            "algbw_gbps",
+            "busbw_gbps",
+            "busbw_vs_tcp",
+            "time_vs_pingpong",
+        ] {
             assert!(
                 line[field].as_f64().is_some_and(|v| v >= 0.0),
                 "{field}: {line}"
@@ -43,6 +49,22 @@ fn the_bench_prints_a_line_per_size_and_the_tcp_baseline() {
         assert!(
             baseline[field].as_f64().is_some_and(|v| v > 0.0),
             "{baseline}"
+        );
+    }
+    // The ping-pong baseline: one line per size, and each size's time is given against it.
+    for (line, (size, bytes)) in lines[3..]
+        .iter()
+        .zip([(&lines[0], 4096), (&lines[1], 65540)])
+    {
+        assert_eq!(line["baseline"], "tcp_pingpong", "{line}");
+        assert_eq!(line["bytes"], bytes);
+        let rtt = line["rtt_us"].as_f64().expect("rtt_us");
+        assert!(rtt > 0.0, "{line}");
+        let ratio = size["time_vs_pingpong"].as_f64().expect("time_vs_pingpong");
+        let time = size["time_us"].as_f64().expect("time_us");
+        assert!(
+            (ratio - time / rtt).abs() <= 0.001 + ratio * 0.01,
+            "{size} vs {line}"
         );
     }
 }
