@@ -233,6 +233,7 @@ async fn only_rank_zero_of_the_current_generation_sets_status_progress() {
     // The printer columns show it.
     let table =
         kubectl(&plane, &["get", "rj", "watched", "-n", JOBS], None).expect("kubectl get rj");
+    eprintln!("kubectl get rj during the run:\n{table}");
     let header: Vec<&str> = table
         .lines()
         .next()
