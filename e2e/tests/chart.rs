@@ -95,6 +95,8 @@ fn the_chart_grants_exactly_the_operators_api_use() {
             &["customresourcedefinitions"],
             &["get"],
         ),
+        // Progress reports: who sent one (DESIGN 4.8).
+        ("authentication.k8s.io", &["tokenreviews"], &["create"]),
     ]);
     assert_eq!(
         rendered_grants(&docs, "ClusterRole", "rdu-rdu-operator"),
