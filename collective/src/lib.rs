@@ -9,6 +9,7 @@
 mod algorithms;
 mod auth;
 mod communicator;
+mod compression;
 mod config;
 mod error;
 mod fault;
@@ -16,6 +17,7 @@ mod kernels;
 mod net;
 mod rendezvous;
 mod segments;
+mod spin;
 mod transport;
 
 /// Generated gRPC code of `proto/collective/v1/collective.proto`.
@@ -26,11 +28,13 @@ pub mod proto {
 
 pub use algorithms::choice::AUTO_SMALL_MAX_BYTES;
 pub use auth::{AUTHORIZATION, AttachToken, RequireToken};
-pub use communicator::{Communicator, ConnectOptions};
+pub use communicator::{Communicator, ConnectOptions, ReduceOptions};
+pub use compression::Compression;
 pub use config::{
     Algorithm, CommConfig, DEFAULT_CHUNK_BYTES, DataPath, JobIdentity, MAX_CHUNK_BYTES, PeerInfo,
 };
 pub use error::CollectiveError;
 pub use rendezvous::{RendezvousHandler, RendezvousService, RendezvousTable};
 pub use segments::{chunk_count, segment_range, segment_ranges};
+pub use spin::{DEFAULT_SPIN, SPIN_MAX_FRAME_BYTES, Spin};
 pub use transport::{FROM_RANK, GENERATION};

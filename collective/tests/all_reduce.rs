@@ -5,9 +5,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{data, reference_sum, world, world_on};
+use common::{data, reference_sum, world, world_on, world_polling};
 use futures::future::join_all;
-use rdu_collective::{Algorithm, CollectiveError, Communicator, DataPath};
+use rdu_collective::{Algorithm, CollectiveError, Communicator, DataPath, Spin};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 const SIZES: [usize; 4] = [1, 7, 1000, 1_000_003];
@@ -86,6 +86,24 @@ async fn ranks_on_different_data_paths_still_agree() {
         }
     };
     let comms = world_on(4, |r| format!("node{}", r / 2), TIMEOUT, path_of).await;
+    check_comms(comms).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ranks_that_poll_small_frames_and_ranks_that_park_agree() {
+    // Every rank polls (2 ranks), then every other rank polls (4 ranks); small and large
+    // buffers, so both the polled single-read frames and the parked piecewise ones run.
+    let poll = Spin::For(Duration::from_micros(500));
+    let comms = world_polling(2, |r| format!("n{r}"), TIMEOUT, |_| DataPath::Tcp, poll).await;
+    check_comms(comms).await;
+    let comms = world_polling(
+        4,
+        |r| format!("n{r}"),
+        TIMEOUT,
+        |_| DataPath::Tcp,
+        Spin::Off,
+    )
+    .await;
     check_comms(comms).await;
 }
 

@@ -5,8 +5,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::{world, world_on};
-use rdu_collective::{Algorithm, CollectiveError, Communicator, DataPath};
+use common::{world, world_on, world_polling};
+use rdu_collective::{Algorithm, CollectiveError, Communicator, DataPath, Spin};
 
 const TIMEOUT: Duration = Duration::from_secs(2);
 /// Safety net so a regression fails the test instead of hanging it (not a speed assertion).
@@ -16,8 +16,16 @@ async fn all_reduce_on(
     comms: &[&Communicator],
     algorithm: Algorithm,
 ) -> Vec<Result<(), CollectiveError>> {
+    all_reduce_len(comms, algorithm, 300_000).await
+}
+
+async fn all_reduce_len(
+    comms: &[&Communicator],
+    algorithm: Algorithm,
+    len: usize,
+) -> Vec<Result<(), CollectiveError>> {
     let runs = comms.iter().map(|c| async move {
-        let mut buf = vec![1.0f32; 300_000];
+        let mut buf = vec![1.0f32; len];
         c.all_reduce_sum(&mut buf, algorithm).await
     });
     tokio::time::timeout(HANG_GUARD, futures::future::join_all(runs))
@@ -90,6 +98,29 @@ async fn silent_rank_times_out_the_others_and_is_told_to_abort() {
         Err(e @ CollectiveError::AbortedByPeer { .. }) => assert!(e.is_retryable()),
         other => panic!("expected AbortedByPeer, got {other:?}"),
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polling_ranks_fail_on_a_dropped_rank_and_time_out_on_a_silent_one() {
+    // Small frames (1024 values) are polled for before parking; the bounded poll must not
+    // hide a lost peer or outlast the timeout.
+    let poll = Spin::For(Duration::from_millis(2));
+    let mut comms = world_polling(4, |r| format!("n{r}"), TIMEOUT, |_| DataPath::Tcp, poll).await;
+    let ok = all_reduce_len(&comms.iter().collect::<Vec<_>>(), Algorithm::Auto, 1024).await;
+    assert!(ok.iter().all(Result::is_ok), "{ok:?}");
+    drop(comms.pop());
+    let results = all_reduce_len(&comms.iter().collect::<Vec<_>>(), Algorithm::Star, 1024).await;
+    assert_all_retryable(&results);
+
+    let comms = world_polling(3, |r| format!("n{r}"), TIMEOUT, |_| DataPath::Tcp, poll).await;
+    let results = all_reduce_len(&[&comms[0], &comms[1]], Algorithm::Star, 1024).await;
+    assert_all_retryable(&results);
+    assert!(
+        results
+            .iter()
+            .any(|r| matches!(r, Err(CollectiveError::Timeout { .. }))),
+        "{results:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

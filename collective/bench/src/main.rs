@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use rdu_collective::{
-    Algorithm, CommConfig, Communicator, ConnectOptions, DEFAULT_CHUNK_BYTES, DataPath, JobIdentity,
+    Algorithm, CommConfig, Communicator, Compression, ConnectOptions, DEFAULT_CHUNK_BYTES,
+    DataPath, JobIdentity, ReduceOptions, Spin,
 };
 
 #[derive(Parser, Debug)]
@@ -40,7 +41,7 @@ struct Args {
     /// auto, ring, hierarchical or star.
     #[arg(long, default_value = "ring")]
     algorithm: String,
-    /// Timed iterations per size (default: about 256 MiB of traffic, between 5 and 200).
+    /// Timed iterations per size (default: about 256 MiB of traffic, between 5 and 2000).
     #[arg(long)]
     iters: Option<u32>,
     /// Untimed iterations per size before timing.
@@ -67,6 +68,13 @@ struct Args {
     /// Leave glibc malloc at its defaults in the rank processes (see `MALLOC_TUNABLES`).
     #[arg(long)]
     default_malloc: bool,
+    /// Whether receives of small frames poll (yielding the core) before parking: auto, off, or
+    /// for how long, e.g. 30us.
+    #[arg(long, default_value = "auto")]
+    spin: String,
+    /// How values travel: none (f32), bf16 or fp16.
+    #[arg(long, default_value = "none")]
+    compression: String,
     /// Skip the TCP baseline.
     #[arg(long)]
     no_baseline: bool,
@@ -110,8 +118,14 @@ fn main() -> Result<()> {
     }
     let algorithm: Algorithm = args.algorithm.parse()?;
     let data_path: DataPath = args.data_path.parse()?;
+    let compression: Compression = args.compression.parse()?;
+    let spin: Spin = args.spin.parse()?;
+    let options = ReduceOptions {
+        algorithm,
+        compression,
+    };
     match (args.rank, args.master_port) {
-        (Some(rank), Some(port)) => run_rank(&args, rank, port, algorithm, data_path),
+        (Some(rank), Some(port)) => run_rank(&args, rank, port, options, data_path, spin),
         (None, None) => run_parent(&args),
         _ => bail!("--rank and --master-port go together"),
     }
@@ -208,7 +222,11 @@ fn run_ranks(args: &Args, exe: &std::path::Path) -> Result<Vec<String>> {
             .arg("--ranks-per-node")
             .arg(args.ranks_per_node.to_string())
             .arg("--worker-threads")
-            .arg(args.worker_threads.to_string());
+            .arg(args.worker_threads.to_string())
+            .arg("--spin")
+            .arg(&args.spin)
+            .arg("--compression")
+            .arg(&args.compression);
         if args.multi_thread {
             cmd.arg("--multi-thread");
         }
@@ -316,8 +334,9 @@ fn run_rank(
     args: &Args,
     rank: u32,
     master_port: u16,
-    algorithm: Algorithm,
+    reduce: ReduceOptions,
     data_path: DataPath,
+    spin: Spin,
 ) -> Result<()> {
     let runtime = if !args.multi_thread {
         tokio::runtime::Builder::new_current_thread()
@@ -350,6 +369,7 @@ fn run_rank(
         };
         let options = ConnectOptions {
             data_path,
+            spin,
             ..ConnectOptions::default()
         };
         let comm = Communicator::connect_with(cfg, options).await?;
@@ -358,14 +378,14 @@ fn run_rank(
             let mut buf = vec![(rank + 1) as f32; elems];
             let iters = args
                 .iters
-                .unwrap_or_else(|| ((256usize << 20) / bytes).clamp(5, 200) as u32);
+                .unwrap_or_else(|| ((256usize << 20) / bytes).clamp(5, 2000) as u32);
             for _ in 0..args.warmup {
-                comm.all_reduce_sum(&mut buf, algorithm).await?;
+                comm.all_reduce_sum(&mut buf, reduce).await?;
             }
             comm.barrier().await?;
             let start = Instant::now();
             for _ in 0..iters {
-                comm.all_reduce_sum(&mut buf, algorithm).await?;
+                comm.all_reduce_sum(&mut buf, reduce).await?;
             }
             let secs = start.elapsed().as_secs_f64() / f64::from(iters);
             comm.barrier().await?;
@@ -378,7 +398,9 @@ fn run_rank(
                     serde_json::json!({
                         "ranks": args.ranks,
                         "bytes": bytes,
-                        "algorithm": algorithm.to_string(),
+                        "algorithm": reduce.algorithm.to_string(),
+                        "compression": reduce.compression.to_string(),
+                        "spin": spin.to_string(),
                         "data_path": data_path.to_string(),
                         "ranks_per_node": args.ranks_per_node.max(1),
                         "iters": iters,

@@ -26,7 +26,7 @@ use tokio::time::Instant;
 use crate::error::CollectiveError;
 use crate::fault::FailState;
 use crate::segments::ChunkGrid;
-use crate::transport::inbox::{Apply, Inbox, InboxError};
+use crate::transport::inbox::{Apply, Inbox, InboxError, ReceiveMode};
 use crate::transport::{ChunkId, Link};
 
 use self::choice::{ChosenAlgorithm, NodeGroups};
@@ -68,6 +68,8 @@ pub(crate) struct Wire<'a> {
     pub(crate) deadline: Instant,
     pub(crate) timeout: Duration,
     pub(crate) chunk_elems: usize,
+    /// The values' wire encoding and how long small frames are polled for.
+    pub(crate) mode: ReceiveMode,
     pub(crate) fail: &'a FailState,
     pub(crate) links: &'a [Option<Link>],
 }
@@ -98,7 +100,9 @@ impl Wire<'_> {
         }
     }
 
-    async fn send(&self, dst: u32, id: ChunkId, values: &[f32]) -> Result<(), CollectiveError> {
+    /// Sends `values` to `dst`; compressed values are rounded in place first, so this rank
+    /// keeps what `dst` receives.
+    async fn send(&self, dst: u32, id: ChunkId, values: &mut [f32]) -> Result<(), CollectiveError> {
         let link = self
             .links
             .get(dst as usize)
@@ -107,7 +111,8 @@ impl Wire<'_> {
                 rank: dst,
                 reason: "no link to this rank".into(),
             })?;
-        self.bounded(link.send(id, values)).await
+        self.bounded(link.send(id, values, self.mode.compression))
+            .await
     }
 
     /// Receives the next chunk from `src`, which must be exactly the expected one with
@@ -123,7 +128,7 @@ impl Wire<'_> {
         let inbox = inbox_of(inboxes, src)?;
         self.bounded(async {
             inbox
-                .receive(self.generation, expected, dst, apply)
+                .receive(self.generation, expected, dst, apply, self.mode)
                 .await
                 .map_err(|e| match e {
                     InboxError::Lost(reason) => CollectiveError::PeerLost { rank: src, reason },
@@ -205,7 +210,7 @@ impl Exchange {
         let sender = async {
             for k in 0..chunks {
                 let id = wire.id(self.send_phase, 0, k);
-                wire.send(self.to, id, &grid.lock(0, k).await).await?;
+                wire.send(self.to, id, &mut grid.lock(0, k).await).await?;
                 sent.advance();
             }
             Ok::<(), CollectiveError>(())

@@ -54,7 +54,7 @@ pub(crate) async fn ring(
                     received.reach(received_before[t - 1] + k + 1).await;
                 }
                 let id = wire.id(PHASE_RING + t as u32, seg, k);
-                wire.send(right, id, &grid.lock(seg, k).await).await?;
+                wire.send(right, id, &mut grid.lock(seg, k).await).await?;
                 sent.advance();
             }
         }

@@ -25,8 +25,12 @@ pub(crate) async fn reduce_to_root(
     let chunks = grid.chunks_in(0);
     if wire.me != root {
         for k in 0..chunks {
-            wire.send(root, wire.id(PHASE_GATHER, 0, k), &grid.lock(0, k).await)
-                .await?;
+            wire.send(
+                root,
+                wire.id(PHASE_GATHER, 0, k),
+                &mut grid.lock(0, k).await,
+            )
+            .await?;
         }
         return Ok(());
     }
@@ -65,9 +69,10 @@ pub(crate) async fn bcast_from_root(
     let chunks = grid.chunks_in(0);
     if wire.me == root {
         for k in 0..chunks {
-            let cell = grid.lock(0, k).await;
+            let mut cell = grid.lock(0, k).await;
             for &dst in group.iter().filter(|&&r| r != root) {
-                wire.send(dst, wire.id(PHASE_BCAST, 0, k), &cell).await?;
+                wire.send(dst, wire.id(PHASE_BCAST, 0, k), &mut cell)
+                    .await?;
             }
         }
         return Ok(());
@@ -103,7 +108,8 @@ pub(crate) async fn star(
             let mut cell = grid.lock(0, k).await;
             add_chunk_of_each(wire, inboxes, &group[1..], k, &mut cell).await?;
             for &dst in &group[1..] {
-                wire.send(dst, wire.id(PHASE_BCAST, 0, k), &cell).await?;
+                wire.send(dst, wire.id(PHASE_BCAST, 0, k), &mut cell)
+                    .await?;
             }
         }
         return Ok(());

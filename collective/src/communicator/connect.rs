@@ -24,6 +24,7 @@ use crate::proto::collective_client::CollectiveClient;
 use crate::proto::collective_server::CollectiveServer;
 use crate::proto::rendezvous_server::RendezvousServer;
 use crate::rendezvous::{self, RendezvousService, RendezvousTable};
+use crate::spin::Spin;
 use crate::transport::Link;
 use crate::transport::grpc::{CollectiveService, GrpcLink};
 use crate::transport::router::InboundRouter;
@@ -40,6 +41,8 @@ pub struct ConnectOptions {
     /// Rank 0 only: its rendezvous listener, already bound (lets tests and benches pick a
     /// free port before starting the other ranks).
     pub rendezvous_listener: Option<TcpListener>,
+    /// Whether receives of small frames poll before parking.
+    pub spin: Spin,
 }
 
 impl Communicator {
@@ -72,6 +75,7 @@ impl Communicator {
         let ConnectOptions {
             data_path,
             rendezvous_listener,
+            spin,
         } = options;
         if rendezvous_listener.is_some() && cfg.rank != 0 {
             return Err(CollectiveError::invalid_config(
@@ -99,6 +103,7 @@ impl Communicator {
         }
         let peers = comm.join(&address).await?;
         comm.dial(peers, data_path, &token, deadline).await?;
+        comm.spin = spin.duration();
         Ok(comm)
     }
 
@@ -115,6 +120,7 @@ impl Communicator {
             links: Vec::new(),
             abort_clients: Vec::new(),
             fail: Arc::new(FailState::new()),
+            spin: None,
             pool: BufferPool::new(POOLED_BUFFERS),
             ops: Mutex::new(OpState {
                 next_op_id: 0,

@@ -17,6 +17,7 @@ use tracing::Instrument;
 use crate::algorithms::choice::{ChosenAlgorithm, NodeGroups};
 use crate::algorithms::{self, Wire};
 use crate::auth::AttachToken;
+use crate::compression::Compression;
 use crate::config::{Algorithm, CommConfig, PeerInfo};
 use crate::error::CollectiveError;
 use crate::fault::FailState;
@@ -24,7 +25,7 @@ use crate::kernels::BufferPool;
 use crate::proto;
 use crate::proto::collective_client::CollectiveClient;
 use crate::transport::Link;
-use crate::transport::inbox::Inbox;
+use crate::transport::inbox::{Inbox, ReceiveMode};
 
 /// Longest a shutdown waits for streams to flush and servers to stop.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -34,6 +35,23 @@ const ABORT_GRACE: Duration = Duration::from_secs(1);
 type AbortClient = CollectiveClient<
     tonic::service::interceptor::InterceptedService<tonic::transport::Channel, AttachToken>,
 >;
+
+/// How one all-reduce runs: its algorithm, and how its values travel (see [`Compression`]).
+/// An [`Algorithm`] alone means uncompressed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReduceOptions {
+    pub algorithm: Algorithm,
+    pub compression: Compression,
+}
+
+impl From<Algorithm> for ReduceOptions {
+    fn from(algorithm: Algorithm) -> Self {
+        ReduceOptions {
+            algorithm,
+            compression: Compression::None,
+        }
+    }
+}
 
 /// State used by one collective at a time.
 struct OpState {
@@ -50,6 +68,8 @@ pub struct Communicator {
     links: Vec<Option<Link>>,
     abort_clients: Vec<AbortClient>,
     fail: Arc<FailState>,
+    /// How long receives of small frames poll before parking (resolved from `Spin`).
+    spin: Option<Duration>,
     pool: Arc<BufferPool>,
     ops: Mutex<OpState>,
     shutdown: watch::Sender<bool>,
@@ -75,9 +95,9 @@ impl Communicator {
     pub async fn all_reduce_mean(
         &self,
         buf: &mut [f32],
-        algorithm: Algorithm,
+        options: impl Into<ReduceOptions>,
     ) -> Result<(), CollectiveError> {
-        self.all_reduce_sum(buf, algorithm).await?;
+        self.all_reduce_sum(buf, options).await?;
         let n = self.cfg.world_size as f32;
         if self.cfg.world_size > 1 {
             for v in buf.iter_mut() {
@@ -87,15 +107,22 @@ impl Communicator {
         Ok(())
     }
 
-    /// In-place sum over all ranks; bitwise identical on every rank afterwards.
+    /// In-place sum over all ranks; bitwise identical on every rank afterwards (compressed:
+    /// the sum of every rank's values rounded to the wire's 16 bits, summed in f32, and rounded
+    /// once more for the way back).
     pub async fn all_reduce_sum(
         &self,
         buf: &mut [f32],
-        algorithm: Algorithm,
+        options: impl Into<ReduceOptions>,
     ) -> Result<(), CollectiveError> {
-        let chosen = self.choose(algorithm, buf.len() * 4);
+        let ReduceOptions {
+            algorithm,
+            compression,
+        } = options.into();
+        let chosen = self.choose(algorithm, buf.len() * compression.bytes_per_value());
         self.run(
             "all_reduce",
+            compression,
             buf,
             |_| Ok(()),
             move |comm, wire, inboxes, buf| {
@@ -125,15 +152,21 @@ impl Communicator {
                 })
             }
         };
-        self.run("broadcast", buf, check, move |comm, wire, inboxes, buf| {
-            Box::pin(algorithms::bcast_from_root(
-                wire,
-                inboxes,
-                &comm.all_ranks,
-                root,
-                buf,
-            ))
-        })
+        self.run(
+            "broadcast",
+            Compression::None,
+            buf,
+            check,
+            move |comm, wire, inboxes, buf| {
+                Box::pin(algorithms::bcast_from_root(
+                    wire,
+                    inboxes,
+                    &comm.all_ranks,
+                    root,
+                    buf,
+                ))
+            },
+        )
         .await
     }
 
@@ -142,6 +175,7 @@ impl Communicator {
         let mut token = [0.0f32];
         self.run(
             "barrier",
+            Compression::None,
             &mut token,
             |_| Ok(()),
             |comm, wire, inboxes, buf| {
@@ -201,6 +235,7 @@ impl Communicator {
     async fn run<C, F>(
         &self,
         op: &'static str,
+        compression: Compression,
         buf: &mut [f32],
         check: C,
         body: F,
@@ -234,6 +269,10 @@ impl Communicator {
             deadline: Instant::now() + self.cfg.timeout,
             timeout: self.cfg.timeout,
             chunk_elems: self.cfg.chunk_elems(),
+            mode: ReceiveMode {
+                compression,
+                spin: self.spin,
+            },
             fail: &self.fail,
             links: &self.links,
         };

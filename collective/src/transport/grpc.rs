@@ -21,8 +21,9 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
 use crate::auth::AttachToken;
+use crate::compression::Compression;
 use crate::error::CollectiveError;
-use crate::kernels::{BufferPool, add_from_le, copy_from_le};
+use crate::kernels::BufferPool;
 use crate::proto;
 use crate::proto::collective_client::CollectiveClient;
 use crate::transport::ChunkId;
@@ -135,15 +136,29 @@ impl GrpcLink {
     }
 
     /// Queues one chunk of `values` (encoded, so the caller may change `values` once this
-    /// returns). Fails when the stream to the peer is gone.
-    pub(crate) async fn send(&self, id: ChunkId, values: &[f32]) -> Result<(), CollectiveError> {
+    /// returns), rounded in place first when compressed. Fails when the stream to the peer is
+    /// gone.
+    pub(crate) async fn send(
+        &self,
+        id: ChunkId,
+        values: &mut [f32],
+        compression: Compression,
+    ) -> Result<(), CollectiveError> {
+        let payload = match compression {
+            Compression::None => self.pool.encode(values),
+            _ => {
+                let mut out = self.pool.take(values.len() * compression.bytes_per_value());
+                compression.round_and_encode(values, &mut out);
+                self.pool.wrap(out)
+            }
+        };
         let message = proto::Chunk {
             generation: self.generation,
             op_id: id.op_id,
             phase: id.phase,
             segment: id.segment,
             chunk: id.chunk,
-            payload: self.pool.encode(values),
+            payload,
         };
         self.tx.send(message).await.map_err(|_| {
             let reason = self
@@ -182,6 +197,7 @@ impl GrpcSource {
         expected: ChunkId,
         dst: &mut [f32],
         apply: Apply,
+        compression: Compression,
     ) -> Result<(), InboxError> {
         let chunk = self
             .0
@@ -203,11 +219,9 @@ impl GrpcSource {
             segment: chunk.segment,
             chunk: chunk.chunk,
         };
-        check(expected, got, chunk.payload.len(), dst.len())?;
-        match apply {
-            Apply::Add => add_from_le(dst, &chunk.payload),
-            Apply::Copy => copy_from_le(dst, &chunk.payload),
-        }
+        let expected_bytes = dst.len() * compression.bytes_per_value();
+        check(expected, got, chunk.payload.len(), expected_bytes)?;
+        compression.decode_apply(dst, &chunk.payload, apply);
         Ok(())
     }
 }

@@ -3,8 +3,11 @@
 //! into the values it updates. Each received chunk must be exactly the expected one: same
 //! operation, phase, segment, chunk and length.
 
+use std::time::Duration;
+
 use tokio::sync::oneshot;
 
+use crate::compression::Compression;
 use crate::transport::ChunkId;
 use crate::transport::grpc::GrpcSource;
 use crate::transport::tcp::TcpSource;
@@ -16,6 +19,14 @@ pub(crate) enum Apply {
     Add,
     /// `dst[i] = received[i]` (gather, broadcast).
     Copy,
+}
+
+/// How a collective receives: the encoding its values travel in, and how long a small frame is
+/// polled for before the task parks (see `spin`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct ReceiveMode {
+    pub(crate) compression: Compression,
+    pub(crate) spin: Option<Duration>,
 }
 
 /// Why reading from a peer failed.
@@ -68,10 +79,15 @@ impl Handoff {
         expected: ChunkId,
         dst: &mut [f32],
         apply: Apply,
+        mode: ReceiveMode,
     ) -> Result<(), InboxError> {
         match &mut self.source {
-            Source::Grpc(stream) => stream.receive(generation, expected, dst, apply).await?,
-            Source::Tcp(stream) => stream.receive(expected, dst, apply).await?,
+            Source::Grpc(stream) => {
+                stream
+                    .receive(generation, expected, dst, apply, mode.compression)
+                    .await?
+            }
+            Source::Tcp(stream) => stream.receive(expected, dst, apply, mode).await?,
         }
         self.received += 1;
         Ok(())
@@ -91,12 +107,13 @@ pub(super) fn ended() -> InboxError {
     InboxError::Lost("its stream to this rank ended".into())
 }
 
-/// The chunk that arrived must be the one expected, with one value per destination slot.
+/// The chunk that arrived must be the one expected, with `expected_bytes` of payload (one
+/// encoded value per destination slot).
 pub(super) fn check(
     expected: ChunkId,
     got: ChunkId,
     bytes: usize,
-    values: usize,
+    expected_bytes: usize,
 ) -> Result<(), InboxError> {
     if got != expected {
         let tuple = |id: ChunkId| (id.op_id, id.phase, id.segment, id.chunk);
@@ -106,10 +123,9 @@ pub(super) fn check(
             tuple(got)
         )));
     }
-    if bytes != values * 4 {
+    if bytes != expected_bytes {
         return Err(InboxError::Violation(format!(
-            "chunk of {bytes} bytes where {} were expected; ranks disagree on the buffer length",
-            values * 4
+            "chunk of {bytes} bytes where {expected_bytes} were expected; ranks disagree on the buffer length or on the compression"
         )));
     }
     Ok(())
@@ -133,6 +149,7 @@ impl Inbox {
         expected: ChunkId,
         dst: &mut [f32],
         apply: Apply,
+        mode: ReceiveMode,
     ) -> Result<(), InboxError> {
         if let Inbox::Waiting(handoff) = self {
             *self = match handoff.await {
@@ -141,7 +158,10 @@ impl Inbox {
             };
         }
         let error = match self {
-            Inbox::Open(handoff) => match handoff.receive(generation, expected, dst, apply).await {
+            Inbox::Open(handoff) => match handoff
+                .receive(generation, expected, dst, apply, mode)
+                .await
+            {
                 Ok(()) => return Ok(()),
                 Err(error) => error,
             },

@@ -16,6 +16,7 @@ pub use grpc::{FROM_RANK, GENERATION};
 
 use tokio::task::JoinHandle;
 
+use crate::compression::Compression;
 use crate::error::CollectiveError;
 use grpc::GrpcLink;
 use tcp::TcpLink;
@@ -38,12 +39,18 @@ pub(crate) enum Link {
 }
 
 impl Link {
-    /// Sends one chunk of `values`; returns once the stream took it (the caller may then
-    /// change `values`). Fails when the stream to the peer is gone.
-    pub(crate) async fn send(&self, id: ChunkId, values: &[f32]) -> Result<(), CollectiveError> {
+    /// Sends one chunk of `values`, compressed values rounded in place first (so this rank
+    /// keeps exactly what the peer decodes); returns once the stream took it (the caller may
+    /// then change `values`). Fails when the stream to the peer is gone.
+    pub(crate) async fn send(
+        &self,
+        id: ChunkId,
+        values: &mut [f32],
+        compression: Compression,
+    ) -> Result<(), CollectiveError> {
         match self {
-            Link::Tcp(link) => link.send(id, values).await,
-            Link::Grpc(link) => link.send(id, values).await,
+            Link::Tcp(link) => link.send(id, values, compression).await,
+            Link::Grpc(link) => link.send(id, values, compression).await,
         }
     }
 

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use futures::future::join_all;
-use rdu_collective::{CommConfig, Communicator, ConnectOptions, DataPath, JobIdentity};
+use rdu_collective::{CommConfig, Communicator, ConnectOptions, DataPath, JobIdentity, Spin};
 
 pub const TOKEN: &str = "test-token";
 pub const JOB: &str = "job-uid";
@@ -63,6 +63,17 @@ pub async fn world_on(
     timeout: Duration,
     path_of: impl Fn(u32) -> DataPath,
 ) -> Vec<Communicator> {
+    world_polling(world, node_of, timeout, path_of, Spin::Auto).await
+}
+
+/// [`world_on`] with every rank polling small frames as `spin` says.
+pub async fn world_polling(
+    world: u32,
+    node_of: impl Fn(u32) -> String,
+    timeout: Duration,
+    path_of: impl Fn(u32) -> DataPath,
+    spin: Spin,
+) -> Vec<Communicator> {
     let (listener, port) = rendezvous_listener().await;
     let mut listener = Some(listener);
     let connects = (0..world).map(|rank| {
@@ -70,6 +81,7 @@ pub async fn world_on(
         let options = ConnectOptions {
             data_path: path_of(rank),
             rendezvous_listener: if rank == 0 { listener.take() } else { None },
+            spin,
         };
         Communicator::connect_with(cfg, options)
     });

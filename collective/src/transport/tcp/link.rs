@@ -1,6 +1,7 @@
 //! The sending side of the TCP data path: dialling a peer's data port, the hello, and the link
 //! that writes chunk frames straight from the caller's buffer to the socket.
 
+use std::borrow::Cow;
 use std::io;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -14,6 +15,7 @@ use tokio::time::Instant;
 use tonic::Code;
 
 use super::framing::{self, ChunkHeader, REPLY_FIXED};
+use crate::compression::Compression;
 use crate::error::CollectiveError;
 use crate::kernels::le_bytes;
 use crate::transport::{ChunkId, Link};
@@ -22,7 +24,8 @@ use crate::transport::{ChunkId, Link};
 /// itself, from its buffer.
 pub(crate) struct TcpLink {
     peer: u32,
-    write: tokio::sync::Mutex<OwnedWriteHalf>,
+    /// The socket, and the buffer compressed chunks are encoded into.
+    write: tokio::sync::Mutex<(OwnedWriteHalf, Vec<u8>)>,
     read: OwnedReadHalf,
     broken: Mutex<Option<String>>,
 }
@@ -33,15 +36,21 @@ impl TcpLink {
         let (read, write) = stream.into_split();
         TcpLink {
             peer,
-            write: tokio::sync::Mutex::new(write),
+            write: tokio::sync::Mutex::new((write, Vec::new())),
             read,
             broken: Mutex::new(None),
         }
     }
 
-    /// Writes one chunk of `values`; returns once the socket took it (the caller may then
-    /// change `values`). Fails when the stream to the peer is gone.
-    pub(crate) async fn send(&self, id: ChunkId, values: &[f32]) -> Result<(), CollectiveError> {
+    /// Writes one chunk of `values` (f32 straight from them; compressed, rounded in place and
+    /// encoded first); returns once the socket took it (the caller may then change `values`).
+    /// Fails when the stream to the peer is gone.
+    pub(crate) async fn send(
+        &self,
+        id: ChunkId,
+        values: &mut [f32],
+        compression: Compression,
+    ) -> Result<(), CollectiveError> {
         if let Some(reason) = self
             .broken
             .lock()
@@ -50,7 +59,16 @@ impl TcpLink {
         {
             return Err(self.lost(reason));
         }
-        let bytes = le_bytes(values);
+        let mut guard = self.write.lock().await;
+        let (socket, encoded) = &mut *guard;
+        let bytes = match compression {
+            Compression::None => le_bytes(values),
+            _ => {
+                encoded.clear();
+                compression.round_and_encode(values, encoded);
+                Cow::Borrowed(&encoded[..])
+            }
+        };
         let len = u32::try_from(bytes.len()).map_err(|_| {
             CollectiveError::invalid_config("chunk_bytes", "chunk does not fit 32 bits")
         })?;
@@ -65,7 +83,6 @@ impl TcpLink {
         let mut frame = Buf::chain(&header[..], &bytes[..]);
         // A write cancelled half-way (timeout, abort) leaves a torn frame: the stream
         // is unusable from then on, which the failure latch already implies.
-        let mut socket = self.write.lock().await;
         socket.write_all_buf(&mut frame).await.map_err(|e| {
             let reason = format!("sending to the peer failed: {e}");
             *self.broken.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason.clone());
@@ -87,7 +104,7 @@ impl TcpLink {
             write, mut read, ..
         } = self;
         tokio::spawn(async move {
-            let mut write = write.into_inner();
+            let (mut write, _) = write.into_inner();
             if write.shutdown().await.is_err() {
                 return;
             }

@@ -32,10 +32,11 @@ mod tests {
     use super::framing::{self, ChunkHeader, REPLY_FIXED};
     use super::*;
     use crate::auth::RequireToken;
+    use crate::compression::Compression;
     use crate::error::CollectiveError;
     use crate::fault::FailState;
     use crate::transport::ChunkId;
-    use crate::transport::inbox::{Apply, Inbox};
+    use crate::transport::inbox::{Apply, Inbox, ReceiveMode};
     use crate::transport::router::InboundRouter;
 
     const TOKEN: &str = "secret";
@@ -137,7 +138,13 @@ mod tests {
         let mut value = [0f32];
         let inbox = h.inboxes[2].as_mut().unwrap();
         inbox
-            .receive(GENERATION, id, &mut value, Apply::Copy)
+            .receive(
+                GENERATION,
+                id,
+                &mut value,
+                Apply::Copy,
+                ReceiveMode::default(),
+            )
             .await
             .unwrap();
         assert_eq!(value, [2.5]);
@@ -174,11 +181,19 @@ mod tests {
             segment: 0,
             chunk: 4,
         };
-        link.send(id, &values).await.unwrap();
+        link.send(id, &mut values.clone(), Compression::None)
+            .await
+            .unwrap();
         let inbox = h.inboxes[0].as_mut().unwrap();
         let mut got = [0f32; 2];
         inbox
-            .receive(GENERATION, id, &mut got, Apply::Copy)
+            .receive(
+                GENERATION,
+                id,
+                &mut got,
+                Apply::Copy,
+                ReceiveMode::default(),
+            )
             .await
             .unwrap();
         assert_eq!(got, values);

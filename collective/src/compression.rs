@@ -1,0 +1,180 @@
+//! Gradient compression on the wire (`dataParallel.compression`, as DDP's bf16/fp16 compress
+//! hooks and Horovod's fp16 compression): values travel as 16-bit floats, half the bytes, and are
+//! reduced in f32 on arrival.
+//!
+//! Every rank stays bitwise identical because a rank rounds the values it sends *in place*
+//! before sending them: what it keeps is exactly what its peers decode (16-bit to f32 is exact),
+//! so both ends of every exchange hold the same numbers, and rounding again is a no-op.
+
+use std::fmt;
+use std::str::FromStr;
+
+use half::{bf16, f16};
+
+use crate::error::CollectiveError;
+use crate::kernels::{add_from_le, copy_from_le};
+use crate::transport::inbox::Apply;
+
+/// How an all-reduce's values travel between ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Compression {
+    /// As f32: exact.
+    #[default]
+    None,
+    /// As bfloat16: f32's range, 8 bits of mantissa.
+    Bf16,
+    /// As IEEE half: 11 bits of mantissa, magnitudes up to 65504 (larger become infinite).
+    Fp16,
+}
+
+impl Compression {
+    /// Bytes one value takes on the wire.
+    pub fn bytes_per_value(self) -> usize {
+        match self {
+            Compression::None => 4,
+            Compression::Bf16 | Compression::Fp16 => 2,
+        }
+    }
+
+    /// Rounds `values` in place to what the wire carries and appends their little-endian 16-bit
+    /// encoding to `out` (nothing for `None`: f32 values go out as they are).
+    pub(crate) fn round_and_encode(self, values: &mut [f32], out: &mut Vec<u8>) {
+        match self {
+            Compression::None => {}
+            Compression::Bf16 => encode_with(values, out, |v| {
+                let h = bf16::from_f32(v);
+                (h.to_bits(), h.to_f32())
+            }),
+            Compression::Fp16 => encode_with(values, out, |v| {
+                let h = f16::from_f32(v);
+                (h.to_bits(), h.to_f32())
+            }),
+        }
+    }
+
+    /// Applies the wire values in `src` to `dst`; `src` holds exactly
+    /// `dst.len() * bytes_per_value()` bytes (checked by the caller).
+    pub(crate) fn decode_apply(self, dst: &mut [f32], src: &[u8], apply: Apply) {
+        let decode: fn(u16) -> f32 = match (self, apply) {
+            (Compression::None, Apply::Add) => return add_from_le(dst, src),
+            (Compression::None, Apply::Copy) => return copy_from_le(dst, src),
+            (Compression::Bf16, _) => |b| bf16::from_bits(b).to_f32(),
+            (Compression::Fp16, _) => |b| f16::from_bits(b).to_f32(),
+        };
+        let (words, _) = src.as_chunks::<2>();
+        match apply {
+            Apply::Add => {
+                for (d, w) in dst.iter_mut().zip(words) {
+                    *d += decode(u16::from_le_bytes(*w));
+                }
+            }
+            Apply::Copy => {
+                for (d, w) in dst.iter_mut().zip(words) {
+                    *d = decode(u16::from_le_bytes(*w));
+                }
+            }
+        }
+    }
+}
+
+/// Rounds each value with `round` (its 16-bit bits and the f32 they decode to), writes the bits
+/// to `out` and keeps the rounded value.
+fn encode_with(values: &mut [f32], out: &mut Vec<u8>, round: impl Fn(f32) -> (u16, f32)) {
+    out.reserve(values.len() * 2);
+    for block in values.chunks_mut(512) {
+        let mut words = [[0u8; 2]; 512];
+        for (w, v) in words.iter_mut().zip(block.iter_mut()) {
+            let (bits, rounded) = round(*v);
+            *w = bits.to_le_bytes();
+            *v = rounded;
+        }
+        out.extend_from_slice(words[..block.len()].as_flattened());
+    }
+}
+
+impl fmt::Display for Compression {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Compression::None => "none",
+            Compression::Bf16 => "bf16",
+            Compression::Fp16 => "fp16",
+        })
+    }
+}
+
+impl FromStr for Compression {
+    type Err = CollectiveError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "none" => Ok(Compression::None),
+            "bf16" => Ok(Compression::Bf16),
+            "fp16" => Ok(Compression::Fp16),
+            other => Err(CollectiveError::invalid_config(
+                "compression",
+                format!("unknown compression {other:?}; use none, bf16 or fp16"),
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values() -> Vec<f32> {
+        let mut v: Vec<f32> = (0..2000).map(|i| (i as f32 - 1000.0) * 0.0137).collect();
+        v.extend([0.0, -0.0, 1e-9, 3.0e38, -70000.0, f32::INFINITY]);
+        v
+    }
+
+    #[test]
+    fn what_is_kept_is_what_the_peer_decodes_and_rounding_again_changes_nothing() {
+        for compression in [Compression::Bf16, Compression::Fp16] {
+            let mut kept = values();
+            let mut wire = Vec::new();
+            compression.round_and_encode(&mut kept, &mut wire);
+            assert_eq!(wire.len(), kept.len() * 2, "half the bytes");
+            let mut decoded = vec![0f32; kept.len()];
+            compression.decode_apply(&mut decoded, &wire, Apply::Copy);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&decoded), bits(&kept), "{compression}");
+            let mut again = kept.clone();
+            let mut wire_again = Vec::new();
+            compression.round_and_encode(&mut again, &mut wire_again);
+            assert_eq!(wire_again, wire, "{compression}");
+            assert_eq!(bits(&again), bits(&kept), "{compression}");
+        }
+    }
+
+    #[test]
+    fn bf16_keeps_f32_range_and_fp16_saturates_to_infinity() {
+        let mut v = [3.0e38f32, -70000.0, 1.0 + 1.0 / 512.0];
+        Compression::Bf16.round_and_encode(&mut v, &mut Vec::new());
+        assert!(v[0].is_finite() && (v[0] / 3.0e38 - 1.0).abs() < 0.01);
+        assert_eq!(v[1], -70144.0);
+        assert_eq!(v[2], 1.0, "8 bits of mantissa");
+        let mut v = [3.0e38f32, -70000.0, 1.0 + 1.0 / 512.0];
+        Compression::Fp16.round_and_encode(&mut v, &mut Vec::new());
+        assert_eq!(v[0], f32::INFINITY);
+        assert_eq!(v[1], f32::NEG_INFINITY);
+        assert_eq!(v[2], 1.0 + 1.0 / 512.0, "11 bits of mantissa");
+    }
+
+    #[test]
+    fn uncompressed_payloads_are_plain_f32_and_add_or_copy() {
+        let src: Vec<u8> = [1.5f32, -2.0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let mut dst = [1.0f32, 1.0];
+        Compression::None.decode_apply(&mut dst, &src, Apply::Add);
+        assert_eq!(dst, [2.5, -1.0]);
+        Compression::None.decode_apply(&mut dst, &src, Apply::Copy);
+        assert_eq!(dst, [1.5, -2.0]);
+        let mut kept = [0.1f32];
+        let mut out = Vec::new();
+        Compression::None.round_and_encode(&mut kept, &mut out);
+        assert!(out.is_empty() && kept == [0.1]);
+    }
+}
