@@ -263,6 +263,59 @@ fn reduce_through_the_host_trains_too() {
     assert!(sums.iter().all(|s| s.1 == sums[0].1), "{sums:?}");
 }
 
+/// examples/digits.yaml with its data path made absolute and `dataParallel.compression` set.
+fn digits_with_compression(dir: &Path, compression: &str) -> std::path::PathBuf {
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let text = std::fs::read_to_string(examples.join("digits.yaml")).unwrap();
+    let data = examples.join("data/digits.csv.gz");
+    let text = text
+        .replace(
+            "path: data/digits.csv.gz",
+            &format!("path: {}", data.display()),
+        )
+        .replace(
+            "  dataParallel:\n",
+            &format!("  dataParallel:\n    compression: {compression}\n"),
+        );
+    assert!(
+        text.contains("compression: "),
+        "digits.yaml has no dataParallel"
+    );
+    let path = dir.join(format!("digits-{compression}.yaml"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn compressed_gradients_keep_the_digits_accuracy_and_every_replica_identical() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut accuracy = Vec::new();
+    for compression in ["none", "bf16", "fp16"] {
+        let path = digits_with_compression(dir.path(), compression);
+        let f = run(&["run", path.to_str().unwrap()]);
+        assert_eq!(f.code, Some(0), "{compression}: {}", f.stderr);
+        assert!(
+            f.stderr.contains(&format!("compression={compression}")),
+            "{}",
+            f.stderr
+        );
+        let sums = checksums(&f.stderr);
+        assert_eq!(sums.len(), 4, "{}", f.stderr);
+        assert!(
+            sums.iter().all(|s| s.1 == sums[0].1),
+            "{compression}: replicas diverged: {sums:?}"
+        );
+        accuracy.push(result_json(&f)["testAccuracy"].as_f64().unwrap());
+    }
+    for (compression, a) in ["bf16", "fp16"].iter().zip(&accuracy[1..]) {
+        assert!(
+            (a - accuracy[0]).abs() <= 0.005,
+            "{compression}: accuracy {a} is more than 0.5 points from {}",
+            accuracy[0]
+        );
+    }
+}
+
 #[test]
 fn a_checkpoint_claim_template_is_ignored_locally_and_said_so() {
     let spec = format!(
@@ -302,6 +355,13 @@ fn bad_specs_exit_64_naming_the_field() {
         (
             SMALL.replace("learningRate: 0.01", "learningRate: 0"),
             "spec.training.learningRate",
+        ),
+        (
+            SMALL.replace(
+                "{timeoutSeconds: 20}",
+                "{timeoutSeconds: 20, compression: int8}",
+            ),
+            "spec.dataParallel.compression",
         ),
     ];
     for (spec, field) in cases {

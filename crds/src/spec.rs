@@ -291,6 +291,10 @@ pub struct DataParallelSpec {
     /// All-reduce algorithm.
     #[serde(default)]
     pub algorithm: ReduceAlgorithm,
+    /// How gradients travel between ranks: none (f32), bf16 or fp16 (half the bytes, reduced in
+    /// f32 on arrival; every rank still ends each step with identical parameters).
+    #[serde(default)]
+    pub compression: GradientCompression,
     /// Gradient bucket size.
     #[serde(default = "default_bucket_size_mib", rename = "bucketSizeMiB")]
     #[x_kube(validation = Rule::new("self >= 1").message("spec.dataParallel.bucketSizeMiB must be at least 1"))]
@@ -306,6 +310,7 @@ impl Default for DataParallelSpec {
         DataParallelSpec {
             reduce_on_rdu: true,
             algorithm: ReduceAlgorithm::Auto,
+            compression: GradientCompression::None,
             bucket_size_mib: default_bucket_size_mib(),
             timeout_seconds: default_timeout_seconds(),
         }
@@ -339,6 +344,31 @@ impl ReduceAlgorithm {
             ReduceAlgorithm::Ring => "ring",
             ReduceAlgorithm::Hierarchical => "hierarchical",
             ReduceAlgorithm::Star => "star",
+        }
+    }
+}
+
+/// Gradient compression on the wire (as DDP's bf16/fp16 compress hooks, Horovod's fp16).
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum GradientCompression {
+    /// f32, exact.
+    #[default]
+    None,
+    /// bfloat16: f32's range, 8 bits of mantissa.
+    Bf16,
+    /// IEEE half: 11 bits of mantissa; gradient values beyond 65504 become infinite.
+    Fp16,
+}
+
+impl GradientCompression {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GradientCompression::None => "none",
+            GradientCompression::Bf16 => "bf16",
+            GradientCompression::Fp16 => "fp16",
         }
     }
 }

@@ -10,7 +10,7 @@
 
 use std::ops::Range;
 
-use rdu_collective::{Algorithm, Communicator};
+use rdu_collective::{Communicator, ReduceOptions};
 
 use crate::buckets;
 use crate::error::WorkerError;
@@ -36,7 +36,8 @@ pub struct ReducePlan {
     pub tiles: usize,
     /// Bucket size in bytes (`spec.dataParallel.bucketSizeMiB`).
     pub cap_bytes: usize,
-    pub algorithm: Algorithm,
+    /// The all-reduce's algorithm and compression.
+    pub reduce: ReduceOptions,
 }
 
 /// Writes the gradient of the batch in `bufs`, averaged over all ranks, into `grad` (overwritten;
@@ -52,7 +53,7 @@ pub async fn averaged_gradient(
     {
         // Nothing to overlap: backward straight into `grad`, then one all-reduce of it all.
         let stats = model.batch_grad(&bufs.params, &bufs.x, &bufs.y, plan.tiles, grad);
-        comm.all_reduce_mean(grad, plan.algorithm).await?;
+        comm.all_reduce_mean(grad, plan.reduce).await?;
         return Ok((bufs, stats));
     }
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Range<usize>, Vec<f32>)>();
@@ -86,7 +87,7 @@ pub async fn averaged_gradient(
     });
     let mut used = Vec::new();
     while let Some((range, mut bucket)) = rx.recv().await {
-        comm.all_reduce_mean(&mut bucket, plan.algorithm).await?;
+        comm.all_reduce_mean(&mut bucket, plan.reduce).await?;
         grad[range].copy_from_slice(&bucket);
         used.push(bucket);
     }

@@ -7,8 +7,10 @@
 
 use std::time::Instant;
 
-use rdu_collective::{Algorithm, Communicator};
-use rdu_crds::{DataParallelSpec, JobResult, LossOn, ReduceAlgorithm, StepPoint};
+use rdu_collective::{Algorithm, Communicator, Compression, ReduceOptions};
+use rdu_crds::{
+    DataParallelSpec, GradientCompression, JobResult, LossOn, ReduceAlgorithm, StepPoint,
+};
 
 use crate::buckets;
 use crate::checkpoint::{self, Checkpoint};
@@ -41,12 +43,24 @@ pub fn algorithm(dp: &DataParallelSpec) -> Algorithm {
     }
 }
 
+/// How gradients travel: `spec.dataParallel.compression`.
+pub fn compression(dp: &DataParallelSpec) -> Compression {
+    match dp.compression {
+        GradientCompression::None => Compression::None,
+        GradientCompression::Bf16 => Compression::Bf16,
+        GradientCompression::Fp16 => Compression::Fp16,
+    }
+}
+
 /// How a step's gradient is computed and reduced: `tiles` threads, buckets of `bucketSizeMiB`.
 pub fn reduce_plan(dp: &DataParallelSpec, tiles: usize) -> ReducePlan {
     ReducePlan {
         tiles,
         cap_bytes: buckets::cap_bytes(dp.bucket_size_mib),
-        algorithm: algorithm(dp),
+        reduce: ReduceOptions {
+            algorithm: algorithm(dp),
+            compression: compression(dp),
+        },
     }
 }
 
@@ -136,7 +150,8 @@ pub async fn train(
         tiles = env.tiles,
         tile_affinity = %env.tile_affinity,
         visible_tiles = %env.visible_tiles,
-        algorithm = %plan.algorithm,
+        algorithm = %plan.reduce.algorithm,
+        compression = %plan.reduce.compression,
         buckets = buckets::partition(&model.layer_elems(), plan.cap_bytes).len(),
         "training starts"
     );
@@ -268,6 +283,16 @@ mod tests {
         assert_eq!(algorithm(&dp), Algorithm::Ring);
         dp.reduce_on_rdu = false;
         assert_eq!(algorithm(&dp), Algorithm::Star);
+    }
+
+    #[test]
+    fn the_compression_comes_from_the_spec() {
+        let mut dp = DataParallelSpec::default();
+        assert_eq!(reduce_plan(&dp, 1).reduce.compression, Compression::None);
+        dp.compression = GradientCompression::Bf16;
+        assert_eq!(reduce_plan(&dp, 1).reduce.compression, Compression::Bf16);
+        dp.compression = GradientCompression::Fp16;
+        assert_eq!(reduce_plan(&dp, 1).reduce.compression, Compression::Fp16);
     }
 
     #[test]
