@@ -9,7 +9,9 @@
 use std::fmt;
 use std::str::FromStr;
 
-use half::{bf16, f16};
+mod codec;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
 use crate::error::CollectiveError;
 use crate::kernels::{add_from_le, copy_from_le};
@@ -39,56 +41,59 @@ impl Compression {
     /// Rounds `values` in place to what the wire carries and appends their little-endian 16-bit
     /// encoding to `out` (nothing for `None`: f32 values go out as they are).
     pub(crate) fn round_and_encode(self, values: &mut [f32], out: &mut Vec<u8>) {
+        if self == Compression::None {
+            return;
+        }
+        let start = out.len();
+        out.resize(start + values.len() * 2, 0);
+        let (words, _) = out[start..].as_chunks_mut::<2>();
         match self {
             Compression::None => {}
-            Compression::Bf16 => encode_with(values, out, |v| {
-                let h = bf16::from_f32(v);
-                (h.to_bits(), h.to_f32())
-            }),
-            Compression::Fp16 => encode_with(values, out, |v| {
-                let h = f16::from_f32(v);
-                (h.to_bits(), h.to_f32())
-            }),
+            Compression::Bf16 => {
+                #[cfg(target_arch = "x86_64")]
+                if std::arch::is_x86_feature_detected!("avx2") {
+                    // SAFETY: this CPU has AVX2 (checked just above).
+                    return unsafe { x86::bf16_encode(words, values) };
+                }
+                codec::bf16_encode(words, values)
+            }
+            Compression::Fp16 => {
+                #[cfg(target_arch = "x86_64")]
+                if x86::has_f16c() {
+                    // SAFETY: this CPU has AVX and F16C (checked just above).
+                    return unsafe { x86::fp16_encode(words, values) };
+                }
+                codec::fp16_encode(words, values)
+            }
         }
     }
 
     /// Applies the wire values in `src` to `dst`; `src` holds exactly
     /// `dst.len() * bytes_per_value()` bytes (checked by the caller).
     pub(crate) fn decode_apply(self, dst: &mut [f32], src: &[u8], apply: Apply) {
-        let decode: fn(u16) -> f32 = match (self, apply) {
-            (Compression::None, Apply::Add) => return add_from_le(dst, src),
-            (Compression::None, Apply::Copy) => return copy_from_le(dst, src),
-            (Compression::Bf16, _) => |b| bf16::from_bits(b).to_f32(),
-            (Compression::Fp16, _) => |b| f16::from_bits(b).to_f32(),
-        };
         let (words, _) = src.as_chunks::<2>();
-        match apply {
-            Apply::Add => {
-                for (d, w) in dst.iter_mut().zip(words) {
-                    *d += decode(u16::from_le_bytes(*w));
+        match self {
+            Compression::None => match apply {
+                Apply::Add => add_from_le(dst, src),
+                Apply::Copy => copy_from_le(dst, src),
+            },
+            Compression::Bf16 => {
+                #[cfg(target_arch = "x86_64")]
+                if std::arch::is_x86_feature_detected!("avx2") {
+                    // SAFETY: this CPU has AVX2 (checked just above).
+                    return unsafe { x86::bf16_decode(dst, words, apply) };
                 }
+                codec::bf16_decode(dst, words, apply)
             }
-            Apply::Copy => {
-                for (d, w) in dst.iter_mut().zip(words) {
-                    *d = decode(u16::from_le_bytes(*w));
+            Compression::Fp16 => {
+                #[cfg(target_arch = "x86_64")]
+                if x86::has_f16c() {
+                    // SAFETY: this CPU has AVX and F16C (checked just above).
+                    return unsafe { x86::fp16_decode(dst, words, apply) };
                 }
+                codec::fp16_decode(dst, words, apply)
             }
         }
-    }
-}
-
-/// Rounds each value with `round` (its 16-bit bits and the f32 they decode to), writes the bits
-/// to `out` and keeps the rounded value.
-fn encode_with(values: &mut [f32], out: &mut Vec<u8>, round: impl Fn(f32) -> (u16, f32)) {
-    out.reserve(values.len() * 2);
-    for block in values.chunks_mut(512) {
-        let mut words = [[0u8; 2]; 512];
-        for (w, v) in words.iter_mut().zip(block.iter_mut()) {
-            let (bits, rounded) = round(*v);
-            *w = bits.to_le_bytes();
-            *v = rounded;
-        }
-        out.extend_from_slice(words[..block.len()].as_flattened());
     }
 }
 
@@ -144,6 +149,36 @@ mod tests {
             compression.round_and_encode(&mut again, &mut wire_again);
             assert_eq!(wire_again, wire, "{compression}");
             assert_eq!(bits(&again), bits(&kept), "{compression}");
+        }
+    }
+
+    #[test]
+    fn bf16_rounding_matches_the_half_crate_bit_for_bit() {
+        let mut bits: Vec<u32> = vec![
+            0x3F80_8000, // a tie: rounds to even (down)
+            0x3F81_8000, // a tie: rounds to even (up)
+            0x7F7F_FFFF, // f32::MAX: overflows to infinity
+            0x7F80_0000, // infinity
+            0x7F80_0001, // a signalling NaN: stays a NaN
+            0xFFC0_0000, // a negative quiet NaN
+            0x0000_0001, // the smallest subnormal
+            0x8000_0000, // -0
+        ];
+        // And a spread over every exponent and sign.
+        let mut x = 0x2545_F491u32;
+        for _ in 0..100_000 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            bits.push(x);
+        }
+        for b in bits {
+            let v = f32::from_bits(b);
+            assert_eq!(
+                codec::bf16_bits(v),
+                half::bf16::from_f32(v).to_bits(),
+                "{b:#010x}"
+            );
         }
     }
 
