@@ -156,8 +156,8 @@ impl Mlp {
         slices
     }
 
-    /// Adds `scale ×` the gradient of the summed loss of `x`/`y` to `grads` (one slice per layer,
-    /// see [`Mlp::layer_slices`]) and hands each layer's slice to `done` as soon as backward has
+    /// Writes `scale ×` the gradient of the summed loss of `x`/`y` over `grads` (one slice per
+    /// layer, see [`Mlp::layer_slices`]; no need to zero them first) and hands each layer's slice to `done` as soon as backward has
     /// finished it, the last layer first; returns the batch's stats.
     fn backward<'g>(
         &self,
@@ -170,6 +170,7 @@ impl Mlp {
         let rows = y.len();
         if rows == 0 {
             for (l, g) in grads.into_iter().enumerate().rev() {
+                g.fill(0.0);
                 done(l, g);
             }
             return BatchStats::default();
@@ -190,8 +191,9 @@ impl Mlp {
                 &activation
             };
             let (dw, db) = grad.split_at_mut(n_in * n_out);
-            // dW += Aᵀ · dZ
-            gemm((n_in, rows, n_out), (a, 1, n_in), (&dz, n_out, 1), 1.0, dw);
+            // dW = Aᵀ · dZ (written over: no pass to zero the gradient first)
+            gemm((n_in, rows, n_out), (a, 1, n_in), (&dz, n_out, 1), 0.0, dw);
+            db.fill(0.0);
             for row in dz.chunks_exact(n_out) {
                 for (g, d) in db.iter_mut().zip(row) {
                     *g += d;
@@ -262,7 +264,6 @@ impl Mlp {
         let parts = threads.clamp(1, rows);
         if parts == 1 {
             // One thread: straight into `grad`, each bucket handed over from inside backward.
-            grad.fill(0.0);
             let mut got: Vec<Option<&[f32]>> = vec![None; layer_elems.len()];
             let mut pending = buckets.iter().peekable();
             let slices = self.layer_slices(grad);
@@ -468,6 +469,21 @@ mod tests {
         }
         assert!(checked >= 8);
         assert!(grad.iter().any(|g| g.abs() > 1e-3));
+    }
+
+    #[test]
+    fn the_gradient_is_written_over_whatever_the_buffer_held() {
+        let model = Mlp::new(8, &[16, 6], 3);
+        let params = model.init(2);
+        let (x, y) = sample_batch(&model, 10, 9);
+        for threads in [1, 3] {
+            let mut zeroed = vec![0.0; params.len()];
+            model.batch_grad(&params, &x, &y, threads, &mut zeroed);
+            let mut stale = vec![1.0e6; params.len()];
+            model.batch_grad(&params, &x, &y, threads, &mut stale);
+            let bits = |v: &[f32]| v.iter().map(|g| g.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&stale), bits(&zeroed), "{threads} thread(s)");
+        }
     }
 
     #[test]
