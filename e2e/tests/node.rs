@@ -496,6 +496,18 @@ impl Cluster {
             }
         })
         .await;
+        // While it runs, rank 0's reports show in `kubectl get rj` (DESIGN 4.8).
+        self.wait("status.progress while the job runs", LONG, async || {
+            let job = self.job(&name).await?;
+            let progress = &job["status"]["progress"];
+            match progress["percent"].as_f64() {
+                Some(percent) if percent < 100.0 && job["status"]["phase"] == "Running" => Ok(()),
+                _ => Err(format!("status.progress {progress}")),
+            }
+        })
+        .await;
+        let table = self.kubectl(&["get", "rj", &name, "-n", "default"]);
+        eprintln!("kubectl get rj during the run:\n{table}");
         let planned = field_of(&self.kubectl_logs(&rank0), "total_steps")
             .and_then(|s| s.parse::<u64>().ok())
             .expect("total_steps in rank 0's log");
