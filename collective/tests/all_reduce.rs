@@ -5,7 +5,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{data, reference_sum, world, world_on, world_polling};
+use common::{
+    assert_bitwise_identical, data, reduce_in_place, reference_sum, world, world_on, world_polling,
+};
 use futures::future::join_all;
 use rdu_collective::{Algorithm, CollectiveError, Communicator, DataPath, Spin};
 
@@ -14,18 +16,7 @@ const SIZES: [usize; 4] = [1, 7, 1000, 1_000_003];
 
 async fn all_reduce(comms: &[Communicator], len: usize, algorithm: Algorithm) -> Vec<Vec<f32>> {
     let mut bufs: Vec<Vec<f32>> = (0..comms.len() as u32).map(|r| data(r, len)).collect();
-    let results = join_all(
-        comms
-            .iter()
-            .zip(bufs.iter_mut())
-            .map(|(c, b)| c.all_reduce_sum(b, algorithm)),
-    )
-    .await;
-    for (rank, r) in results.into_iter().enumerate() {
-        if let Err(e) = r {
-            panic!("rank {rank} {algorithm} len {len}: {e}");
-        }
-    }
+    reduce_in_place(comms, &mut bufs, algorithm).await;
     bufs
 }
 
@@ -39,14 +30,8 @@ fn assert_sum_and_identical(bufs: &[Vec<f32>], len: usize, what: &str) {
             "{what}: element {i} is {got}, expected {want}"
         );
     }
-    for (rank, b) in bufs.iter().enumerate().skip(1) {
-        assert_eq!(b.len(), len);
-        let differing = b
-            .iter()
-            .zip(&bufs[0])
-            .position(|(x, y)| x.to_bits() != y.to_bits());
-        assert_eq!(differing, None, "{what}: rank {rank} differs from rank 0");
-    }
+    assert_eq!(bufs[0].len(), len);
+    assert_bitwise_identical(bufs, what);
 }
 
 async fn check_world(n: u32, node_of: impl Fn(u32) -> String) {

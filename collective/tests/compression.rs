@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{data, world, world_on};
+use common::{assert_bitwise_identical, data, reduce_in_place, world, world_on};
 use futures::future::join_all;
 use rdu_collective::{
     Algorithm, CollectiveError, Communicator, Compression, DataPath, ReduceOptions,
@@ -20,31 +20,6 @@ const ALGORITHMS: [Algorithm; 4] = [
     Algorithm::Hierarchical,
     Algorithm::Auto,
 ];
-
-async fn reduce(comms: &[Communicator], bufs: &mut [Vec<f32>], options: ReduceOptions) {
-    let results = join_all(
-        comms
-            .iter()
-            .zip(bufs.iter_mut())
-            .map(|(c, b)| c.all_reduce_sum(b, options)),
-    )
-    .await;
-    for (rank, r) in results.into_iter().enumerate() {
-        if let Err(e) = r {
-            panic!("rank {rank} {options:?}: {e}");
-        }
-    }
-}
-
-fn assert_identical(bufs: &[Vec<f32>], what: &str) {
-    for (rank, b) in bufs.iter().enumerate().skip(1) {
-        let differing = b
-            .iter()
-            .zip(&bufs[0])
-            .position(|(x, y)| x.to_bits() != y.to_bits());
-        assert_eq!(differing, None, "{what}: rank {rank} differs from rank 0");
-    }
-}
 
 /// Each value is rounded to 16 bits once per hop it travels (at most `world` hops to the
 /// reducing rank, and once more for the way back), each time by at most `epsilon` of the
@@ -87,9 +62,9 @@ async fn check_world(n: u32, node_of: impl Fn(u32) -> String) {
                     algorithm,
                     compression,
                 };
-                reduce(&comms, &mut bufs, options).await;
+                reduce_in_place(&comms, &mut bufs, options).await;
                 let what = format!("{n} ranks {algorithm} {compression} len {len}");
-                assert_identical(&bufs, &what);
+                assert_bitwise_identical(&bufs, &what);
                 assert_close(&bufs, compression, &what);
             }
         }
@@ -134,7 +109,7 @@ async fn values_the_wire_represents_sum_exactly_and_repeated_steps_stay_identica
         let mut bufs: Vec<Vec<f32>> = (0..3)
             .map(|r| (0..1001).map(|i| ((i % 17) + r) as f32).collect())
             .collect();
-        reduce(&comms, &mut bufs, options).await;
+        reduce_in_place(&comms, &mut bufs, options).await;
         let expected: Vec<f32> = (0..1001).map(|i| (3 * (i % 17) + 3) as f32).collect();
         for b in &bufs {
             assert_eq!(b, &expected, "{compression}");
@@ -142,8 +117,8 @@ async fn values_the_wire_represents_sum_exactly_and_repeated_steps_stay_identica
         // Training repeats the call on the result: ranks stay identical step after step.
         let mut steps: Vec<Vec<f32>> = (0..3).map(|r| data(r, 5000)).collect();
         for step in 0..5 {
-            reduce(&comms, &mut steps, options).await;
-            assert_identical(&steps, &format!("{compression} step {step}"));
+            reduce_in_place(&comms, &mut steps, options).await;
+            assert_bitwise_identical(&steps, &format!("{compression} step {step}"));
             for s in &mut steps {
                 s.iter_mut().for_each(|v| *v *= 0.37);
             }

@@ -42,6 +42,15 @@ fn assert_all_retryable(results: &[Result<(), CollectiveError>]) {
     }
 }
 
+fn assert_some_timed_out(results: &[Result<(), CollectiveError>]) {
+    assert!(
+        results
+            .iter()
+            .any(|r| matches!(r, Err(CollectiveError::Timeout { .. }))),
+        "{results:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_rank_fails_every_other_ranks_ring() {
     dropped_rank_fails_the_ring_on(DataPath::Tcp).await;
@@ -87,12 +96,7 @@ async fn silent_rank_times_out_the_others_and_is_told_to_abort() {
     // Rank 2 stays connected but never joins the collective.
     let results = all_reduce_on(&[&comms[0], &comms[1]], Algorithm::Hierarchical).await;
     assert_all_retryable(&results);
-    assert!(
-        results
-            .iter()
-            .any(|r| matches!(r, Err(CollectiveError::Timeout { .. }))),
-        "{results:?}"
-    );
+    assert_some_timed_out(&results);
     // The ranks that failed told rank 2, so its next collective fails at once.
     match comms[2].barrier().await {
         Err(e @ CollectiveError::AbortedByPeer { .. }) => assert!(e.is_retryable()),
@@ -115,12 +119,7 @@ async fn polling_ranks_fail_on_a_dropped_rank_and_time_out_on_a_silent_one() {
     let comms = world_polling(3, |r| format!("n{r}"), TIMEOUT, |_| DataPath::Tcp, poll).await;
     let results = all_reduce_len(&[&comms[0], &comms[1]], Algorithm::Star, 1024).await;
     assert_all_retryable(&results);
-    assert!(
-        results
-            .iter()
-            .any(|r| matches!(r, Err(CollectiveError::Timeout { .. }))),
-        "{results:?}"
-    );
+    assert_some_timed_out(&results);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

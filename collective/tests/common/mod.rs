@@ -5,7 +5,9 @@
 use std::time::Duration;
 
 use futures::future::join_all;
-use rdu_collective::{CommConfig, Communicator, ConnectOptions, DataPath, JobIdentity, Spin};
+use rdu_collective::{
+    CommConfig, Communicator, ConnectOptions, DataPath, JobIdentity, ReduceOptions, Spin,
+};
 
 pub const TOKEN: &str = "test-token";
 pub const JOB: &str = "job-uid";
@@ -115,4 +117,37 @@ pub fn reference_sum(world: u32, len: usize) -> Vec<f64> {
         }
     }
     acc
+}
+
+/// Sums `bufs` (one per rank) in place on every rank at once; panics naming the rank that failed.
+pub async fn reduce_in_place(
+    comms: &[Communicator],
+    bufs: &mut [Vec<f32>],
+    options: impl Into<ReduceOptions>,
+) {
+    let options = options.into();
+    let results = join_all(
+        comms
+            .iter()
+            .zip(bufs.iter_mut())
+            .map(|(c, b)| c.all_reduce_sum(b, options)),
+    )
+    .await;
+    for (rank, r) in results.into_iter().enumerate() {
+        if let Err(e) = r {
+            panic!("rank {rank} {options:?} len {}: {e}", bufs[rank].len());
+        }
+    }
+}
+
+/// Every rank's buffer holds rank 0's bits.
+pub fn assert_bitwise_identical(bufs: &[Vec<f32>], what: &str) {
+    for (rank, b) in bufs.iter().enumerate().skip(1) {
+        assert_eq!(b.len(), bufs[0].len(), "{what}: rank {rank}'s length");
+        let differing = b
+            .iter()
+            .zip(&bufs[0])
+            .position(|(x, y)| x.to_bits() != y.to_bits());
+        assert_eq!(differing, None, "{what}: rank {rank} differs from rank 0");
+    }
 }
