@@ -14,12 +14,15 @@ pub const DEFAULT_CHUNK_BYTES: usize = 1 << 20;
 pub const MAX_CHUNK_BYTES: usize = 16 << 20;
 
 /// How chunks travel between ranks. Rendezvous and aborts always use gRPC, and every rank
-/// accepts both kinds of stream on its collective port, so ranks may even differ.
+/// accepts every kind of stream on its collective port, so ranks may even differ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DataPath {
-    /// One token-authenticated raw TCP stream per directed pair of ranks (the fast path:
-    /// no protobuf or HTTP/2 re-buffering copies).
+    /// One token-authenticated raw TCP stream per directed pair of ranks, whose frames go
+    /// through a shared-memory ring when both ranks can open it (same host and `/dev/shm`).
     #[default]
+    Auto,
+    /// One token-authenticated raw TCP stream per directed pair of ranks, frames always on it
+    /// (no protobuf or HTTP/2 re-buffering copies).
     Tcp,
     /// One gRPC `Send` stream per directed pair of ranks (slower; kept so tests and
     /// `allreduce-bench` can run the algorithms over a second transport and compare).
@@ -29,6 +32,7 @@ pub enum DataPath {
 impl fmt::Display for DataPath {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
+            DataPath::Auto => "auto",
             DataPath::Tcp => "tcp",
             DataPath::Grpc => "grpc",
         })
@@ -40,11 +44,12 @@ impl FromStr for DataPath {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(DataPath::Auto),
             "tcp" => Ok(DataPath::Tcp),
             "grpc" => Ok(DataPath::Grpc),
             other => Err(CollectiveError::invalid_config(
                 "data_path",
-                format!("{other:?} is not one of tcp, grpc"),
+                format!("{other:?} is not one of auto, tcp, grpc"),
             )),
         }
     }
@@ -247,15 +252,15 @@ mod tests {
     }
 
     #[test]
-    fn data_paths_parse_print_and_default_to_tcp() {
-        assert_eq!(DataPath::default(), DataPath::Tcp);
-        for path in [DataPath::Tcp, DataPath::Grpc] {
+    fn data_paths_parse_print_and_default_to_auto() {
+        assert_eq!(DataPath::default(), DataPath::Auto);
+        for path in [DataPath::Auto, DataPath::Tcp, DataPath::Grpc] {
             assert_eq!(path.to_string().parse::<DataPath>().ok(), Some(path));
         }
         assert_eq!(" GRPC ".parse::<DataPath>().ok(), Some(DataPath::Grpc));
         let error = "udp".parse::<DataPath>().unwrap_err().to_string();
         assert!(
-            error.contains("data_path") && error.contains("tcp, grpc"),
+            error.contains("data_path") && error.contains("auto, tcp, grpc"),
             "{error}"
         );
     }

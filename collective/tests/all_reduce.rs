@@ -1,5 +1,5 @@
-//! All-reduce, broadcast and barrier correctness for 1 to 5 ranks, every algorithm, both data
-//! paths.
+//! All-reduce, broadcast and barrier correctness for 1 to 5 ranks, every algorithm, every data
+//! path (shared-memory rings, TCP frames, gRPC streams).
 
 mod common;
 
@@ -62,15 +62,35 @@ async fn grpc_data_path_gives_the_same_results() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ranks_on_one_host_send_through_shared_memory_rings() {
+    // The default data path: every pair of these same-host ranks shares a ring.
+    let comms = world(3, |r| format!("node{}", r % 2), TIMEOUT).await;
+    for comm in &comms {
+        let others: Vec<u32> = (0..3).filter(|&r| r != comm.rank()).collect();
+        assert_eq!(comm.shared_memory_peers(), others, "rank {}", comm.rank());
+    }
+    check_comms(comms).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_on_tcp_give_the_same_results() {
+    let comms = world_on(3, |r| format!("node{}", r % 2), TIMEOUT, |_| DataPath::Tcp).await;
+    assert!(comms.iter().all(|c| c.shared_memory_peers().is_empty()));
+    check_comms(comms).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ranks_on_different_data_paths_still_agree() {
-    let path_of = |r: u32| {
-        if r.is_multiple_of(2) {
-            DataPath::Tcp
-        } else {
-            DataPath::Grpc
-        }
+    // Rings from the auto ranks (a TCP-only rank still takes the rings offered to it), TCP
+    // frames and gRPC streams in one job.
+    let path_of = |r: u32| match r % 3 {
+        0 => DataPath::Auto,
+        1 => DataPath::Tcp,
+        _ => DataPath::Grpc,
     };
-    let comms = world_on(4, |r| format!("node{}", r / 2), TIMEOUT, path_of).await;
+    let comms = world_on(5, |r| format!("node{}", r / 2), TIMEOUT, path_of).await;
+    assert_eq!(comms[0].shared_memory_peers(), vec![1, 2, 3, 4]);
+    assert!(comms[1].shared_memory_peers().is_empty());
     check_comms(comms).await;
 }
 
@@ -80,6 +100,9 @@ async fn ranks_that_poll_small_frames_and_ranks_that_park_agree() {
     // buffers, so both the polled single-read frames and the parked piecewise ones run.
     let poll = Spin::For(Duration::from_micros(500));
     let comms = world_polling(2, |r| format!("n{r}"), TIMEOUT, |_| DataPath::Tcp, poll).await;
+    check_comms(comms).await;
+    // Rings poll every frame, small or large.
+    let comms = world_polling(3, |r| format!("n{r}"), TIMEOUT, |_| DataPath::Auto, poll).await;
     check_comms(comms).await;
     let comms = world_polling(
         4,

@@ -57,12 +57,19 @@ async fn dropped_rank_fails_every_other_ranks_ring() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_rank_fails_every_other_ranks_ring_through_shared_memory() {
+    dropped_rank_fails_the_ring_on(DataPath::Auto).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_rank_fails_every_other_ranks_ring_on_grpc_streams() {
     dropped_rank_fails_the_ring_on(DataPath::Grpc).await;
 }
 
 async fn dropped_rank_fails_the_ring_on(data_path: DataPath) {
     let mut comms = world_on(3, |_| "n".into(), TIMEOUT, |_| data_path).await;
+    let rings = comms[0].shared_memory_peers();
+    assert_eq!(rings.is_empty(), data_path != DataPath::Auto, "{rings:?}");
     let ok = all_reduce_on(&comms.iter().collect::<Vec<_>>(), Algorithm::Ring).await;
     assert!(ok.iter().all(Result::is_ok), "{ok:?}");
     drop(comms.pop());
@@ -108,18 +115,22 @@ async fn silent_rank_times_out_the_others_and_is_told_to_abort() {
 async fn polling_ranks_fail_on_a_dropped_rank_and_time_out_on_a_silent_one() {
     // Small frames (1024 values) are polled for before parking; the bounded poll must not
     // hide a lost peer or outlast the timeout.
+    // Rings poll for every frame, TCP streams for small ones.
     let poll = Spin::For(Duration::from_millis(2));
-    let mut comms = world_polling(4, |r| format!("n{r}"), TIMEOUT, |_| DataPath::Tcp, poll).await;
-    let ok = all_reduce_len(&comms.iter().collect::<Vec<_>>(), Algorithm::Auto, 1024).await;
-    assert!(ok.iter().all(Result::is_ok), "{ok:?}");
-    drop(comms.pop());
-    let results = all_reduce_len(&comms.iter().collect::<Vec<_>>(), Algorithm::Star, 1024).await;
-    assert_all_retryable(&results);
+    for path in [DataPath::Tcp, DataPath::Auto] {
+        let mut comms = world_polling(4, |r| format!("n{r}"), TIMEOUT, |_| path, poll).await;
+        let ok = all_reduce_len(&comms.iter().collect::<Vec<_>>(), Algorithm::Auto, 1024).await;
+        assert!(ok.iter().all(Result::is_ok), "{path}: {ok:?}");
+        drop(comms.pop());
+        let results =
+            all_reduce_len(&comms.iter().collect::<Vec<_>>(), Algorithm::Star, 1024).await;
+        assert_all_retryable(&results);
 
-    let comms = world_polling(3, |r| format!("n{r}"), TIMEOUT, |_| DataPath::Tcp, poll).await;
-    let results = all_reduce_len(&[&comms[0], &comms[1]], Algorithm::Star, 1024).await;
-    assert_all_retryable(&results);
-    assert_some_timed_out(&results);
+        let comms = world_polling(3, |r| format!("n{r}"), TIMEOUT, |_| path, poll).await;
+        let results = all_reduce_len(&[&comms[0], &comms[1]], Algorithm::Star, 1024).await;
+        assert_all_retryable(&results);
+        assert_some_timed_out(&results);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

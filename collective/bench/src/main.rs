@@ -1,6 +1,7 @@
 //! `allreduce-bench`: all-reduce bus bandwidth of N local ranks (one process each, loopback),
 //! beside a raw TCP stream between two processes measured in the same run. Chunks travel on
-//! the TCP data path unless `--data-path grpc`.
+//! the TCP data path, through shared-memory rings between these same-host ranks unless
+//! `--data-path tcp` (or `grpc`); `shared_memory_peers` on each line says how many rank 0 has.
 //!
 //! Prints one JSON line per size with nccl-tests' definitions: algbw = bytes / time,
 //! busbw = algbw * 2 (n - 1) / n; bandwidths in GB/s where 1 GB = 1e9 bytes; and `busbw_vs_tcp`, busbw over the
@@ -47,8 +48,9 @@ struct Args {
     /// Untimed iterations per size before timing.
     #[arg(long, default_value_t = 3)]
     warmup: u32,
-    /// How chunks travel: tcp (raw TCP streams beside gRPC) or grpc (gRPC Send streams).
-    #[arg(long, default_value = "tcp")]
+    /// How chunks travel: auto (raw TCP streams, frames in shared-memory rings between ranks
+    /// of one host), tcp (frames always on the TCP streams) or grpc (gRPC Send streams).
+    #[arg(long, default_value = "auto")]
     data_path: String,
     /// Pipelining chunk size in bytes.
     #[arg(long, default_value_t = DEFAULT_CHUNK_BYTES)]
@@ -373,6 +375,7 @@ fn run_rank(
             ..ConnectOptions::default()
         };
         let comm = Communicator::connect_with(cfg, options).await?;
+        let shared_memory_peers = comm.shared_memory_peers().len();
         for &bytes in &args.sizes {
             let elems = bytes / 4;
             let mut buf = vec![(rank + 1) as f32; elems];
@@ -402,6 +405,7 @@ fn run_rank(
                         "compression": reduce.compression.to_string(),
                         "spin": spin.to_string(),
                         "data_path": data_path.to_string(),
+                        "shared_memory_peers": shared_memory_peers,
                         "ranks_per_node": args.ranks_per_node.max(1),
                         "iters": iters,
                         "malloc": malloc_label(),

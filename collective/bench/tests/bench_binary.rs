@@ -21,6 +21,9 @@ fn the_bench_prints_a_line_per_size_and_the_tcp_baseline() {
     for (line, bytes) in lines.iter().zip([4096, 65540]) {
         assert_eq!(line["ranks"], 3);
         assert_eq!(line["bytes"], bytes);
+        // Rank processes on one host share memory rings with both peers.
+        assert_eq!(line["data_path"], "auto");
+        assert_eq!(line["shared_memory_peers"], 2, "{line}");
         assert!(line["time_us"].as_f64().is_some_and(|v| v > 0.0), "{line}");
         for field in [
             "algbw_gbps",
@@ -67,6 +70,32 @@ fn the_bench_prints_a_line_per_size_and_the_tcp_baseline() {
             "{size} vs {line}"
         );
     }
+}
+
+#[test]
+fn frames_stay_on_tcp_when_asked() {
+    let out = Command::new(env!("CARGO_BIN_EXE_allreduce-bench"))
+        .args([
+            "--ranks",
+            "2",
+            "--sizes",
+            "4096",
+            "--iters",
+            "2",
+            "--no-baseline",
+        ])
+        .args(["--data-path", "tcp"])
+        .output()
+        .expect("running allreduce-bench");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().next().unwrap()).unwrap();
+    assert_eq!(line["data_path"], "tcp");
+    assert_eq!(line["shared_memory_peers"], 0, "{line}");
 }
 
 #[test]

@@ -3,6 +3,7 @@
 //! which returns the peer table) and `dial` (a link and an abort client to every peer).
 
 use std::future::Future;
+use std::path::Path;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
@@ -28,7 +29,8 @@ use crate::spin::Spin;
 use crate::transport::Link;
 use crate::transport::grpc::{CollectiveService, GrpcLink};
 use crate::transport::router::InboundRouter;
-use crate::transport::tcp::{self, DataPort};
+use crate::transport::shm;
+use crate::transport::tcp::{self, DataPort, RingChoice};
 
 /// Idle send buffers kept for reuse (about what is in flight: link queues plus windows).
 const POOLED_BUFFERS: usize = 32;
@@ -102,8 +104,8 @@ impl Communicator {
             comm.serve_rendezvous(rendezvous_listener).await?;
         }
         let peers = comm.join(&address).await?;
-        comm.dial(peers, data_path, &token, deadline).await?;
         comm.spin = spin.duration();
+        comm.dial(peers, data_path, &token, deadline).await?;
         Ok(comm)
     }
 
@@ -157,6 +159,7 @@ impl Communicator {
             router.clone(),
             RequireToken::new(&cfg.identity.token),
             cfg.timeout,
+            shm::shm_dir().map(Path::to_path_buf),
         );
         let connections = {
             let _entered = self.span.enter();
@@ -242,6 +245,7 @@ impl Communicator {
         self.peers = peers;
         self.links = links;
         self.abort_clients = abort_clients;
+        tracing::info!(parent: &self.span, %data_path, shared_memory_with = ?self.shared_memory_peers(), "links open");
         Ok(())
     }
 
@@ -255,7 +259,11 @@ impl Communicator {
     ) -> Result<Link, CollectiveError> {
         let cfg = &self.cfg;
         match data_path {
-            DataPath::Tcp => {
+            DataPath::Auto | DataPath::Tcp => {
+                let ring = RingChoice {
+                    dir: shm::shm_dir().filter(|_| data_path == DataPath::Auto),
+                    spin: self.spin,
+                };
                 tcp::open_link(
                     cfg.rank,
                     peer.rank,
@@ -263,6 +271,7 @@ impl Communicator {
                     &peer.address,
                     &cfg.identity.token,
                     deadline,
+                    ring,
                 )
                 .instrument(self.span.clone())
                 .await

@@ -91,6 +91,17 @@ impl Communicator {
         &self.peers
     }
 
+    /// The ranks this rank sends to through a shared-memory ring (same host, see
+    /// [`DataPath::Auto`](crate::DataPath::Auto)), ascending; TCP or gRPC carries the rest.
+    pub fn shared_memory_peers(&self) -> Vec<u32> {
+        self.links
+            .iter()
+            .enumerate()
+            .filter(|(_, link)| link.as_ref().is_some_and(Link::shares_memory))
+            .map(|(rank, _)| rank as u32)
+            .collect()
+    }
+
     /// In-place average over all ranks; bitwise identical on every rank afterwards.
     pub async fn all_reduce_mean(
         &self,

@@ -11,6 +11,7 @@ use crate::compression::Compression;
 use crate::transport::ChunkId;
 use crate::transport::grpc::GrpcSource;
 use crate::transport::tcp::TcpSource;
+use crate::transport::tcp::framing::{ChunkHeader, HEADER_LEN};
 
 /// What a received chunk does to the values it lands on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,6 +106,22 @@ impl Drop for Handoff {
 /// The peer's stream ended where a chunk was expected.
 pub(super) fn ended() -> InboxError {
     InboxError::Lost("its stream to this rank ended".into())
+}
+
+/// The frame's header must name `expected` with `payload` bytes.
+pub(super) fn check_header(
+    header: &[u8; HEADER_LEN],
+    expected: ChunkId,
+    payload: usize,
+) -> Result<(), InboxError> {
+    let header = ChunkHeader::decode(header);
+    let got = ChunkId {
+        op_id: header.op_id,
+        phase: header.phase,
+        segment: header.segment,
+        chunk: header.chunk,
+    };
+    check(expected, got, header.len as usize, payload)
 }
 
 /// The chunk that arrived must be the one expected, with `expected_bytes` of payload (one

@@ -3,13 +3,15 @@
 //! peer's chunks arrive in the order it sent them. The `router` hands each incoming stream to its
 //! inbox. Two transports implement both ends, on the same collective port:
 //!
-//! - `tcp`: the default data path, raw TCP frames written from and read into the caller's values;
+//! - `tcp`: the default data path, raw TCP frames written from and read into the caller's values,
+//!   or, between ranks on one host, through a shared-memory ring (`shm`) the TCP stream wakes;
 //! - `grpc`: the `Collective` service (aborts; `Send` streams of chunks, see its docs for why
 //!   they are kept).
 
 pub(crate) mod grpc;
 pub(crate) mod inbox;
 pub(crate) mod router;
+pub(crate) mod shm;
 pub(crate) mod tcp;
 
 pub use grpc::{FROM_RANK, GENERATION};
@@ -51,6 +53,14 @@ impl Link {
         match self {
             Link::Tcp(link) => link.send(id, values, compression).await,
             Link::Grpc(link) => link.send(id, values, compression).await,
+        }
+    }
+
+    /// Whether chunks go through a shared-memory ring (see `shm`).
+    pub(crate) fn shares_memory(&self) -> bool {
+        match self {
+            Link::Tcp(link) => link.shares_memory(),
+            Link::Grpc(_) => false,
         }
     }
 

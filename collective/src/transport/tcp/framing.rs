@@ -1,16 +1,23 @@
 //! Byte format of the raw TCP data path: a hello naming the sending rank, its generation and
-//! the job token; the receiver's one-line reply; then chunk frames, each a fixed little-endian
-//! header followed by the payload. Pure encoding and decoding, no I/O.
+//! the job token, and perhaps offering a shared-memory ring (see `shm`); the receiver's one-line
+//! reply, which says whether it took the ring; then chunk frames, each a fixed little-endian
+//! header followed by the payload, on the stream or in the ring. Pure encoding and decoding, no
+//! I/O.
 
-/// First bytes of a data stream. An HTTP/2 connection starts with `PRI * HTTP/2.0`, so the
-/// first byte alone tells the two apart on the shared collective port.
-pub(crate) const MAGIC: &[u8; 8] = b"RDUCHNK1";
+use crate::transport::shm::Offer;
+
+/// First bytes of a data stream (the digit is the format's version). An HTTP/2 connection
+/// starts with `PRI * HTTP/2.0`, so the first byte alone tells the two apart on the shared
+/// collective port.
+pub(crate) const MAGIC: &[u8; 8] = b"RDUCHNK2";
 /// Longest job token a hello may carry.
 pub(crate) const MAX_TOKEN: usize = 4096;
-/// Hello bytes before the token: magic, from_rank (u32), generation (u64), token length (u16).
-pub(crate) const HELLO_FIXED: usize = 8 + 4 + 8 + 2;
-/// Reply bytes before its message: status (u8, a gRPC code), message length (u16).
-pub(crate) const REPLY_FIXED: usize = 3;
+/// Hello bytes before the token: magic, from_rank (u32), generation (u64), token length (u16),
+/// whether a ring offer (`Offer::LEN` bytes) follows the token (u8, 0 or 1).
+pub(crate) const HELLO_FIXED: usize = 8 + 4 + 8 + 2 + 1;
+/// Reply bytes before its message: status (u8, a gRPC code), whether the receiver took the
+/// offered ring (u8, 0 or 1), message length (u16).
+pub(crate) const REPLY_FIXED: usize = 4;
 /// Chunk header: op_id (u64), phase, segment, chunk, payload length (u32 each).
 pub(crate) const HEADER_LEN: usize = 24;
 
@@ -23,6 +30,8 @@ pub(crate) enum FrameError {
     TokenTooLong(usize),
     #[error("reply status {0} is not a gRPC code")]
     BadStatus(u8),
+    #[error("flag byte {0} is neither 0 nor 1")]
+    BadFlag(u8),
 }
 
 /// The fixed part of a hello.
@@ -31,6 +40,8 @@ pub(crate) struct HelloFixed {
     pub(crate) from_rank: u32,
     pub(crate) generation: u64,
     pub(crate) token_len: usize,
+    /// A ring offer follows the token.
+    pub(crate) offers_ring: bool,
 }
 
 /// The whole hello a sender writes after connecting.
@@ -38,6 +49,7 @@ pub(crate) fn encode_hello(
     from_rank: u32,
     generation: u64,
     token: &str,
+    ring: Option<&Offer>,
 ) -> Result<Vec<u8>, FrameError> {
     let token_len =
         u16::try_from(token.len()).map_err(|_| FrameError::TokenTooLong(token.len()))?;
@@ -49,11 +61,15 @@ pub(crate) fn encode_hello(
     out.extend_from_slice(&from_rank.to_le_bytes());
     out.extend_from_slice(&generation.to_le_bytes());
     out.extend_from_slice(&token_len.to_le_bytes());
+    out.push(u8::from(ring.is_some()));
     out.extend_from_slice(token.as_bytes());
+    if let Some(offer) = ring {
+        out.extend_from_slice(&offer.encode());
+    }
     Ok(out)
 }
 
-/// Reads the fixed part of a hello; the token (`token_len` bytes) follows it.
+/// Reads the fixed part of a hello; the token (`token_len` bytes) and perhaps an offer follow it.
 pub(crate) fn decode_hello(bytes: &[u8; HELLO_FIXED]) -> Result<HelloFixed, FrameError> {
     if &bytes[..8] != MAGIC {
         return Err(FrameError::BadMagic);
@@ -66,27 +82,50 @@ pub(crate) fn decode_hello(bytes: &[u8; HELLO_FIXED]) -> Result<HelloFixed, Fram
         from_rank: u32::from_le_bytes(array(&bytes[8..12])),
         generation: u64::from_le_bytes(array(&bytes[12..20])),
         token_len,
+        offers_ring: flag(bytes[22])?,
     })
 }
 
-/// The receiver's answer to a hello: `Ok` or a refusal with the same code the gRPC path uses.
-pub(crate) fn encode_reply(code: tonic::Code, message: &str) -> Vec<u8> {
+/// The receiver's answer to a hello: `Ok` or a refusal with the same code the gRPC path uses,
+/// and whether frames go through the offered ring.
+pub(crate) fn encode_reply(code: tonic::Code, took_ring: bool, message: &str) -> Vec<u8> {
     let message: String = message.chars().take(1024).collect();
     let mut out = Vec::with_capacity(REPLY_FIXED + message.len());
     out.push(code as u8);
+    out.push(u8::from(took_ring));
     out.extend_from_slice(&(message.len() as u16).to_le_bytes());
     out.extend_from_slice(message.as_bytes());
     out
 }
 
-/// Status and message length of a reply; the message follows.
-pub(crate) fn decode_reply(bytes: &[u8; REPLY_FIXED]) -> Result<(tonic::Code, usize), FrameError> {
+/// A reply's fixed part.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Reply {
+    pub(crate) code: tonic::Code,
+    pub(crate) took_ring: bool,
+    /// Bytes of the message that follows.
+    pub(crate) message_len: usize,
+}
+
+/// Status, ring answer and message length of a reply; the message follows.
+pub(crate) fn decode_reply(bytes: &[u8; REPLY_FIXED]) -> Result<Reply, FrameError> {
     let code = bytes[0];
     if code > tonic::Code::Unauthenticated as u8 {
         return Err(FrameError::BadStatus(code));
     }
-    let len = usize::from(u16::from_le_bytes([bytes[1], bytes[2]]));
-    Ok((tonic::Code::from(i32::from(code)), len))
+    Ok(Reply {
+        code: tonic::Code::from(i32::from(code)),
+        took_ring: flag(bytes[1])?,
+        message_len: usize::from(u16::from_le_bytes([bytes[2], bytes[3]])),
+    })
+}
+
+fn flag(byte: u8) -> Result<bool, FrameError> {
+    match byte {
+        0 => Ok(false),
+        1 => Ok(true),
+        other => Err(FrameError::BadFlag(other)),
+    }
 }
 
 /// Where a chunk belongs and how many payload bytes follow the header.
@@ -134,7 +173,7 @@ mod tests {
 
     #[test]
     fn hello_round_trips_and_is_recognised_by_its_first_byte() {
-        let hello = encode_hello(3, 9, "tok").unwrap();
+        let hello = encode_hello(3, 9, "tok", None).unwrap();
         assert_eq!(hello.len(), HELLO_FIXED + 3);
         assert_ne!(hello[0], b"PRI * HTTP/2.0"[0]);
         let fixed = decode_hello(hello[..HELLO_FIXED].try_into().unwrap()).unwrap();
@@ -143,36 +182,74 @@ mod tests {
             HelloFixed {
                 from_rank: 3,
                 generation: 9,
-                token_len: 3
+                token_len: 3,
+                offers_ring: false,
             }
         );
         assert_eq!(&hello[HELLO_FIXED..], b"tok");
     }
 
     #[test]
+    fn a_ring_offer_follows_the_token() {
+        let offer = Offer {
+            id: [1; 16],
+            nonce: [2; 16],
+        };
+        let hello = encode_hello(0, 1, "tok", Some(&offer)).unwrap();
+        assert_eq!(hello.len(), HELLO_FIXED + 3 + Offer::LEN);
+        let fixed = decode_hello(hello[..HELLO_FIXED].try_into().unwrap()).unwrap();
+        assert!(fixed.offers_ring);
+        let after_token = &hello[HELLO_FIXED + 3..];
+        assert_eq!(Offer::decode(after_token.try_into().unwrap()), offer);
+    }
+
+    #[test]
     fn hostile_hellos_are_refused() {
-        let mut hello = encode_hello(0, 1, "t").unwrap();
+        let mut hello = encode_hello(0, 1, "t", None).unwrap();
         hello[0] = b'X';
         assert_eq!(
             decode_hello(hello[..HELLO_FIXED].try_into().unwrap()),
             Err(FrameError::BadMagic)
         );
-        let mut long = encode_hello(0, 1, "t").unwrap();
+        let mut long = encode_hello(0, 1, "t", None).unwrap();
         long[20..22].copy_from_slice(&u16::MAX.to_le_bytes());
         assert_eq!(
             decode_hello(long[..HELLO_FIXED].try_into().unwrap()),
             Err(FrameError::TokenTooLong(usize::from(u16::MAX)))
         );
-        assert!(encode_hello(0, 1, &"x".repeat(MAX_TOKEN + 1)).is_err());
+        let mut flagged = encode_hello(0, 1, "t", None).unwrap();
+        flagged[22] = 7;
+        assert_eq!(
+            decode_hello(flagged[..HELLO_FIXED].try_into().unwrap()),
+            Err(FrameError::BadFlag(7))
+        );
+        assert!(encode_hello(0, 1, &"x".repeat(MAX_TOKEN + 1), None).is_err());
     }
 
     #[test]
-    fn replies_carry_the_code_and_message() {
-        let reply = encode_reply(tonic::Code::FailedPrecondition, "stale");
-        let (code, len) = decode_reply(reply[..REPLY_FIXED].try_into().unwrap()).unwrap();
-        assert_eq!((code, len), (tonic::Code::FailedPrecondition, 5));
+    fn replies_carry_the_code_the_ring_answer_and_message() {
+        let reply = encode_reply(tonic::Code::FailedPrecondition, false, "stale");
+        let fixed = decode_reply(reply[..REPLY_FIXED].try_into().unwrap()).unwrap();
+        assert_eq!(
+            fixed,
+            Reply {
+                code: tonic::Code::FailedPrecondition,
+                took_ring: false,
+                message_len: 5
+            }
+        );
         assert_eq!(&reply[REPLY_FIXED..], b"stale");
-        assert_eq!(decode_reply(&[200, 0, 0]), Err(FrameError::BadStatus(200)));
+        let took = encode_reply(tonic::Code::Ok, true, "");
+        assert!(
+            decode_reply(took[..].try_into().unwrap())
+                .unwrap()
+                .took_ring
+        );
+        assert_eq!(
+            decode_reply(&[200, 0, 0, 0]),
+            Err(FrameError::BadStatus(200))
+        );
+        assert_eq!(decode_reply(&[0, 2, 0, 0]), Err(FrameError::BadFlag(2)));
     }
 
     #[test]

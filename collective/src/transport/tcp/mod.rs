@@ -4,20 +4,22 @@
 //! `Send` streams. Compared with a gRPC stream this skips protobuf's payload copy and tonic's
 //! re-buffering of HTTP/2 frames on both ends: the sender writes its values straight to the
 //! socket (`link`), and the admitted socket (`port`) goes to the peer's inbox, whose collective
-//! reads each chunk straight into the values it updates (`receive`).
+//! reads each chunk straight into the values it updates (`receive`). Between ranks on one host
+//! the frames go through a shared-memory ring instead (`shm`), offered in the hello.
 
 pub(crate) mod framing;
 mod link;
 mod port;
 mod receive;
 
-pub(crate) use link::{TcpLink, open_link};
+pub(crate) use link::{RingChoice, TcpLink, open_link};
 pub(crate) use port::{DataPort, demux};
 pub(crate) use receive::TcpSource;
 
 #[cfg(test)]
 mod tests {
     use std::io;
+    use std::path::Path;
     use std::sync::Arc;
     use std::time::Duration;
 
@@ -35,12 +37,16 @@ mod tests {
     use crate::compression::Compression;
     use crate::error::CollectiveError;
     use crate::fault::FailState;
-    use crate::transport::ChunkId;
     use crate::transport::inbox::{Apply, Inbox, ReceiveMode};
     use crate::transport::router::InboundRouter;
+    use crate::transport::{ChunkId, Link};
 
     const TOKEN: &str = "secret";
     const GENERATION: u64 = 7;
+    const NO_RING: RingChoice<'static> = RingChoice {
+        dir: None,
+        spin: None,
+    };
 
     /// Rank 1 of 3 with its data port listening.
     struct Harness {
@@ -51,6 +57,11 @@ mod tests {
     }
 
     async fn harness() -> Harness {
+        harness_sharing(None).await
+    }
+
+    /// Rank 1 of 3, taking offered rings in `shm_dir`.
+    async fn harness_sharing(shm_dir: Option<&Path>) -> Harness {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap().to_string();
         let (shutdown, rx) = watch::channel(false);
@@ -60,6 +71,7 @@ mod tests {
             Arc::new(router),
             RequireToken::new(TOKEN),
             Duration::from_secs(10),
+            shm_dir.map(Path::to_path_buf),
         );
         Harness {
             address,
@@ -72,14 +84,14 @@ mod tests {
     /// Says hello as `from` and returns the connection and the reply.
     async fn hello(address: &str, from: u32, generation: u64, token: &str) -> (TcpStream, Code) {
         let mut stream = TcpStream::connect(address).await.unwrap();
-        let hello = framing::encode_hello(from, generation, token).unwrap();
+        let hello = framing::encode_hello(from, generation, token, None).unwrap();
         stream.write_all(&hello).await.unwrap();
         let mut fixed = [0u8; REPLY_FIXED];
         stream.read_exact(&mut fixed).await.unwrap();
-        let (code, len) = framing::decode_reply(&fixed).unwrap();
-        let mut message = vec![0u8; len];
+        let reply = framing::decode_reply(&fixed).unwrap();
+        let mut message = vec![0u8; reply.message_len];
         stream.read_exact(&mut message).await.unwrap();
-        (stream, code)
+        (stream, reply.code)
     }
 
     #[tokio::test]
@@ -106,11 +118,14 @@ mod tests {
     async fn a_stream_that_is_not_a_hello_is_refused() {
         let h = harness().await;
         let mut stream = TcpStream::connect(&h.address).await.unwrap();
-        stream.write_all(b"RUBBISH-AND-MORE-BYTES").await.unwrap();
+        stream
+            .write_all(b"RUBBISH-AND-MORE-BYTES-THAN-A-HELLO")
+            .await
+            .unwrap();
         let mut fixed = [0u8; REPLY_FIXED];
         stream.read_exact(&mut fixed).await.unwrap();
         assert_eq!(
-            framing::decode_reply(&fixed).unwrap().0,
+            framing::decode_reply(&fixed).unwrap().code,
             Code::InvalidArgument
         );
     }
@@ -166,12 +181,12 @@ mod tests {
     async fn links_deliver_chunks_and_report_refusals() {
         let mut h = harness().await;
         let deadline = Instant::now() + Duration::from_secs(10);
-        let refused = open_link(0, 1, GENERATION, &h.address, "wrong", deadline).await;
+        let refused = open_link(0, 1, GENERATION, &h.address, "wrong", deadline, NO_RING).await;
         assert!(matches!(
             refused,
             Err(ref e @ CollectiveError::Protocol { rank: 1, .. }) if !e.is_retryable()
         ));
-        let link = open_link(0, 1, GENERATION, &h.address, TOKEN, deadline)
+        let link = open_link(0, 1, GENERATION, &h.address, TOKEN, deadline, NO_RING)
             .await
             .unwrap();
         let values = [1.5f32, -2.0];
@@ -201,5 +216,92 @@ mod tests {
         let closing = link.close();
         h.inboxes.clear();
         closing.await.unwrap();
+    }
+
+    /// Sends `chunks` chunks of `len` values on `link` while rank 1 takes them from rank 0's
+    /// inbox, adding them onto ones; checks every value.
+    async fn stream_chunks(h: &mut Harness, link: &Link, chunks: u32, len: usize) {
+        let inbox = h.inboxes[0].as_mut().unwrap();
+        let id = |chunk| ChunkId {
+            op_id: 1,
+            phase: 16,
+            segment: 0,
+            chunk,
+        };
+        let sender = async {
+            for k in 0..chunks {
+                let mut values: Vec<f32> = (0..len).map(|i| (i as u32 + k) as f32).collect();
+                link.send(id(k), &mut values, Compression::None)
+                    .await
+                    .unwrap();
+            }
+        };
+        let receiver = async {
+            for k in 0..chunks {
+                let mut got = vec![1.0f32; len];
+                inbox
+                    .receive(
+                        GENERATION,
+                        id(k),
+                        &mut got,
+                        Apply::Add,
+                        ReceiveMode::default(),
+                    )
+                    .await
+                    .unwrap();
+                assert!(
+                    got.iter()
+                        .enumerate()
+                        .all(|(i, v)| *v == (i as u32 + k) as f32 + 1.0),
+                    "chunk {k} of {len} values"
+                );
+            }
+        };
+        tokio::join!(sender, receiver);
+    }
+
+    #[tokio::test]
+    async fn links_share_a_ring_when_the_receiver_can_open_it_and_remove_its_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut h = harness_sharing(Some(dir.path())).await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let ring = RingChoice {
+            dir: Some(dir.path()),
+            spin: None,
+        };
+        let link = open_link(0, 1, GENERATION, &h.address, TOKEN, deadline, ring)
+            .await
+            .unwrap();
+        assert!(link.shares_memory());
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        // Odd lengths (frames padded), and chunks larger than the ring (it wraps many times).
+        stream_chunks(&mut h, &link, 20, 3).await;
+        stream_chunks(
+            &mut h,
+            &link,
+            3,
+            crate::transport::shm::RING_BYTES / 4 * 2 + 5,
+        )
+        .await;
+        let closing = link.close();
+        h.inboxes.clear();
+        closing.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_ring_the_receiver_cannot_open_is_declined_and_frames_stay_on_tcp() {
+        let (theirs, mine) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut h = harness_sharing(Some(theirs.path())).await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let ring = RingChoice {
+            dir: Some(mine.path()),
+            spin: None,
+        };
+        let link = open_link(0, 1, GENERATION, &h.address, TOKEN, deadline, ring)
+            .await
+            .unwrap();
+        assert!(!link.shares_memory());
+        assert_eq!(std::fs::read_dir(mine.path()).unwrap().count(), 0);
+        stream_chunks(&mut h, &link, 4, 1000).await;
     }
 }

@@ -1,8 +1,10 @@
 //! The receiving side of the TCP data path: the collective port's accept loop, which tells data
 //! streams from gRPC connections by their first byte, and the data port, which checks a data
-//! stream's hello and hands the stream to the sender's inbox.
+//! stream's hello, takes the shared-memory ring it offers when it can open it, and hands the
+//! stream (and ring) to the sender's inbox.
 
 use std::io;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,6 +20,7 @@ use super::receive::TcpSource;
 use crate::auth::RequireToken;
 use crate::transport::inbox::Handoff;
 use crate::transport::router::{ChunkReceiver, InboundRouter};
+use crate::transport::shm::{Offer, RingReader, Segment};
 
 /// gRPC connections waiting for tonic to take them.
 const GRPC_BACKLOG: usize = 16;
@@ -27,6 +30,14 @@ pub(crate) struct DataPort {
     router: Arc<InboundRouter>,
     token: RequireToken,
     handshake_timeout: Duration,
+    /// Where offered rings are looked for; `None` keeps every stream's frames on TCP.
+    shm_dir: Option<PathBuf>,
+}
+
+/// An admitted stream's inbox slot, and the ring it offered, if any.
+struct Admitted {
+    slot: oneshot::Sender<Handoff>,
+    offer: Option<Offer>,
 }
 
 impl DataPort {
@@ -34,16 +45,18 @@ impl DataPort {
         router: Arc<InboundRouter>,
         token: RequireToken,
         handshake_timeout: Duration,
+        shm_dir: Option<PathBuf>,
     ) -> Arc<Self> {
         Arc::new(DataPort {
             router,
             token,
             handshake_timeout,
+            shm_dir,
         })
     }
 
     /// Checks the hello of a new data stream; on success the inbox slot to hand it to.
-    async fn admit(&self, stream: &mut TcpStream) -> Result<oneshot::Sender<Handoff>, Status> {
+    async fn admit(&self, stream: &mut TcpStream) -> Result<Admitted, Status> {
         let incomplete = |e: io::Error| Status::invalid_argument(format!("incomplete hello: {e}"));
         let mut fixed = [0u8; HELLO_FIXED];
         stream.read_exact(&mut fixed).await.map_err(incomplete)?;
@@ -51,20 +64,40 @@ impl DataPort {
             framing::decode_hello(&fixed).map_err(|e| Status::invalid_argument(e.to_string()))?;
         let mut token = vec![0u8; hello.token_len];
         stream.read_exact(&mut token).await.map_err(incomplete)?;
+        let offer = if hello.offers_ring {
+            let mut offer = [0u8; Offer::LEN];
+            stream.read_exact(&mut offer).await.map_err(incomplete)?;
+            Some(Offer::decode(&offer))
+        } else {
+            None
+        };
         if !self.token.accepts(&token) {
             return Err(Status::unauthenticated("wrong job token"));
         }
-        self.router.open(hello.from_rank, hello.generation)
+        let slot = self.router.open(hello.from_rank, hello.generation)?;
+        Ok(Admitted { slot, offer })
+    }
+
+    /// The offered ring, if this rank can open the very segment offered.
+    fn take_ring(&self, offer: Option<Offer>) -> Option<RingReader> {
+        let (dir, offer) = (self.shm_dir.as_deref()?, offer?);
+        match Segment::attach(dir, &offer) {
+            Ok(segment) => Some(RingReader::new(segment)),
+            Err(error) => {
+                tracing::debug!(%error, "offered ring not shared; frames stay on TCP");
+                None
+            }
+        }
     }
 
     /// Admits (or refuses, with a reply saying why) one data stream and hands it to its inbox.
     async fn serve(self: Arc<Self>, mut stream: TcpStream) {
         let admitted = tokio::time::timeout(self.handshake_timeout, self.admit(&mut stream)).await;
-        let slot = match admitted {
+        let Admitted { slot, offer } = match admitted {
             Ok(Ok(admitted)) => admitted,
             Ok(Err(refusal)) => {
                 tracing::warn!(code = ?refusal.code(), reason = refusal.message(), "data stream refused");
-                let reply = framing::encode_reply(refusal.code(), refusal.message());
+                let reply = framing::encode_reply(refusal.code(), false, refusal.message());
                 let _ = stream.write_all(&reply).await;
                 return;
             }
@@ -73,15 +106,13 @@ impl DataPort {
                 return;
             }
         };
-        if stream
-            .write_all(&framing::encode_reply(Code::Ok, ""))
-            .await
-            .is_err()
-        {
+        let ring = self.take_ring(offer);
+        let reply = framing::encode_reply(Code::Ok, ring.is_some(), "");
+        if stream.write_all(&reply).await.is_err() {
             return;
         }
         // The collective reads its chunks from here on; the inbox closes it when dropped.
-        let _ = slot.send(Handoff::tcp(TcpSource::new(stream)));
+        let _ = slot.send(Handoff::tcp(TcpSource::new(stream, ring)));
     }
 }
 

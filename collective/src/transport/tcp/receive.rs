@@ -1,32 +1,38 @@
 //! Reading chunks from an admitted TCP data stream: each frame's header is checked against the
-//! chunk expected next, then its payload is read straight into the values it updates.
+//! chunk expected next, then its payload is read straight into the values it updates. When the
+//! stream's sender shares a ring with this rank, frames come from the ring instead and the
+//! stream only wakes this rank and tells it when the sender is gone.
 
 use std::io::{ErrorKind, Read};
 
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
-use super::framing::{ChunkHeader, HEADER_LEN};
+use super::framing::HEADER_LEN;
 use crate::spin::SPIN_MAX_FRAME_BYTES;
 use crate::transport::ChunkId;
-use crate::transport::inbox::{Apply, InboxError, ReceiveMode, check, ended};
+use crate::transport::inbox::{Apply, InboxError, ReceiveMode, check_header, ended};
+use crate::transport::shm::RingReader;
 
 /// Bytes of a TCP chunk read at a time before they are added: small enough to stay in cache
 /// between the kernel's copy and the add, large enough to keep system calls few.
 const ADD_PIECE: usize = 256 << 10;
 
-/// An admitted raw TCP data stream (see `port`) and the buffer chunks to be added go through.
+/// An admitted raw TCP data stream (see `port`), the buffer chunks to be added go through, and
+/// the ring frames come in instead when the sender shares one.
 pub(crate) struct TcpSource {
     stream: TcpStream,
     scratch: Vec<u8>,
+    ring: Option<RingReader>,
 }
 
 impl TcpSource {
-    /// A data stream whose hello is done.
-    pub(crate) fn new(stream: TcpStream) -> Self {
+    /// A data stream whose hello is done, with the ring its sender offered if this rank took it.
+    pub(crate) fn new(stream: TcpStream, ring: Option<RingReader>) -> Self {
         TcpSource {
             stream,
             scratch: Vec::new(),
+            ring,
         }
     }
 
@@ -39,6 +45,9 @@ impl TcpSource {
         apply: Apply,
         mode: ReceiveMode,
     ) -> Result<(), InboxError> {
+        if let Some(ring) = &mut self.ring {
+            return ring.receive(&self.stream, expected, dst, apply, mode).await;
+        }
         let payload = dst.len() * mode.compression.bytes_per_value();
         if payload <= SPIN_MAX_FRAME_BYTES {
             return self.receive_small(expected, dst, apply, mode).await;
@@ -116,22 +125,6 @@ impl TcpSource {
     }
 }
 
-/// The frame's header must name `expected` with `payload` bytes.
-fn check_header(
-    header: &[u8; HEADER_LEN],
-    expected: ChunkId,
-    payload: usize,
-) -> Result<(), InboxError> {
-    let header = ChunkHeader::decode(header);
-    let got = ChunkId {
-        op_id: header.op_id,
-        phase: header.phase,
-        segment: header.segment,
-        chunk: header.chunk,
-    };
-    check(expected, got, header.len as usize, payload)
-}
-
 fn broken(e: std::io::Error) -> InboxError {
     if e.kind() == ErrorKind::UnexpectedEof {
         InboxError::Lost("its stream ended inside a chunk".into())
@@ -179,6 +172,7 @@ mod tests {
     use super::*;
     use crate::compression::Compression;
     use crate::transport::inbox::{Handoff, Inbox};
+    use crate::transport::tcp::framing::ChunkHeader;
 
     const GENERATION: u64 = 3;
 
@@ -222,7 +216,7 @@ mod tests {
             .unwrap();
         let (mine, _) = listener.accept().await.unwrap();
         (
-            Inbox::Open(Box::new(Handoff::tcp(TcpSource::new(mine)))),
+            Inbox::Open(Box::new(Handoff::tcp(TcpSource::new(mine, None)))),
             peer,
         )
     }

@@ -1,0 +1,585 @@
+//! A single-producer single-consumer byte ring in a shared segment, carrying the frames of one
+//! directed pair of ranks (header, then payload, padded to 8 bytes) instead of the TCP stream.
+//! The sender copies each frame in once and the receiver reduces straight out of the ring, where
+//! TCP costs a copy into the kernel, a copy out of it and a system call per piece.
+//!
+//! The sender publishes `head` after each piece and the receiver `tail`; both only grow, are
+//! multiples of 8, and are checked against the capacity whenever read, since the other process
+//! may write anything there. An end that finds nothing to do polls for `spin` (yielding its core
+//! and its task between polls), then sets its `parked` flag, looks once more, and sleeps on the
+//! data stream's socket until the other end rings (see `bell`). Each end rings after it published
+//! only if the other end's flag is set, so neither wake-up is lost (both flag and counter are
+//! sequentially consistent) and a busy ring makes no system calls.
+
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::time::{Duration, Instant};
+
+use super::bell::{Bell, Wake};
+use super::segment::Segment;
+use crate::transport::ChunkId;
+use crate::transport::inbox::{Apply, InboxError, ReceiveMode, check_header, ended};
+use crate::transport::tcp::framing::HEADER_LEN;
+
+/// Bytes copied in or reduced out before the counter moves: the other end starts on a frame
+/// while the rest of it is still being copied.
+pub(crate) const PIECE_BYTES: usize = 128 << 10;
+/// Frames start at multiples of this, so a value never straddles the ring's end.
+const ALIGN: usize = 8;
+
+/// Why the sending end failed.
+#[derive(Debug)]
+pub(crate) enum WriteError {
+    /// The receiver went away.
+    Lost(String),
+    /// The receiver's counter is impossible.
+    Violation(String),
+}
+
+/// Polls `check` until it gives a value, for `spin` and then asleep on `bell` with `parked` set.
+async fn wait_until<T, E>(
+    bell: &impl Bell,
+    parked: &std::sync::atomic::AtomicU32,
+    spin: Option<Duration>,
+    mut check: impl FnMut() -> Result<Option<T>, E>,
+    mut on_wake: impl FnMut(Result<Wake, String>) -> Result<(), E>,
+) -> Result<T, E> {
+    let mut spin_until = spin.map(|d| Instant::now() + d);
+    loop {
+        if let Some(found) = check()? {
+            return Ok(found);
+        }
+        if let Some(until) = spin_until {
+            if Instant::now() < until {
+                // Hand the core to another runnable thread (a peer rank sharing it), then
+                // this thread to the other half of the exchange (this rank's own receive).
+                std::thread::yield_now();
+                tokio::task::yield_now().await;
+                continue;
+            }
+            spin_until = None;
+        }
+        parked.store(1, SeqCst);
+        if let Some(found) = check()? {
+            parked.store(0, Relaxed);
+            return Ok(found);
+        }
+        on_wake(bell.wait().await)?;
+    }
+}
+
+/// The sending end of a ring.
+pub(crate) struct RingWriter {
+    segment: Segment,
+    head: u64,
+    spin: Option<Duration>,
+}
+
+impl RingWriter {
+    pub(crate) fn new(segment: Segment, spin: Option<Duration>) -> Self {
+        RingWriter {
+            segment,
+            head: 0,
+            spin,
+        }
+    }
+
+    /// Writes one frame, `header` then `payload` (a whole number of values) padded with zeros
+    /// to a multiple of 8, as space frees; returns once all of it is in the ring.
+    pub(crate) async fn write_frame(
+        &mut self,
+        bell: &impl Bell,
+        header: &[u8; HEADER_LEN],
+        payload: &[u8],
+    ) -> Result<(), WriteError> {
+        self.put(bell, header).await?;
+        let whole = payload.len() / ALIGN * ALIGN;
+        self.put(bell, &payload[..whole]).await?;
+        let rest = &payload[whole..];
+        if !rest.is_empty() {
+            let mut last = [0u8; ALIGN];
+            last[..rest.len()].copy_from_slice(rest);
+            self.put(bell, &last).await?;
+        }
+        Ok(())
+    }
+
+    /// Copies `bytes` (a multiple of 8) in, a piece at a time, publishing each.
+    async fn put(&mut self, bell: &impl Bell, mut bytes: &[u8]) -> Result<(), WriteError> {
+        debug_assert!(bytes.len().is_multiple_of(ALIGN));
+        let capacity = self.segment.capacity();
+        while !bytes.is_empty() {
+            let free = self.wait_for_space(bell).await?;
+            let at = (self.head % capacity as u64) as usize;
+            let n = bytes.len().min(free).min(capacity - at).min(PIECE_BYTES);
+            // SAFETY: `at + n <= capacity`, and the receiver does not read these bytes until
+            // `head` (published below) covers them: they are free space (`free` checked it).
+            unsafe {
+                self.segment
+                    .ring()
+                    .add(at)
+                    .copy_from_nonoverlapping(bytes.as_ptr(), n)
+            };
+            bytes = &bytes[n..];
+            self.head += n as u64;
+            self.segment.head().store(self.head, SeqCst);
+            let reader = self.segment.reader_parked();
+            if reader.load(SeqCst) != 0 && reader.swap(0, SeqCst) != 0 {
+                bell.ring();
+            }
+        }
+        Ok(())
+    }
+
+    /// Free bytes (at least 8), once there are.
+    async fn wait_for_space(&self, bell: &impl Bell) -> Result<usize, WriteError> {
+        wait_until(
+            bell,
+            self.segment.writer_parked(),
+            self.spin,
+            || self.free().map(|free| (free >= ALIGN).then_some(free)),
+            |wake| match wake {
+                Ok(Wake::Rung) => Ok(()),
+                Ok(Wake::Closed) => Err(WriteError::Lost("it closed its data stream".into())),
+                Err(e) => Err(WriteError::Lost(format!(
+                    "waiting for its ring to drain: {e}"
+                ))),
+            },
+        )
+        .await
+    }
+
+    fn free(&self) -> Result<usize, WriteError> {
+        let capacity = self.segment.capacity();
+        let tail = self.segment.tail().load(SeqCst);
+        let used = self.head.wrapping_sub(tail);
+        if !tail.is_multiple_of(ALIGN as u64) || used > capacity as u64 {
+            return Err(WriteError::Violation(format!(
+                "its shared ring's tail {tail} is out of range (head {}, capacity {capacity})",
+                self.head
+            )));
+        }
+        Ok(capacity - used as usize)
+    }
+}
+
+/// The receiving end of a ring.
+pub(crate) struct RingReader {
+    segment: Segment,
+    tail: u64,
+}
+
+impl RingReader {
+    pub(crate) fn new(segment: Segment) -> Self {
+        RingReader { segment, tail: 0 }
+    }
+
+    /// Takes the next frame, which must be `expected` with `dst.len()` values, and applies it
+    /// to `dst` straight from the ring.
+    pub(crate) async fn receive(
+        &mut self,
+        bell: &impl Bell,
+        expected: ChunkId,
+        dst: &mut [f32],
+        apply: Apply,
+        mode: ReceiveMode,
+    ) -> Result<(), InboxError> {
+        let width = mode.compression.bytes_per_value();
+        let payload = dst.len() * width;
+        self.wait_for(bell, HEADER_LEN, mode.spin, true).await?;
+        check_header(&self.header(), expected, payload)?;
+        self.consume(bell, HEADER_LEN);
+        let capacity = self.segment.capacity();
+        let mut done = 0;
+        while done < payload {
+            let available = self.wait_for(bell, 1, mode.spin, false).await?;
+            let at = (self.tail % capacity as u64) as usize;
+            // A multiple of the value width: `available`, `capacity - at` and PIECE_BYTES
+            // are multiples of 8 (counters are, and frames start at them), `payload - done` of
+            // the width.
+            let n = available
+                .min(payload - done)
+                .min(capacity - at)
+                .min(PIECE_BYTES);
+            // SAFETY: `at + n <= capacity`, and the sender published these bytes (`head`
+            // covers them) and will not touch them until `tail` moves past them.
+            let bytes = unsafe { std::slice::from_raw_parts(self.segment.ring().add(at), n) };
+            mode.compression
+                .decode_apply(&mut dst[done / width..(done + n) / width], bytes, apply);
+            done += n;
+            self.consume(bell, n);
+        }
+        // The padding: published with the frame's last bytes (the head is a multiple of 8).
+        let aligned = self.tail.next_multiple_of(ALIGN as u64);
+        self.consume(bell, (aligned - self.tail) as usize);
+        Ok(())
+    }
+
+    /// The header at the tail, which may wrap around the ring's end.
+    fn header(&self) -> [u8; HEADER_LEN] {
+        let capacity = self.segment.capacity();
+        let at = (self.tail % capacity as u64) as usize;
+        let mut header = [0u8; HEADER_LEN];
+        let first = HEADER_LEN.min(capacity - at);
+        // SAFETY: both ranges are inside the ring, and published (`wait_for` checked).
+        unsafe {
+            let ring = self.segment.ring();
+            header[..first].copy_from_slice(std::slice::from_raw_parts(ring.add(at), first));
+            header[first..].copy_from_slice(std::slice::from_raw_parts(ring, HEADER_LEN - first));
+        }
+        header
+    }
+
+    /// Moves the tail past `n` bytes, publishing it (a multiple of 8) and waking the sender
+    /// if it sleeps waiting for space.
+    fn consume(&mut self, bell: &impl Bell, n: usize) {
+        self.tail += n as u64;
+        self.segment
+            .tail()
+            .store(self.tail / ALIGN as u64 * ALIGN as u64, SeqCst);
+        let writer = self.segment.writer_parked();
+        if writer.load(SeqCst) != 0 && writer.swap(0, SeqCst) != 0 {
+            bell.ring();
+        }
+    }
+
+    /// Published bytes not yet taken (at least `need`), once there are.
+    async fn wait_for(
+        &self,
+        bell: &impl Bell,
+        need: usize,
+        spin: Option<Duration>,
+        frame_start: bool,
+    ) -> Result<usize, InboxError> {
+        wait_until(
+            bell,
+            self.segment.reader_parked(),
+            spin,
+            || self.available().map(|n| (n >= need).then_some(n)),
+            |wake| match wake {
+                Ok(Wake::Rung) => Ok(()),
+                Ok(Wake::Closed) => match self.available()? {
+                    // What it published before closing is still there: take it.
+                    n if n >= need => Ok(()),
+                    0 if frame_start => Err(ended()),
+                    _ => Err(InboxError::Lost("its stream ended inside a chunk".into())),
+                },
+                Err(e) => Err(InboxError::Lost(format!("reading its stream: {e}"))),
+            },
+        )
+        .await
+    }
+
+    fn available(&self) -> Result<usize, InboxError> {
+        let capacity = self.segment.capacity();
+        let head = self.segment.head().load(SeqCst);
+        let available = head.wrapping_sub(self.tail);
+        if !head.is_multiple_of(ALIGN as u64) || available > capacity as u64 {
+            return Err(InboxError::Violation(format!(
+                "its shared ring's head {head} is out of range (tail {}, capacity {capacity})",
+                self.tail
+            )));
+        }
+        Ok(available as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::net::{TcpListener, TcpStream};
+
+    use super::*;
+    use crate::compression::Compression;
+    use crate::transport::shm::bell::LinkBell;
+    use crate::transport::tcp::framing::ChunkHeader;
+
+    const RING: usize = 4096;
+
+    /// A writer and a reader on one small ring, and the TCP stream between them.
+    struct Pair {
+        writer: RingWriter,
+        reader: RingReader,
+        link: (
+            tokio::net::tcp::OwnedReadHalf,
+            tokio::net::tcp::OwnedWriteHalf,
+        ),
+        inbox: TcpStream,
+        /// A third mapping of the segment, to watch it.
+        observer: Segment,
+        _dir: tempfile::TempDir,
+    }
+
+    async fn pair(spin: Option<Duration>) -> Pair {
+        let dir = tempfile::tempdir().unwrap();
+        let (segment, offer, _file) = Segment::create(dir.path(), RING).unwrap();
+        let attached = Segment::attach(dir.path(), &offer).unwrap();
+        let observer = Segment::attach(dir.path(), &offer).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let link = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (inbox, _) = listener.accept().await.unwrap();
+        Pair {
+            writer: RingWriter::new(segment, spin),
+            reader: RingReader::new(attached),
+            link: link.into_split(),
+            inbox,
+            observer,
+            _dir: dir,
+        }
+    }
+
+    fn id(chunk: u32) -> ChunkId {
+        ChunkId {
+            op_id: 2,
+            phase: 16,
+            segment: 0,
+            chunk,
+        }
+    }
+
+    fn header(id: ChunkId, bytes: usize) -> [u8; HEADER_LEN] {
+        ChunkHeader {
+            op_id: id.op_id,
+            phase: id.phase,
+            segment: id.segment,
+            chunk: id.chunk,
+            len: bytes as u32,
+        }
+        .encode()
+    }
+
+    fn mode(compression: Compression, spin: Option<Duration>) -> ReceiveMode {
+        ReceiveMode { compression, spin }
+    }
+
+    #[tokio::test]
+    async fn frames_of_every_length_cross_a_ring_smaller_than_them_parked_or_polling() {
+        for spin in [None, Some(Duration::from_micros(200))] {
+            let mut p = pair(spin).await;
+            // Lengths that leave 0 or 4 bytes of padding, and frames many times the ring.
+            let lengths = [0usize, 1, 2, 3, 1023, 1024, 5000, 20_001];
+            let bell = LinkBell {
+                read: &p.link.0,
+                write: &p.link.1,
+            };
+            let writer = &mut p.writer;
+            let sender = async {
+                for (k, &len) in lengths.iter().enumerate() {
+                    let values: Vec<f32> = (0..len).map(|i| i as f32 - k as f32).collect();
+                    let bytes = crate::kernels::le_bytes(&values);
+                    writer
+                        .write_frame(&bell, &header(id(k as u32), bytes.len()), &bytes)
+                        .await
+                        .unwrap();
+                }
+            };
+            let reader = &mut p.reader;
+            let inbox = &p.inbox;
+            let receiver = async {
+                for (k, &len) in lengths.iter().enumerate() {
+                    let mut got = vec![0.5f32; len];
+                    reader
+                        .receive(
+                            inbox,
+                            id(k as u32),
+                            &mut got,
+                            Apply::Add,
+                            mode(Compression::None, spin),
+                        )
+                        .await
+                        .unwrap();
+                    let want: Vec<f32> = (0..len).map(|i| i as f32 - k as f32 + 0.5).collect();
+                    assert_eq!(got, want, "frame {k} of {len} values, spin {spin:?}");
+                }
+            };
+            tokio::join!(sender, receiver);
+        }
+    }
+
+    #[tokio::test]
+    async fn sixteen_bit_values_of_odd_counts_are_copied_out() {
+        let mut p = pair(None).await;
+        let bell = LinkBell {
+            read: &p.link.0,
+            write: &p.link.1,
+        };
+        for (k, len) in [1usize, 3, 5, 3001].into_iter().enumerate() {
+            let mut values: Vec<f32> = (0..len).map(|i| (i % 50) as f32 * 0.25).collect();
+            let mut encoded = Vec::new();
+            Compression::Bf16.round_and_encode(&mut values, &mut encoded);
+            let framed = header(id(k as u32), encoded.len());
+            let (sent, got) = tokio::join!(p.writer.write_frame(&bell, &framed, &encoded), async {
+                let mut got = vec![9.0f32; len];
+                p.reader
+                    .receive(
+                        &p.inbox,
+                        id(k as u32),
+                        &mut got,
+                        Apply::Copy,
+                        mode(Compression::Bf16, None),
+                    )
+                    .await
+                    .map(|()| got)
+            });
+            sent.unwrap();
+            assert_eq!(got.unwrap(), values, "{len} values");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_reader_that_goes_away_fails_a_writer_waiting_for_space() {
+        let Pair {
+            mut writer,
+            reader,
+            link,
+            inbox,
+            observer,
+            _dir,
+        } = pair(None).await;
+        drop(reader);
+        let bell = LinkBell {
+            read: &link.0,
+            write: &link.1,
+        };
+        let payload = vec![0u8; RING * 3];
+        let framed = header(id(0), payload.len());
+        let writing = writer.write_frame(&bell, &framed, &payload);
+        let closing = async {
+            // Once the writer fills the ring and sleeps, the receiving side closes.
+            while observer.writer_parked().load(SeqCst) == 0 {
+                tokio::task::yield_now().await;
+            }
+            drop(inbox);
+        };
+        let (written, ()) = tokio::join!(writing, closing);
+        assert!(
+            matches!(written, Err(WriteError::Lost(ref r)) if r.contains("closed")),
+            "{written:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_writer_that_goes_away_mid_frame_is_lost_and_at_a_frame_boundary_ended() {
+        let mut p = pair(None).await;
+        let bell = LinkBell {
+            read: &p.link.0,
+            write: &p.link.1,
+        };
+        // A whole frame, then only its header and part of the next.
+        let whole = vec![0u8; 64];
+        p.writer
+            .write_frame(&bell, &header(id(0), 64), &whole)
+            .await
+            .unwrap();
+        p.writer.put(&bell, &header(id(1), 64)).await.unwrap();
+        p.writer.put(&bell, &[0u8; 16]).await.unwrap();
+        drop(p.link);
+        let mut got = [0f32; 16];
+        let first = p
+            .reader
+            .receive(
+                &p.inbox,
+                id(0),
+                &mut got,
+                Apply::Add,
+                mode(Compression::None, None),
+            )
+            .await;
+        assert!(
+            first.is_ok(),
+            "what was published before the close is taken: {first:?}"
+        );
+        let torn = p
+            .reader
+            .receive(
+                &p.inbox,
+                id(1),
+                &mut got,
+                Apply::Add,
+                mode(Compression::None, None),
+            )
+            .await;
+        assert!(
+            matches!(torn, Err(InboxError::Lost(ref r)) if r.contains("inside a chunk")),
+            "{torn:?}"
+        );
+
+        let mut p = pair(None).await;
+        drop(p.link);
+        let ended_cleanly = p
+            .reader
+            .receive(
+                &p.inbox,
+                id(0),
+                &mut got,
+                Apply::Add,
+                mode(Compression::None, None),
+            )
+            .await;
+        assert!(
+            matches!(ended_cleanly, Err(InboxError::Lost(ref r)) if r.contains("stream to this rank ended")),
+            "{ended_cleanly:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn impossible_counters_from_the_other_process_are_violations() {
+        let mut p = pair(None).await;
+        let mut got = [0f32; 4];
+        for head in [RING as u64 + 8, 12] {
+            p.reader.segment.head().store(head, SeqCst);
+            let error = p
+                .reader
+                .receive(
+                    &p.inbox,
+                    id(0),
+                    &mut got,
+                    Apply::Add,
+                    mode(Compression::None, None),
+                )
+                .await;
+            assert!(
+                matches!(error, Err(InboxError::Violation(ref r)) if r.contains("head")),
+                "head {head}: {error:?}"
+            );
+        }
+        let bell = LinkBell {
+            read: &p.link.0,
+            write: &p.link.1,
+        };
+        p.writer.segment.tail().store(64, SeqCst);
+        let error = p.writer.write_frame(&bell, &header(id(0), 0), &[]).await;
+        assert!(
+            matches!(error, Err(WriteError::Violation(ref r)) if r.contains("tail")),
+            "{error:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_unexpected_frame_is_refused_by_its_header() {
+        let mut p = pair(None).await;
+        let bell = LinkBell {
+            read: &p.link.0,
+            write: &p.link.1,
+        };
+        p.writer
+            .write_frame(&bell, &header(id(5), 8), &[0u8; 8])
+            .await
+            .unwrap();
+        let mut got = [0f32; 2];
+        let error = p
+            .reader
+            .receive(
+                &p.inbox,
+                id(4),
+                &mut got,
+                Apply::Add,
+                mode(Compression::None, None),
+            )
+            .await;
+        assert!(
+            matches!(error, Err(InboxError::Violation(ref r)) if r.contains("sequence of collectives")),
+            "{error:?}"
+        );
+    }
+}
