@@ -75,6 +75,10 @@ pub mod env {
     pub const TENSORBOARD_DIR: &str = "RDU_TENSORBOARD_DIR";
     /// Local mode, rank 0: `1` writes progress as JSON lines on stdout for `rdujob`'s progress line.
     pub const PROGRESS_LINES: &str = "RDU_PROGRESS_LINES";
+    /// Optional: how chunks travel between ranks, `auto` (default: shared memory between ranks
+    /// of one host, TCP between hosts), `tcp` or `grpc`; as NCCL_SHM_DISABLE, for comparing and
+    /// debugging.
+    pub const DATA_PATH: &str = "RDU_DATA_PATH";
     /// Tile-affinity mask handed out by the device plugin, as in the seeds.
     pub const TILE_AFFINITY: &str = "SF_RNT_TILE_AFFINITY";
     /// Comma-separated tile device IDs handed out by the device plugin.

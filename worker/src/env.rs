@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use rdu_collective::DataPath;
 use rdu_crds::consts::{TERMINATION_LOG_PATH, env};
 use rdu_crds::{RankEnv, RduJobSpec};
 
@@ -38,6 +39,8 @@ pub struct WorkerEnv {
     pub progress_lines: bool,
     /// Rank 0 of a job with `spec.tensorboard`: where its event files go.
     pub tensorboard_dir: Option<PathBuf>,
+    /// How chunks travel to peers (`RDU_DATA_PATH`, default `auto`).
+    pub data_path: DataPath,
 }
 
 impl WorkerEnv {
@@ -76,6 +79,15 @@ impl WorkerEnv {
             progress: contract.progress,
             tensorboard_dir: contract.tensorboard_dir.map(PathBuf::from),
             progress_lines: get(env::PROGRESS_LINES).as_deref() == Some("1"),
+            data_path: match get(env::DATA_PATH) {
+                None => DataPath::default(),
+                Some(path) => path.parse().map_err(|_| {
+                    WorkerError::config(
+                        env::DATA_PATH,
+                        format!("{path:?} is not auto, tcp or grpc; unset it for auto"),
+                    )
+                })?,
+            },
         })
     }
 }
@@ -157,6 +169,10 @@ pub(crate) mod tests {
             (e.tile_affinity.as_str(), e.visible_tiles.as_str()),
             ("", "")
         );
+        assert_eq!(e.data_path, DataPath::Auto);
+        let mut tcp = map.clone();
+        tcp.insert(env::DATA_PATH.into(), "tcp".into());
+        assert_eq!(read(&tcp).unwrap().data_path, DataPath::Tcp);
     }
 
     #[test]
@@ -180,6 +196,7 @@ pub(crate) mod tests {
             (env::JOB_SPEC, "{", "RDU_JOB_SPEC"),
             (env::JOB_TOKEN, "", "RDU_JOB_TOKEN"),
             (env::TILE_AFFINITY, "0xzz", "SF_RNT_TILE_AFFINITY"),
+            (env::DATA_PATH, "udp", "RDU_DATA_PATH"),
         ] {
             let mut map = base.clone();
             map.insert(key.to_string(), value.to_string());

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use rdu_collective::{CommConfig, Communicator, DEFAULT_CHUNK_BYTES, JobIdentity};
+use rdu_collective::{CommConfig, Communicator, ConnectOptions, DEFAULT_CHUNK_BYTES, JobIdentity};
 use rdu_crds::consts::{TERMINATION_LOG_PATH, exit_code};
 
 use crate::data;
@@ -88,7 +88,11 @@ pub async fn run_rank_observed(
 ) -> Result<TrainOutcome, WorkerError> {
     let splits = data::load(&env.spec.data, &env.spec.model, Path::new("."))?;
     pef::check_job(&env.spec, &splits, env.world_size)?;
-    let comm = Communicator::connect(comm_config(env)).await?;
+    let options = ConnectOptions {
+        data_path: env.data_path,
+        ..ConnectOptions::default()
+    };
+    let comm = Communicator::connect_with(comm_config(env), options).await?;
     tracing::info!(
         world_size = env.world_size,
         generation = env.generation,
