@@ -13,7 +13,7 @@ use crate::error::WorkerError;
 use crate::latency::percentile;
 use crate::model::Mlp;
 use crate::optim::Optimizer;
-use crate::overlap::{StepBuffers, averaged_gradient};
+use crate::overlap::{StepBuffers, summed_gradient};
 use crate::sampler::DistributedSampler;
 use crate::train::{TrainOutcome, global_stats, reduce_plan};
 
@@ -100,9 +100,9 @@ pub async fn measure_performance(
             bufs.x.extend_from_slice(splits.train.row(i));
             bufs.y.push(splits.train.labels[i]);
         }
-        let (back, stats) = averaged_gradient(comm, &model, bufs, plan, &mut grad).await?;
+        let (back, stats) = summed_gradient(comm, &model, bufs, plan, &mut grad).await?;
         bufs = back;
-        optimizer.step(&mut bufs.params, &grad);
+        optimizer.step(&mut bufs.params, &grad, env.world_size);
         if step >= warmup {
             latencies.push(started.elapsed());
             local_samples += stats.samples;

@@ -1,4 +1,4 @@
-//! One step's gradient averaged over the ranks with communication overlapped with compute
+//! One step's gradient summed over the ranks with communication overlapped with compute
 //! (DESIGN 3 step 5): backward runs on a blocking thread and hands over gradient buckets, last
 //! layer first; this task all-reduces each bucket as it arrives, while backward goes on.
 //!
@@ -40,9 +40,10 @@ pub struct ReducePlan {
     pub reduce: ReduceOptions,
 }
 
-/// Writes the gradient of the batch in `bufs`, averaged over all ranks, into `grad` (overwritten;
-/// parameter-sized); returns the buffers and this rank's batch stats.
-pub async fn averaged_gradient(
+/// Writes the gradient of the batch in `bufs`, summed over all ranks, into `grad` (overwritten;
+/// parameter-sized; the optimizer step takes the mean, in the pass it makes anyway); returns the
+/// buffers and this rank's batch stats.
+pub async fn summed_gradient(
     comm: &Communicator,
     model: &Mlp,
     bufs: StepBuffers,
@@ -53,7 +54,7 @@ pub async fn averaged_gradient(
     {
         // Nothing to overlap: backward straight into `grad`, then one all-reduce of it all.
         let stats = model.batch_grad(&bufs.params, &bufs.x, &bufs.y, plan.tiles, grad);
-        comm.all_reduce_mean(grad, plan.reduce).await?;
+        comm.all_reduce_sum(grad, plan.reduce).await?;
         return Ok((bufs, stats));
     }
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Range<usize>, Vec<f32>)>();
@@ -87,7 +88,7 @@ pub async fn averaged_gradient(
     });
     let mut used = Vec::new();
     while let Some((range, mut bucket)) = rx.recv().await {
-        comm.all_reduce_mean(&mut bucket, plan.reduce).await?;
+        comm.all_reduce_sum(&mut bucket, plan.reduce).await?;
         grad[range].copy_from_slice(&bucket);
         used.push(bucket);
     }

@@ -1,5 +1,5 @@
 //! The training loop of one rank: its shard of every epoch, forward/backward on its tiles, the
-//! gradient averaged over all ranks, an optimizer step; epoch logs, checkpoints, the final result.
+//! gradient summed over all ranks, an optimizer step (which takes the mean); epoch logs, checkpoints, the final result.
 //!
 //! `training.lossOn` chooses where the logged loss is computed: `device` logs each rank's own shard
 //! loss and accuracy (what a rank sees on its RDU); `host` averages them over all ranks through the
@@ -20,7 +20,7 @@ use crate::error::WorkerError;
 use crate::model::{BatchStats, Mlp, checksum};
 use crate::observe::{EpochDone, Observers, StepDone};
 use crate::optim::Optimizer;
-use crate::overlap::{ReducePlan, StepBuffers, averaged_gradient};
+use crate::overlap::{ReducePlan, StepBuffers, summed_gradient};
 use crate::sampler::DistributedSampler;
 
 /// What a rank ends with.
@@ -184,10 +184,10 @@ pub async fn train(
                 bufs.y.push(splits.train.labels[i]);
             }
             let (back, batch_stats) =
-                averaged_gradient(comm, &model, bufs, plan, &mut grad).await?;
+                summed_gradient(comm, &model, bufs, plan, &mut grad).await?;
             bufs = back;
             stats.add(batch_stats);
-            optimizer.step(&mut bufs.params, &grad);
+            optimizer.step(&mut bufs.params, &grad, env.world_size);
             step += 1;
             observers.step_done(&StepDone {
                 point: StepPoint {
