@@ -18,7 +18,8 @@ pub const MAX_CHUNK_BYTES: usize = 16 << 20;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DataPath {
     /// One token-authenticated raw TCP stream per directed pair of ranks, whose frames go
-    /// through a shared-memory ring when both ranks can open it (same host and `/dev/shm`).
+    /// through a shared-memory ring when both ranks are on one node (`CommConfig::node`) and can
+    /// open the same segment (same host and `/dev/shm`).
     #[default]
     Auto,
     /// One token-authenticated raw TCP stream per directed pair of ranks, frames always on it

@@ -63,13 +63,20 @@ async fn grpc_data_path_gives_the_same_results() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ranks_on_one_host_send_through_shared_memory_rings() {
-    // The default data path: every pair of these same-host ranks shares a ring.
-    let comms = world(3, |r| format!("node{}", r % 2), TIMEOUT).await;
+    // The default data path: every pair of these ranks on one node shares a ring.
+    let comms = world(3, |_| "node0".into(), TIMEOUT).await;
     for comm in &comms {
         let others: Vec<u32> = (0..3).filter(|&r| r != comm.rank()).collect();
         assert_eq!(comm.shared_memory_peers(), others, "rank {}", comm.rank());
     }
     check_comms(comms).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ranks_on_other_nodes_get_no_ring() {
+    let comms = world(3, |r| format!("node{r}"), TIMEOUT).await;
+    assert!(comms.iter().all(|c| c.shared_memory_peers().is_empty()));
+    join_all(comms.into_iter().map(Communicator::shutdown)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -88,8 +95,10 @@ async fn ranks_on_different_data_paths_still_agree() {
         1 => DataPath::Tcp,
         _ => DataPath::Grpc,
     };
-    let comms = world_on(5, |r| format!("node{}", r / 2), TIMEOUT, path_of).await;
-    assert_eq!(comms[0].shared_memory_peers(), vec![1, 2, 3, 4]);
+    let comms = world_on(5, |r| format!("node{}", r / 3), TIMEOUT, path_of).await;
+    // Rank 0 (auto) shares rings with ranks 1 and 2 on its node, not with 3 and 4 on the other.
+    assert_eq!(comms[0].shared_memory_peers(), vec![1, 2]);
+    assert_eq!(comms[3].shared_memory_peers(), vec![4]);
     assert!(comms[1].shared_memory_peers().is_empty());
     check_comms(comms).await;
 }
@@ -102,7 +111,7 @@ async fn ranks_that_poll_small_frames_and_ranks_that_park_agree() {
     let comms = world_polling(2, |r| format!("n{r}"), TIMEOUT, |_| DataPath::Tcp, poll).await;
     check_comms(comms).await;
     // Rings poll every frame, small or large.
-    let comms = world_polling(3, |r| format!("n{r}"), TIMEOUT, |_| DataPath::Auto, poll).await;
+    let comms = world_polling(3, |_| "n".into(), TIMEOUT, |_| DataPath::Auto, poll).await;
     check_comms(comms).await;
     let comms = world_polling(
         4,

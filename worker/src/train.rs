@@ -183,8 +183,7 @@ pub async fn train(
                 bufs.x.extend_from_slice(splits.train.row(i));
                 bufs.y.push(splits.train.labels[i]);
             }
-            let (back, batch_stats) =
-                summed_gradient(comm, &model, bufs, plan, &mut grad).await?;
+            let (back, batch_stats) = summed_gradient(comm, &model, bufs, plan, &mut grad).await?;
             bufs = back;
             stats.add(batch_stats);
             optimizer.step(&mut bufs.params, &grad, env.world_size);

@@ -64,8 +64,9 @@ struct Args {
     /// With --multi-thread: worker threads per rank process (0: tokio's default, one per core).
     #[arg(long, default_value_t = 0)]
     worker_threads: usize,
-    /// Ranks per fake node (node = rank / this); groups ranks for `hierarchical`.
-    #[arg(long, default_value_t = 1)]
+    /// Ranks per node (node = rank / this); 0: every rank on one node, as they are. Ranks of one
+    /// node share memory rings (`--data-path auto`); several nodes make `auto` run `hierarchical`.
+    #[arg(long, default_value_t = 0)]
     ranks_per_node: u32,
     /// Leave glibc malloc at its defaults in the rank processes (see `MALLOC_TUNABLES`).
     #[arg(long)]
@@ -332,6 +333,14 @@ fn tcp_send(addr: &str, bytes: u64) -> Result<()> {
     Ok(())
 }
 
+/// `--ranks-per-node`, with 0 meaning all ranks.
+fn ranks_per_node(args: &Args) -> u32 {
+    match args.ranks_per_node {
+        0 => args.ranks.max(1),
+        n => n,
+    }
+}
+
 fn run_rank(
     args: &Args,
     rank: u32,
@@ -365,7 +374,7 @@ fn run_rank(
             master_port,
             advertise_host: "127.0.0.1".into(),
             collective_port: 0,
-            node: format!("node{}", rank / args.ranks_per_node.max(1)),
+            node: format!("node{}", rank / ranks_per_node(args)),
             timeout: Duration::from_secs(120),
             chunk_bytes: args.chunk_bytes,
         };
@@ -406,7 +415,7 @@ fn run_rank(
                         "spin": spin.to_string(),
                         "data_path": data_path.to_string(),
                         "shared_memory_peers": shared_memory_peers,
-                        "ranks_per_node": args.ranks_per_node.max(1),
+                        "ranks_per_node": ranks_per_node(args),
                         "iters": iters,
                         "malloc": malloc_label(),
                         "runtime": if args.multi_thread { "multi_thread" } else { "current_thread" },

@@ -260,8 +260,10 @@ impl Communicator {
         let cfg = &self.cfg;
         match data_path {
             DataPath::Auto | DataPath::Tcp => {
+                // Rings only to peers on this rank's node (NODE_NAME): others cannot share.
+                let same_node = peer.node == cfg.node;
                 let ring = RingChoice {
-                    dir: shm::shm_dir().filter(|_| data_path == DataPath::Auto),
+                    dir: shm::shm_dir().filter(|_| data_path == DataPath::Auto && same_node),
                     spin: self.spin,
                 };
                 tcp::open_link(
