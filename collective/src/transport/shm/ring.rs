@@ -285,6 +285,7 @@ impl RingReader {
 
 #[cfg(test)]
 mod tests {
+    use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
     use tokio::net::{TcpListener, TcpStream};
 
     use super::*;
@@ -294,15 +295,73 @@ mod tests {
 
     const RING: usize = 4096;
 
-    /// A writer and a reader on one small ring, and the TCP stream between them.
-    struct Pair {
+    /// The sending end of a small ring and its side of the TCP stream.
+    struct SendEnd {
         writer: RingWriter,
+        link: (OwnedReadHalf, OwnedWriteHalf),
+    }
+
+    impl SendEnd {
+        /// Writes `payload` as the frame of chunk `chunk`.
+        async fn frame(&mut self, chunk: u32, payload: &[u8]) -> Result<(), WriteError> {
+            let bell = LinkBell {
+                read: &self.link.0,
+                write: &self.link.1,
+            };
+            let header = ChunkHeader {
+                op_id: id(chunk).op_id,
+                phase: id(chunk).phase,
+                segment: id(chunk).segment,
+                chunk,
+                len: payload.len() as u32,
+            }
+            .encode();
+            self.writer.write_frame(&bell, &header, payload).await
+        }
+
+        /// Writes the bytes of part of a frame.
+        async fn put(&mut self, bytes: &[u8]) {
+            let bell = LinkBell {
+                read: &self.link.0,
+                write: &self.link.1,
+            };
+            self.writer.put(&bell, bytes).await.unwrap();
+        }
+    }
+
+    /// The receiving end of the ring and its side of the TCP stream.
+    struct ReceiveEnd {
         reader: RingReader,
-        link: (
-            tokio::net::tcp::OwnedReadHalf,
-            tokio::net::tcp::OwnedWriteHalf,
-        ),
         inbox: TcpStream,
+    }
+
+    impl ReceiveEnd {
+        /// Takes chunk `chunk` into `dst`.
+        async fn take(
+            &mut self,
+            chunk: u32,
+            dst: &mut [f32],
+            apply: Apply,
+            compression: Compression,
+            spin: Option<Duration>,
+        ) -> Result<(), InboxError> {
+            let mode = ReceiveMode { compression, spin };
+            self.reader
+                .receive(&self.inbox, id(chunk), dst, apply, mode)
+                .await
+        }
+
+        /// Takes chunk `chunk` of f32 values added onto `dst`, parking at once.
+        async fn add(&mut self, chunk: u32, dst: &mut [f32]) -> Result<(), InboxError> {
+            self.take(chunk, dst, Apply::Add, Compression::None, None)
+                .await
+        }
+    }
+
+    /// Both ends of one small ring.
+    struct Pair {
+        send: SendEnd,
+        receive: ReceiveEnd,
         /// A third mapping of the segment, to watch it.
         observer: Segment,
         _dir: tempfile::TempDir,
@@ -319,10 +378,14 @@ mod tests {
             .unwrap();
         let (inbox, _) = listener.accept().await.unwrap();
         Pair {
-            writer: RingWriter::new(segment, spin),
-            reader: RingReader::new(attached),
-            link: link.into_split(),
-            inbox,
+            send: SendEnd {
+                writer: RingWriter::new(segment, spin),
+                link: link.into_split(),
+            },
+            receive: ReceiveEnd {
+                reader: RingReader::new(attached),
+                inbox,
+            },
             observer,
             _dir: dir,
         }
@@ -337,55 +400,28 @@ mod tests {
         }
     }
 
-    fn header(id: ChunkId, bytes: usize) -> [u8; HEADER_LEN] {
-        ChunkHeader {
-            op_id: id.op_id,
-            phase: id.phase,
-            segment: id.segment,
-            chunk: id.chunk,
-            len: bytes as u32,
-        }
-        .encode()
-    }
-
-    fn mode(compression: Compression, spin: Option<Duration>) -> ReceiveMode {
-        ReceiveMode { compression, spin }
-    }
-
     #[tokio::test]
     async fn frames_of_every_length_cross_a_ring_smaller_than_them_parked_or_polling() {
         for spin in [None, Some(Duration::from_micros(200))] {
-            let mut p = pair(spin).await;
+            let Pair {
+                mut send,
+                mut receive,
+                ..
+            } = pair(spin).await;
             // Lengths that leave 0 or 4 bytes of padding, and frames many times the ring.
             let lengths = [0usize, 1, 2, 3, 1023, 1024, 5000, 20_001];
-            let bell = LinkBell {
-                read: &p.link.0,
-                write: &p.link.1,
-            };
-            let writer = &mut p.writer;
             let sender = async {
                 for (k, &len) in lengths.iter().enumerate() {
                     let values: Vec<f32> = (0..len).map(|i| i as f32 - k as f32).collect();
                     let bytes = crate::kernels::le_bytes(&values);
-                    writer
-                        .write_frame(&bell, &header(id(k as u32), bytes.len()), &bytes)
-                        .await
-                        .unwrap();
+                    send.frame(k as u32, &bytes).await.unwrap();
                 }
             };
-            let reader = &mut p.reader;
-            let inbox = &p.inbox;
             let receiver = async {
                 for (k, &len) in lengths.iter().enumerate() {
                     let mut got = vec![0.5f32; len];
-                    reader
-                        .receive(
-                            inbox,
-                            id(k as u32),
-                            &mut got,
-                            Apply::Add,
-                            mode(Compression::None, spin),
-                        )
+                    receive
+                        .take(k as u32, &mut got, Apply::Add, Compression::None, spin)
                         .await
                         .unwrap();
                     let want: Vec<f32> = (0..len).map(|i| i as f32 - k as f32 + 0.5).collect();
@@ -399,59 +435,39 @@ mod tests {
     #[tokio::test]
     async fn sixteen_bit_values_of_odd_counts_are_copied_out() {
         let mut p = pair(None).await;
-        let bell = LinkBell {
-            read: &p.link.0,
-            write: &p.link.1,
-        };
         for (k, len) in [1usize, 3, 5, 3001].into_iter().enumerate() {
             let mut values: Vec<f32> = (0..len).map(|i| (i % 50) as f32 * 0.25).collect();
             let mut encoded = Vec::new();
             Compression::Bf16.round_and_encode(&mut values, &mut encoded);
-            let framed = header(id(k as u32), encoded.len());
-            let (sent, got) = tokio::join!(p.writer.write_frame(&bell, &framed, &encoded), async {
-                let mut got = vec![9.0f32; len];
-                p.reader
-                    .receive(
-                        &p.inbox,
-                        id(k as u32),
-                        &mut got,
-                        Apply::Copy,
-                        mode(Compression::Bf16, None),
-                    )
-                    .await
-                    .map(|()| got)
-            });
+            let mut got = vec![9.0f32; len];
+            let (sent, taken) = tokio::join!(
+                p.send.frame(k as u32, &encoded),
+                p.receive
+                    .take(k as u32, &mut got, Apply::Copy, Compression::Bf16, None)
+            );
             sent.unwrap();
-            assert_eq!(got.unwrap(), values, "{len} values");
+            taken.unwrap();
+            assert_eq!(got, values, "{len} values");
         }
     }
 
     #[tokio::test]
     async fn a_reader_that_goes_away_fails_a_writer_waiting_for_space() {
         let Pair {
-            mut writer,
-            reader,
-            link,
-            inbox,
+            mut send,
+            receive,
             observer,
             _dir,
         } = pair(None).await;
-        drop(reader);
-        let bell = LinkBell {
-            read: &link.0,
-            write: &link.1,
-        };
         let payload = vec![0u8; RING * 3];
-        let framed = header(id(0), payload.len());
-        let writing = writer.write_frame(&bell, &framed, &payload);
         let closing = async {
             // Once the writer fills the ring and sleeps, the receiving side closes.
             while observer.writer_parked().load(SeqCst) == 0 {
                 tokio::task::yield_now().await;
             }
-            drop(inbox);
+            drop(receive);
         };
-        let (written, ()) = tokio::join!(writing, closing);
+        let (written, ()) = tokio::join!(send.frame(0, &payload), closing);
         assert!(
             matches!(written, Err(WriteError::Lost(ref r)) if r.contains("closed")),
             "{written:?}"
@@ -460,62 +476,42 @@ mod tests {
 
     #[tokio::test]
     async fn a_writer_that_goes_away_mid_frame_is_lost_and_at_a_frame_boundary_ended() {
-        let mut p = pair(None).await;
-        let bell = LinkBell {
-            read: &p.link.0,
-            write: &p.link.1,
-        };
-        // A whole frame, then only its header and part of the next.
-        let whole = vec![0u8; 64];
-        p.writer
-            .write_frame(&bell, &header(id(0), 64), &whole)
-            .await
-            .unwrap();
-        p.writer.put(&bell, &header(id(1), 64)).await.unwrap();
-        p.writer.put(&bell, &[0u8; 16]).await.unwrap();
-        drop(p.link);
+        let Pair {
+            mut send,
+            mut receive,
+            ..
+        } = pair(None).await;
+        // A whole frame, then the first bytes of the next (header and 16 of its 64 bytes).
+        send.frame(0, &[0u8; 64]).await.unwrap();
+        let mut next = ChunkHeader {
+            op_id: 2,
+            phase: 16,
+            segment: 0,
+            chunk: 1,
+            len: 64,
+        }
+        .encode()
+        .to_vec();
+        next.extend_from_slice(&[0u8; 16]);
+        send.put(&next).await;
+        drop(send);
         let mut got = [0f32; 16];
-        let first = p
-            .reader
-            .receive(
-                &p.inbox,
-                id(0),
-                &mut got,
-                Apply::Add,
-                mode(Compression::None, None),
-            )
-            .await;
+        let first = receive.add(0, &mut got).await;
         assert!(
             first.is_ok(),
             "what was published before the close is taken: {first:?}"
         );
-        let torn = p
-            .reader
-            .receive(
-                &p.inbox,
-                id(1),
-                &mut got,
-                Apply::Add,
-                mode(Compression::None, None),
-            )
-            .await;
+        let torn = receive.add(1, &mut got).await;
         assert!(
             matches!(torn, Err(InboxError::Lost(ref r)) if r.contains("inside a chunk")),
             "{torn:?}"
         );
 
-        let mut p = pair(None).await;
-        drop(p.link);
-        let ended_cleanly = p
-            .reader
-            .receive(
-                &p.inbox,
-                id(0),
-                &mut got,
-                Apply::Add,
-                mode(Compression::None, None),
-            )
-            .await;
+        let Pair {
+            send, mut receive, ..
+        } = pair(None).await;
+        drop(send);
+        let ended_cleanly = receive.add(0, &mut got).await;
         assert!(
             matches!(ended_cleanly, Err(InboxError::Lost(ref r)) if r.contains("stream to this rank ended")),
             "{ended_cleanly:?}"
@@ -527,28 +523,15 @@ mod tests {
         let mut p = pair(None).await;
         let mut got = [0f32; 4];
         for head in [RING as u64 + 8, 12] {
-            p.reader.segment.head().store(head, SeqCst);
-            let error = p
-                .reader
-                .receive(
-                    &p.inbox,
-                    id(0),
-                    &mut got,
-                    Apply::Add,
-                    mode(Compression::None, None),
-                )
-                .await;
+            p.observer.head().store(head, SeqCst);
+            let error = p.receive.add(0, &mut got).await;
             assert!(
                 matches!(error, Err(InboxError::Violation(ref r)) if r.contains("head")),
                 "head {head}: {error:?}"
             );
         }
-        let bell = LinkBell {
-            read: &p.link.0,
-            write: &p.link.1,
-        };
-        p.writer.segment.tail().store(64, SeqCst);
-        let error = p.writer.write_frame(&bell, &header(id(0), 0), &[]).await;
+        p.observer.tail().store(64, SeqCst);
+        let error = p.send.frame(0, &[]).await;
         assert!(
             matches!(error, Err(WriteError::Violation(ref r)) if r.contains("tail")),
             "{error:?}"
@@ -558,25 +541,9 @@ mod tests {
     #[tokio::test]
     async fn an_unexpected_frame_is_refused_by_its_header() {
         let mut p = pair(None).await;
-        let bell = LinkBell {
-            read: &p.link.0,
-            write: &p.link.1,
-        };
-        p.writer
-            .write_frame(&bell, &header(id(5), 8), &[0u8; 8])
-            .await
-            .unwrap();
+        p.send.frame(5, &[0u8; 8]).await.unwrap();
         let mut got = [0f32; 2];
-        let error = p
-            .reader
-            .receive(
-                &p.inbox,
-                id(4),
-                &mut got,
-                Apply::Add,
-                mode(Compression::None, None),
-            )
-            .await;
+        let error = p.receive.add(4, &mut got).await;
         assert!(
             matches!(error, Err(InboxError::Violation(ref r)) if r.contains("sequence of collectives")),
             "{error:?}"
