@@ -19,8 +19,9 @@ pub(crate) use segment::{Offer, Segment};
 
 /// Where segments are made: the tmpfs every Linux host has.
 pub(crate) const SHM_DIR: &str = "/dev/shm";
-/// Bytes of one pair's ring: a few pieces in flight each way (2, 4 and 8 MiB measured the same
-/// with `allreduce-bench`), and little memory for many ranks.
+/// Bytes of one pair's ring: 16 pieces in flight, and little memory for many ranks. 512 KiB, 2 MiB
+/// and 8 MiB trained `examples/mlp-bench.yaml` on 2 ranks equally fast within the noise (33-36k
+/// samples/s); `allreduce-bench` at 2 and 4 ranks favoured none of them consistently.
 pub(crate) const RING_BYTES: usize = 2 << 20;
 
 /// Where this rank makes and looks for segments, if it shares memory with peers at all.
