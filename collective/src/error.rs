@@ -26,9 +26,14 @@ pub enum CollectiveError {
     /// The operation did not finish within the job's timeout.
     #[error("{op} timed out after {after:?}")]
     Timeout { op: &'static str, after: Duration },
-    /// Another rank failed and told this one to stop.
+    /// Another rank failed and told this one to stop; `permanent` when that rank's failure
+    /// cannot be fixed by a restart, so this rank's cannot either.
     #[error("aborted by rank {by_rank}: {reason}")]
-    AbortedByPeer { by_rank: u32, reason: String },
+    AbortedByPeer {
+        by_rank: u32,
+        reason: String,
+        permanent: bool,
+    },
     /// This rank aborted (a previous collective failed, or `abort` was called); the
     /// communicator cannot be used any more.
     #[error("communicator is aborted: {reason}")]
@@ -46,6 +51,7 @@ impl CollectiveError {
             CollectiveError::InvalidConfig { .. }
             | CollectiveError::InvalidArgument { .. }
             | CollectiveError::Protocol { .. } => false,
+            CollectiveError::AbortedByPeer { permanent, .. } => !permanent,
             CollectiveError::RendezvousRefused { code, .. } => matches!(
                 code,
                 tonic::Code::FailedPrecondition
@@ -58,7 +64,6 @@ impl CollectiveError {
             | CollectiveError::RendezvousFailed { .. }
             | CollectiveError::PeerLost { .. }
             | CollectiveError::Timeout { .. }
-            | CollectiveError::AbortedByPeer { .. }
             | CollectiveError::Aborted { .. } => true,
         }
     }
@@ -89,6 +94,7 @@ mod tests {
             CollectiveError::AbortedByPeer {
                 by_rank: 2,
                 reason: "x".into(),
+                permanent: false,
             },
             CollectiveError::RendezvousFailed {
                 master: "m:1".into(),
@@ -115,6 +121,11 @@ mod tests {
             CollectiveError::Protocol {
                 rank: 0,
                 reason: "size".into(),
+            },
+            CollectiveError::AbortedByPeer {
+                by_rank: 0,
+                reason: "bad config".into(),
+                permanent: true,
             },
         ];
         for e in fatal {

@@ -106,7 +106,7 @@ async fn silent_rank_times_out_the_others_and_is_told_to_abort() {
     assert_some_timed_out(&results);
     // The ranks that failed told rank 2, so its next collective fails at once.
     match comms[2].barrier().await {
-        Err(e @ CollectiveError::AbortedByPeer { .. }) => assert!(e.is_retryable()),
+        Err(e @ CollectiveError::AbortedByPeer { .. }) => assert!(e.is_retryable(), "{e:?}"),
         other => panic!("expected AbortedByPeer, got {other:?}"),
     }
 }
@@ -137,8 +137,12 @@ async fn polling_ranks_fail_on_a_dropped_rank_and_time_out_on_a_silent_one() {
 async fn explicit_abort_reaches_every_peer() {
     let comms = world(2, |_| "n".into(), TIMEOUT).await;
     comms[1].abort("worker crashed").await;
-    match comms[0].barrier().await {
-        Err(CollectiveError::AbortedByPeer { by_rank, reason }) => {
+    let error = comms[0].barrier().await.expect_err("rank 1 aborted");
+    assert!(error.is_retryable(), "{error:?}");
+    match error {
+        CollectiveError::AbortedByPeer {
+            by_rank, reason, ..
+        } => {
             assert_eq!(by_rank, 1);
             assert!(reason.contains("worker crashed"), "{reason}");
         }
@@ -148,6 +152,25 @@ async fn explicit_abort_reaches_every_peer() {
         comms[1].barrier().await,
         Err(CollectiveError::Aborted { .. })
     ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permanent_abort_fails_every_peer_permanently() {
+    // A rank with a bad spec tells the others before they could find out for themselves: they
+    // must not exit as if a restart could help.
+    let comms = world(3, |_| "n".into(), TIMEOUT).await;
+    comms[0]
+        .abort_permanently("bad config: spec.checkpoint")
+        .await;
+    for comm in &comms[1..] {
+        match comm.barrier().await {
+            Err(e @ CollectiveError::AbortedByPeer { by_rank: 0, .. }) => {
+                assert!(!e.is_retryable(), "{e:?}");
+                assert!(e.to_string().contains("spec.checkpoint"), "{e}");
+            }
+            other => panic!("expected a permanent AbortedByPeer, got {other:?}"),
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

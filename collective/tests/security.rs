@@ -145,6 +145,7 @@ async fn collective_calls_need_the_token_and_the_generation() {
         generation: GENERATION,
         from_rank: 0,
         reason: "x".into(),
+        permanent: false,
     };
     let status = client
         .abort(with_token(abort.clone(), None))

@@ -112,7 +112,13 @@ pub async fn run_rank_observed(
     let outcome = match checked {
         Ok(o) => o,
         Err(e) => {
-            comm.abort(&e.to_string()).await;
+            // A bad spec or bad data is every rank's: the peers fail permanently too, even one
+            // that had not yet received what would have shown it the same failure.
+            if matches!(e, WorkerError::Config { .. } | WorkerError::Data(_)) {
+                comm.abort_permanently(&e.to_string()).await;
+            } else {
+                comm.abort(&e.to_string()).await;
+            }
             return Err(e);
         }
     };

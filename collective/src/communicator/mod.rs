@@ -192,12 +192,24 @@ impl Communicator {
         .await
     }
 
-    /// Marks this communicator failed and tells every peer to abort (best effort, bounded).
+    /// Marks this communicator failed and tells every peer to abort (best effort, bounded); a
+    /// restart of the job may succeed.
     pub async fn abort(&self, reason: &str) {
+        self.abort_as(reason, false).await;
+    }
+
+    /// Like [`Communicator::abort`] for a failure no restart can fix (a bad spec): every peer
+    /// fails permanently too ([`CollectiveError::AbortedByPeer`] with `permanent`), even one that
+    /// had not yet seen the data that would have shown it the same failure.
+    pub async fn abort_permanently(&self, reason: &str) {
+        self.abort_as(reason, true).await;
+    }
+
+    async fn abort_as(&self, reason: &str, permanent: bool) {
         self.fail.fail(CollectiveError::Aborted {
             reason: reason.to_string(),
         });
-        self.tell_peers_to_abort(reason).await;
+        self.tell_peers_to_abort(reason, permanent).await;
     }
 
     /// Stops receiving, closes the streams to peers and waits (bounded) until every peer has
@@ -291,18 +303,20 @@ impl Communicator {
             let from_peer = matches!(error, CollectiveError::AbortedByPeer { .. });
             tracing::warn!(parent: &self.span, op, op_id, %error, "collective failed");
             if first && !from_peer {
-                self.tell_peers_to_abort(&error.to_string()).await;
+                self.tell_peers_to_abort(&error.to_string(), !error.is_retryable())
+                    .await;
             }
             return Err(self.fail.current().unwrap_or_else(|| error.clone()));
         }
         Ok(())
     }
 
-    async fn tell_peers_to_abort(&self, reason: &str) {
+    async fn tell_peers_to_abort(&self, reason: &str, permanent: bool) {
         let request = proto::AbortRequest {
             generation: self.cfg.identity.generation,
             from_rank: self.cfg.rank,
             reason: reason.to_string(),
+            permanent,
         };
         let bound = ABORT_GRACE.min(self.cfg.timeout);
         let calls = self.abort_clients.iter().map(|client| {

@@ -104,6 +104,7 @@ impl ChunkReceiver for InboundRouter {
         self.fail.fail(CollectiveError::AbortedByPeer {
             by_rank: request.from_rank,
             reason,
+            permanent: request.permanent,
         });
         Ok(())
     }
@@ -155,6 +156,7 @@ mod tests {
             generation: 6,
             from_rank: 0,
             reason: "old".into(),
+            permanent: false,
         };
         assert!(r.abort(stale).is_err());
         assert!(fail.current().is_none());
@@ -162,11 +164,16 @@ mod tests {
             generation: 7,
             from_rank: 2,
             reason: "peer lost".into(),
+            permanent: true,
         };
         assert!(r.abort(now).is_ok());
         assert!(matches!(
             fail.current(),
-            Some(CollectiveError::AbortedByPeer { by_rank: 2, .. })
+            Some(CollectiveError::AbortedByPeer {
+                by_rank: 2,
+                permanent: true,
+                ..
+            })
         ));
     }
 }
