@@ -16,10 +16,13 @@ use crate::error::CollectiveError;
 /// How long `Auto` polls: a few one-way latencies of loopback TCP, short next to a training step
 /// (50 us measured best of 30, 50, 100 and 200 with 2 and 4 ranks).
 pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
-/// Frames up to this many payload bytes are polled for; larger ones are bandwidth-bound and park.
+/// TCP frames up to this many payload bytes are polled for; larger ones are bandwidth-bound and
+/// park. A shared-memory ring polls for every frame (and a full ring's sender for space): there a
+/// poll costs no system call, and waking a parked end costs a bell on the socket.
 pub const SPIN_MAX_FRAME_BYTES: usize = 64 << 10;
 
-/// Whether receives of small frames poll before parking.
+/// Whether waits poll before parking: receives of small TCP frames, and both ends of a
+/// shared-memory ring.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Spin {
     /// Poll for [`DEFAULT_SPIN`].

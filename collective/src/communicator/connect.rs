@@ -43,7 +43,7 @@ pub struct ConnectOptions {
     /// Rank 0 only: its rendezvous listener, already bound (lets tests and benches pick a
     /// free port before starting the other ranks).
     pub rendezvous_listener: Option<TcpListener>,
-    /// Whether receives of small frames poll before parking.
+    /// Whether waits poll before parking (small TCP frames; every wait on a shared-memory ring).
     pub spin: Spin,
 }
 

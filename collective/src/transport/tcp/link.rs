@@ -32,6 +32,7 @@ pub(crate) struct TcpLink {
     /// Where the peer's rings arrive (and, at the end, its close).
     read: OwnedReadHalf,
     broken: Mutex<Option<String>>,
+    /// Whether `write` holds a ring: kept apart so asking needs no lock on the async mutex.
     shares_memory: bool,
 }
 
