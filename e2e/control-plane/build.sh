@@ -10,30 +10,26 @@
 # go.etcd.io/etcd/server/v3 at the version the apiserver is tested with), in the same `go build`,
 # so shared packages compile once.
 set -euo pipefail
+source "$(dirname "$0")/../lib.sh"
 
-K8S_VERSION="${RDU_E2E_K8S_VERSION:-v1.34.4}"
-HELM_VERSION="${RDU_E2E_HELM_VERSION:-v3.22.0}"
-CACHE="${RDU_E2E_CACHE:-$HOME/.cache/rdu-e2e}"
-ROOT="$CACHE/k8s-${K8S_VERSION#v}"
-BIN="$ROOT/bin"
+BIN="$K8S_ROOT/bin"
 STAMP="$BIN/.stamp-${K8S_VERSION}-helm-${HELM_VERSION}"
 STAGING_VERSION="v0.${K8S_VERSION#v1.}"
 
-log() { printf 'build.sh: %s\n' "$*" >&2; }
+log() { e2e_log build.sh "$@"; }
 
-if [[ -f "$STAMP" ]]; then
+if cached "$STAMP"; then
   log "cached: $BIN"
   echo "$BIN"
   exit 0
 fi
 
-command -v go >/dev/null || { log "go is not on PATH; install Go >= 1.24"; exit 1; }
+need_go
 mkdir -p "$BIN"
-export GOFLAGS="${GOFLAGS:-} -mod=mod -trimpath"
 LDFLAGS="-s -w"
 
 # --- kube-apiserver, kube-scheduler, kube-controller-manager and etcd -------------------------
-WRAP="$ROOT/wrapper"
+WRAP="$K8S_WRAPPER"
 mkdir -p "$WRAP"
 cd "$WRAP"
 MODFILE_URL_GO="k8s.io/kubernetes@${K8S_VERSION}"
@@ -58,12 +54,8 @@ STAGING="$(sed -n 's#^[[:space:]]*\(k8s\.io/[a-z0-9-]*\) => \./staging/src/.*#\1
   echo ")"
 } >> go.mod
 log "building kube-apiserver, kube-scheduler, kube-controller-manager, etcd (${K8S_VERSION}); this takes a while"
-# The version the binaries report (kubectl version, /version) is stamped at link time, as Kubernetes'
-# own build does; without it they report v0.0.0-master.
-MINOR="${K8S_VERSION#v1.}"; MINOR="${MINOR%%.*}"
-VERSION_PKG=k8s.io/component-base/version
-K8S_LDFLAGS="$LDFLAGS -X $VERSION_PKG.gitVersion=${K8S_VERSION} -X $VERSION_PKG.gitMajor=1 -X $VERSION_PKG.gitMinor=${MINOR} -X $VERSION_PKG.gitTreeState=clean"
-go build -ldflags="$K8S_LDFLAGS" -o "$BIN/" \
+# The version the binaries report (kubectl version, /version) is stamped at link time.
+go build -ldflags="$(k8s_ldflags)" -o "$BIN/" \
   k8s.io/kubernetes/cmd/kube-apiserver \
   k8s.io/kubernetes/cmd/kube-scheduler \
   k8s.io/kubernetes/cmd/kube-controller-manager \

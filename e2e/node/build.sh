@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds what a real test node needs beside the control plane, into a cache outside the repository:
-#   ${RDU_E2E_CACHE:-$HOME/.cache/rdu-e2e}/k8s-<ver>/node-bin/{kubelet,kube-proxy,coredns,pause,cri-teardown}
+#   ${RDU_E2E_CACHE:-$HOME/.cache/rdu-e2e}/k8s-<ver>/node-bin/{kubelet,kube-proxy,coredns,pause}
 # kubelet and kube-proxy come from the same throw-away wrapper module as the control plane
 # (e2e/control-plane/build.sh, run first), at the same version; CoreDNS from its own Go module (its
 # go.mod has no replace directives, so `go install` works); pause from Kubernetes' own pause.c, which the
@@ -8,19 +8,15 @@
 # Prints the node bin directory on its last line.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source e2e/lib.sh
 
-K8S_VERSION="${RDU_E2E_K8S_VERSION:-v1.34.4}"
-COREDNS_VERSION="${RDU_E2E_COREDNS_VERSION:-v1.14.7}"
-CACHE="${RDU_E2E_CACHE:-$HOME/.cache/rdu-e2e}"
-ROOT="$CACHE/k8s-${K8S_VERSION#v}"
-BIN="$ROOT/node-bin"
-# The stamp names every input, so a new version or a changed cri-teardown rebuilds.
-TEARDOWN_SUM="$(sha256sum e2e/node/cri-teardown/main.go | cut -c1-12)"
-STAMP="$BIN/.stamp-${K8S_VERSION}-coredns-${COREDNS_VERSION}-teardown-${TEARDOWN_SUM}"
+BIN="$K8S_ROOT/node-bin"
+# The stamp names every input, so a new version rebuilds.
+STAMP="$BIN/.stamp-${K8S_VERSION}-coredns-${COREDNS_VERSION}"
 
-log() { printf 'node/build.sh: %s\n' "$*" >&2; }
+log() { e2e_log node/build.sh "$@"; }
 
-if [[ -f "$STAMP" ]]; then
+if cached "$STAMP"; then
   log "cached: $BIN"
   echo "$BIN"
   exit 0
@@ -28,23 +24,14 @@ fi
 
 # The control plane's wrapper module (and its module downloads) first.
 bash e2e/control-plane/build.sh >&2
-WRAP="$ROOT/wrapper"
+WRAP="$K8S_WRAPPER"
 [[ -f "$WRAP/go.mod" ]] || { log "no wrapper module in $WRAP"; exit 1; }
 mkdir -p "$BIN"
-export GOFLAGS="${GOFLAGS:-} -mod=mod -trimpath"
-MINOR="${K8S_VERSION#v1.}"; MINOR="${MINOR%%.*}"
-VERSION_PKG=k8s.io/component-base/version
-K8S_LDFLAGS="-s -w -X $VERSION_PKG.gitVersion=${K8S_VERSION} -X $VERSION_PKG.gitMajor=1 -X $VERSION_PKG.gitMinor=${MINOR} -X $VERSION_PKG.gitTreeState=clean"
 
 log "building kubelet and kube-proxy (${K8S_VERSION})"
-(cd "$WRAP" && go build -ldflags="$K8S_LDFLAGS" -o "$BIN/" \
+(cd "$WRAP" && go build -ldflags="$(k8s_ldflags)" -o "$BIN/" \
   k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy)
 "$BIN/kubelet" --version >&2
-
-log "building cri-teardown (e2e/node/cri-teardown: stops and removes a runtime's pod sandboxes)"
-mkdir -p "$WRAP/cmd/cri-teardown"
-cp e2e/node/cri-teardown/main.go "$WRAP/cmd/cri-teardown/main.go"
-(cd "$WRAP" && go build -ldflags="-s -w" -o "$BIN/cri-teardown" ./cmd/cri-teardown)
 
 log "building coredns ${COREDNS_VERSION}"
 GOBIN="$BIN" go install -ldflags="-s -w" "github.com/coredns/coredns@${COREDNS_VERSION}"

@@ -2,9 +2,10 @@
 # Real pods on a real kubelet, without Docker or a registry (DESIGN 7, rung 5): builds or reuses the control
 # plane (e2e/control-plane/build.sh) and the node's kubelet, kube-proxy, CoreDNS and pause
 # (e2e/node/build.sh), builds the operator, device plugin and worker, and runs `cargo test -p rdu-e2e
-# --test node`: the test assembles the three images from docker/*.Dockerfile, starts containerd, the kubelet,
-# kube-proxy and CoreDNS on a pod bridge of its own, `helm install`s the chart, runs examples/digits.yaml as
-# pods, faults them, and removes everything it made. The last stdout line is the run's JSON summary.
+# --test node -- --ignored`: the test assembles the three images from docker/*.Dockerfile, starts a one-node
+# testbed (e2e/src/testbed.rs: the node in namespaces of its own with containerd, the kubelet and kube-proxy;
+# CoreDNS), `helm install`s the chart, runs examples/digits.yaml as pods, faults them, and removes everything it
+# made. The last stdout line is the run's JSON summary.
 #
 # Needs root and Debian's packages:  apt-get install containerd runc containernetworking-plugins umoci iptables
 # RDU_E2E_KEEP=1 keeps the node's and control plane's files (logs) for a look afterwards.
@@ -14,7 +15,7 @@ cd "$(dirname "$0")/../.."
 fail() { echo "node/run.sh: $*" >&2; exit 1; }
 [[ "$(id -u)" == 0 ]] || fail "needs root (containerd, the kubelet, CNI and iptables)"
 missing=()
-for tool in containerd ctr umoci iptables ip kubectl openssl; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+for tool in containerd ctr umoci iptables ip nsenter unshare kubectl openssl; do command -v "$tool" >/dev/null || missing+=("$tool"); done
 for file in /usr/sbin/runc /usr/lib/cni/bridge /usr/lib/cni/host-local; do [[ -x "$file" ]] || missing+=("$file"); done
 ((${#missing[@]} == 0)) || fail "missing ${missing[*]}: apt-get install containerd runc containernetworking-plugins umoci iptables iproute2 openssl (and kubectl)"
 
@@ -32,6 +33,6 @@ OUT="$(mktemp)"
 trap 'rm -f "$OUT"' EXIT
 export RDU_NODE_BENCH_OUT="$OUT"
 # Test output goes to stderr so that the summary is the last line on stdout.
-cargo test -p rdu-e2e --test node -- --nocapture --test-threads=1 >&2
+cargo test -p rdu-e2e --test node -- --ignored --nocapture --test-threads=1 >&2
 [[ -s "$OUT" ]] || fail "the node test wrote no summary"
 cat "$OUT"

@@ -36,7 +36,7 @@ pub enum ControlPlaneError {
 }
 
 /// Which optional components run beside etcd and kube-apiserver.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Components {
     /// kube-scheduler: binds pods to Nodes.
     pub scheduler: bool,
@@ -44,20 +44,20 @@ pub struct Components {
     /// ValidatingAdmissionPolicy status controller (which type-checks policies); with `node`, every
     /// default controller (Deployments, DaemonSets, EndpointSlices, node lifecycle, volumes...).
     pub controller_manager: bool,
-    /// Serve a real node (e2e/src/node) too.
+    /// Serve real nodes (e2e/src/node) too.
     pub node: Option<NodeAccess>,
 }
 
-/// What a real node needs of the control plane.
-#[derive(Debug, Clone, Copy)]
+/// What real nodes need of the control plane.
+#[derive(Debug, Clone)]
 pub struct NodeAccess {
-    /// The node's address (the gateway of its pod bridge): the API server binds and advertises it, so
-    /// the `kubernetes` Service leads pods to it, and reaches kubelets on it (their InternalIP).
+    /// The control plane's address on the nodes' network: the API server binds and advertises it, so the
+    /// `kubernetes` Service leads pods to it; it reaches kubelets at their InternalIP.
     pub address: Ipv4Addr,
     /// The Service CIDR; its first address is the `kubernetes` Service's ClusterIP.
     pub service_cidr: (Ipv4Addr, u8),
-    /// The node's name: its kubelet authenticates as `system:node:<name>`.
-    pub name: &'static str,
+    /// The nodes' names: each kubelet authenticates as `system:node:<name>` with a credential of its own.
+    pub names: Vec<String>,
 }
 
 impl NodeAccess {
@@ -75,8 +75,8 @@ pub struct ControlPlane {
     pub admin_kubeconfig: PathBuf,
     /// CA of the API server's serving certificate.
     pub ca_cert: PathBuf,
-    /// With a node: a kubeconfig for its kubelet (`system:node:<name>`, group `system:nodes`).
-    pub node_kubeconfig: Option<PathBuf>,
+    /// With nodes: a kubeconfig per node for its kubelet (`system:node:<name>`, group `system:nodes`).
+    pub node_kubeconfigs: Vec<(String, PathBuf)>,
     processes: Vec<Managed>,
     dir: TempDir,
 }
@@ -86,7 +86,7 @@ impl ControlPlane {
     pub async fn start(assets: &Assets, components: Components) -> Result<Self, ControlPlaneError> {
         let dir = tempfile::Builder::new().prefix("rdu-e2e-").tempdir()?;
         let root = dir.path().to_path_buf();
-        let node = components.node;
+        let node = components.node.clone();
         let extra_ips: Vec<Ipv4Addr> = node
             .iter()
             .flat_map(|n| [n.address, n.kubernetes_service_ip()])
@@ -94,19 +94,20 @@ impl ControlPlane {
         let pki = pki::generate(&root, &extra_ips)?;
         let admin_token = new_token()?;
         let mut tokens = format!("{admin_token},admin,admin,\"{ADMIN_GROUP}\"\n");
-        let node_token = new_token()?;
-        if let Some(n) = node {
+        let mut node_tokens = Vec::new();
+        for name in node.iter().flat_map(|n| n.names.iter()) {
+            let token = new_token()?;
             tokens.push_str(&format!(
-                "{node_token},system:node:{name},system:node:{name},\"system:nodes\"\n",
-                name = n.name
+                "{token},system:node:{name},system:node:{name},\"system:nodes\"\n"
             ));
+            node_tokens.push((name.clone(), token));
         }
         std::fs::write(root.join("tokens.csv"), tokens)?;
 
         let etcd_port = free_port()?;
         let etcd_peer_port = free_port()?;
         let api_port = free_port()?;
-        let api_address = node.map_or(Ipv4Addr::LOCALHOST, |n| n.address);
+        let api_address = node.as_ref().map_or(Ipv4Addr::LOCALHOST, |n| n.address);
         let server = format!("https://{api_address}:{api_port}");
         let admin_kubeconfig = root.join("admin.kubeconfig");
         std::fs::write(
@@ -155,7 +156,7 @@ impl ControlPlane {
                 root.join("tokens.csv").display()
             ))
             .arg("--authorization-mode=RBAC,Node")
-            .arg(match node {
+            .arg(match &node {
                 Some(n) => format!(
                     "--service-cluster-ip-range={}/{}",
                     n.service_cidr.0, n.service_cidr.1
@@ -173,8 +174,8 @@ impl ControlPlane {
             ))
             .arg("--allow-privileged=true")
             .arg("--v=1");
-        let mut node_kubeconfig = None;
-        if let Some(n) = node {
+        let mut node_kubeconfigs = Vec::new();
+        if node.is_some() {
             // As kubeadm does: the API server calls kubelets (logs, exec) with a client certificate in
             // system:masters, at their InternalIP.
             let (cert, key) = pki::client_certificate(
@@ -187,13 +188,15 @@ impl ControlPlane {
                 .arg(format!("--kubelet-client-certificate={}", cert.display()))
                 .arg(format!("--kubelet-client-key={}", key.display()))
                 .arg("--kubelet-preferred-address-types=InternalIP");
-            let path = root.join("kubelet.kubeconfig");
-            let user = format!("system:node:{}", n.name);
-            std::fs::write(
-                &path,
-                kubeconfig::render(&server, &pki.ca_cert, &user, &node_token, "default"),
-            )?;
-            node_kubeconfig = Some(path);
+            for (name, token) in &node_tokens {
+                let path = root.join(format!("kubelet-{name}.kubeconfig"));
+                let user = format!("system:node:{name}");
+                std::fs::write(
+                    &path,
+                    kubeconfig::render(&server, &pki.ca_cert, &user, token, "default"),
+                )?;
+                node_kubeconfigs.push((name.clone(), path));
+            }
         }
         processes.push(Managed::spawn("kube-apiserver", apiserver, &root)?);
 
@@ -201,7 +204,7 @@ impl ControlPlane {
             server,
             admin_kubeconfig,
             ca_cert: pki.ca_cert,
-            node_kubeconfig,
+            node_kubeconfigs,
             processes,
             dir,
         };
@@ -277,6 +280,14 @@ impl ControlPlane {
                 last: dead,
             })
         })
+    }
+
+    /// The kubeconfig of node `name`'s kubelet (started with [`NodeAccess`] naming it).
+    pub fn node_kubeconfig(&self, name: &str) -> Option<&std::path::Path> {
+        self.node_kubeconfigs
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, p)| p.as_path())
     }
 
     /// A client authenticated as the admin.

@@ -17,6 +17,7 @@ pub mod pki;
 pub mod poll;
 pub mod ports;
 pub mod process;
+pub mod testbed;
 pub mod tools;
 
 pub use assets::{Assets, AssetsError, assets_or_skip};

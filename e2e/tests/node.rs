@@ -1,53 +1,50 @@
-//! Real pods on a real kubelet (e2e/src/node), everything as a user does it: the three images assembled
-//! from the Dockerfiles, `helm install` of the chart (the operator and the device plugin run as pods), the
-//! node's `rdu.dev/tile` from the kubelet, `kubectl apply -f examples/digits.yaml`, the job's result from
-//! rank 0's termination message, `kubectl logs` of every rank; then faults with real processes and bad
+//! Real pods on a real kubelet (the shared testbed with one node), everything as a user does it: the three
+//! images assembled from the Dockerfiles, `helm install` of the chart (the operator and the device plugin run as
+//! pods), the node's `rdu.dev/tile` from the kubelet, `kubectl apply -f examples/digits.yaml`, the job's result
+//! from rank 0's termination message, `kubectl logs` of every rank; then faults with real processes and bad
 //! input. `bash e2e/node/run.sh` runs it (as root, with Debian's containerd, runc, CNI plugins and umoci)
 //! and prints the JSON line it writes to `RDU_NODE_BENCH_OUT`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Event, Node as NodeObject, Pod};
+use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::Api;
 use kube::api::{ListParams, LogParams};
-use rdu_crds::RduJob;
-use rdu_e2e::image::{self, Inputs};
-use rdu_e2e::node::network::Network;
-use rdu_e2e::node::{self, Image, Node, NodeBins};
-use rdu_e2e::{Assets, Components, ControlPlane, kubectl, poll_until, workspace_root};
+use rdu_e2e::testbed::{self, SYSTEM_NAMESPACE, Testbed, TestbedSpec};
+use rdu_e2e::{poll_until, workspace_root};
 use serde_json::{Value, json};
 
-/// The chart's release and namespace.
-const RELEASE: &str = "rdu";
-const SYSTEM_NAMESPACE: &str = "rdu-system";
 /// The simulated node: one RDU of four tiles, so a rank asking for eight never fits.
 const RDUS: u32 = 1;
 const TILES_PER_RDU: u32 = 4;
 /// Env var naming the file the summary JSON line is written to.
 const BENCH_OUT_ENV: &str = "RDU_NODE_BENCH_OUT";
-/// Env var naming the directory of the binaries the images are assembled from (default target/debug).
-const IMAGE_BINARIES_ENV: &str = "RDU_E2E_IMAGE_BINARIES";
 /// The checkpointed job trains this many times the example's epochs, to be running through the faults.
 const LONG_RUN_FACTOR: u64 = 200;
 const SHORT: Duration = Duration::from_secs(60);
 const LONG: Duration = Duration::from_secs(300);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root, Debian's containerd and the Go-built binaries: sudo bash e2e/node/run.sh"]
 async fn the_chart_and_the_digits_job_run_on_a_real_node() {
-    let Some((assets, bins)) = node::node_or_skip("node") else {
-        return;
+    let (assets, bins) = testbed::require("node");
+    let mut cluster = Cluster {
+        bed: Testbed::start(&assets, bins, &TestbedSpec { nodes: 1 }).await,
+        undisturbed_steps: None,
     };
-    let mut cluster = Cluster::start(&assets, bins).await;
     let mut summary = serde_json::Map::new();
     summary.insert("bench".into(), json!("node_digits"));
     summary.insert(
         "node_ready_seconds".into(),
-        json!(cluster.started.elapsed().as_secs_f64()),
+        json!(cluster.bed.started.elapsed().as_secs_f64()),
     );
 
     let installed = Instant::now();
-    cluster.helm_install();
+    cluster.bed.helm_install(&[
+        format!("devicePlugin.rdusPerNode={RDUS}"),
+        format!("devicePlugin.tilesPerRdu={TILES_PER_RDU}"),
+    ]);
     cluster
         .wait_tiles(TILES_PER_RDU * RDUS, "after helm install")
         .await;
@@ -76,7 +73,7 @@ async fn the_chart_and_the_digits_job_run_on_a_real_node() {
 
     summary.insert(
         "kube_forward_invalid_drops".into(),
-        json!(rdu_e2e::node::network::invalid_forward_drops()),
+        json!(rdu_e2e::node::network::invalid_forward_drops(1)),
     );
     let line = Value::Object(summary).to_string();
     println!("{line}");
@@ -85,234 +82,37 @@ async fn the_chart_and_the_digits_job_run_on_a_real_node() {
     }
 }
 
-/// The control plane, the node and the images.
+/// The one-node testbed and what the stages learn.
 struct Cluster {
-    // Dropped in this order: the node (it deletes its pods through the CRI) before the control plane.
-    node: Node,
-    plane: ControlPlane,
-    client: kube::Client,
-    started: Instant,
+    bed: Testbed,
     /// The digits run's global steps (the undisturbed run).
     undisturbed_steps: Option<u64>,
 }
 
+impl std::ops::Deref for Cluster {
+    type Target = Testbed;
+    fn deref(&self) -> &Testbed {
+        &self.bed
+    }
+}
+
 impl Cluster {
-    async fn start(assets: &Assets, bins: NodeBins) -> Self {
-        let started = Instant::now();
-        let out = tempfile::Builder::new()
-            .prefix("rdu-images-")
-            .tempdir()
-            .expect("tempdir");
-        let images = assemble_images(out.path());
-        let components = Components {
-            scheduler: true,
-            controller_manager: true,
-            node: Some(node::access()),
-        };
-        // The bridge first: the API server binds the node's address.
-        let network = Network::create().unwrap_or_else(|e| panic!("node network: {e}"));
-        let plane = ControlPlane::start(assets, components)
-            .await
-            .expect("control plane");
-        let node = Node::start(&plane, network, bins, &images)
-            .await
-            .unwrap_or_else(|e| panic!("node: {e}"));
-        let client = plane.admin_client().await.expect("client");
-        Self {
-            node,
-            plane,
-            client,
-            started,
-            undisturbed_steps: None,
-        }
+    /// The node's name.
+    fn node_name(&self) -> String {
+        self.bed.node(1).name.clone()
     }
 
-    /// `kubectl-rdujob args…` in the default namespace as the admin (built beside this test's binary).
-    fn cluster_cli(&self, args: &[&str]) -> String {
-        let exe = std::env::current_exe().expect("test binary");
-        let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
-        let out = std::process::Command::new(dir.join("kubectl-rdujob"))
-            .arg("--kubeconfig")
-            .arg(&self.plane.admin_kubeconfig)
-            .args(["-n", "default"])
-            .args(args)
-            .output()
-            .expect("kubectl-rdujob runs (cargo build -p kubectl-rdujob)");
-        assert!(
-            out.status.success(),
-            "kubectl-rdujob {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn kubectl(&self, args: &[&str]) -> String {
-        kubectl(&self.plane, args, None).unwrap_or_else(|e| panic!("{e}\n{}", self.diagnose()))
-    }
-
-    fn apply(&self, yaml: &str) {
-        kubectl(&self.plane, &["apply", "-f", "-"], Some(yaml))
-            .unwrap_or_else(|e| panic!("{e}\n{}", self.diagnose()));
-    }
-
-    /// What a person would look at when something is stuck.
-    fn diagnose(&self) -> String {
-        let run = |args: &[&str]| {
-            kubectl(&self.plane, args, None)
-                .unwrap_or_else(|e| format!("(kubectl {}: {e})", args.join(" ")))
-        };
-        let operator_logs = run(&[
-            "logs",
-            "-n",
-            SYSTEM_NAMESPACE,
-            "deploy/rdu-rdu-operator",
-            "--tail=30",
-        ]);
-        format!(
-            "--- pods\n{}\n--- rdujobs\n{}\n--- events\n{}\n--- operator\n{operator_logs}\n--- kubelet\n{}\n--- containerd\n{}",
-            run(&["get", "pods", "-A", "-o", "wide"]),
-            run(&["get", "rdujobs", "-A", "-o", "yaml"]),
-            run(&["get", "events", "-A", "--sort-by=.lastTimestamp"]),
-            self.node.log_tail("kubelet", 30),
-            self.node.log_tail("containerd", 15),
-        )
-    }
-
-    /// Polls `check` until it yields a value, failing with diagnostics.
-    async fn wait<T>(
-        &self,
-        what: &str,
-        timeout: Duration,
-        check: impl AsyncFn() -> Result<T, String>,
-    ) -> T {
-        let outcome = poll_until(what, timeout, check).await;
-        outcome.unwrap_or_else(|e| panic!("{e}\n{}", self.diagnose()))
-    }
-
-    async fn get<K>(&self, api: Api<K>, name: &str) -> Result<Value, String>
-    where
-        K: kube::Resource
-            + Clone
-            + serde::de::DeserializeOwned
-            + serde::Serialize
-            + std::fmt::Debug,
-    {
-        let object = api
-            .get(name)
-            .await
-            .map_err(|e| format!("get {name}: {e}"))?;
-        serde_json::to_value(object).map_err(|e| e.to_string())
-    }
-
-    async fn job(&self, name: &str) -> Result<Value, String> {
-        self.get(
-            Api::<RduJob>::namespaced(self.client.clone(), "default"),
-            name,
-        )
-        .await
-    }
-
-    async fn pod(&self, name: &str) -> Result<Value, String> {
-        self.get(Api::<Pod>::namespaced(self.client.clone(), "default"), name)
-            .await
+    /// Waits until the node's allocatable `rdu.dev/tile` is `count`.
+    async fn wait_tiles(&self, count: u32, when: &str) {
+        self.bed
+            .wait_tiles(&self.node_name(), count, when, LONG)
+            .await;
     }
 
     async fn system_pod(&self, name: &str) -> Result<Value, String> {
         self.get(
             Api::<Pod>::namespaced(self.client.clone(), SYSTEM_NAMESPACE),
             name,
-        )
-        .await
-    }
-
-    /// A pod's log through the API server (which asks the kubelet), as `kubectl logs` reads it.
-    async fn logs_in(&self, namespace: &str, pod: &str) -> Result<String, String> {
-        Api::<Pod>::namespaced(self.client.clone(), namespace)
-            .logs(pod, &LogParams::default())
-            .await
-            .map_err(|e| format!("logs of {pod}: {e}"))
-    }
-
-    /// `helm install` of the chart, pointed at the node's kubelet directories.
-    fn helm_install(&self) {
-        let chart = workspace_root().join("charts/rdu-operator");
-        let kubelet = &self.node.kubelet_paths;
-        let sets = [
-            format!(
-                "devicePlugin.kubeletDevicePluginsDir={}",
-                kubelet.device_plugins().display()
-            ),
-            format!(
-                "devicePlugin.kubeletPodResourcesDir={}",
-                kubelet.pod_resources().display()
-            ),
-            format!(
-                "devicePlugin.stateDir={}",
-                self.node.dir().join("rdu-device-plugin").display()
-            ),
-            format!("devicePlugin.rdusPerNode={RDUS}"),
-            format!("devicePlugin.tilesPerRdu={TILES_PER_RDU}"),
-        ];
-        let kubeconfig = format!("--kubeconfig={}", self.plane.admin_kubeconfig.display());
-        let chart = chart.display().to_string();
-        let mut args = vec![
-            "install",
-            RELEASE,
-            chart.as_str(),
-            "--namespace",
-            SYSTEM_NAMESPACE,
-            "--create-namespace",
-            kubeconfig.as_str(),
-        ];
-        for set in &sets {
-            args.extend(["--set", set.as_str()]);
-        }
-        rdu_e2e::tools::run_ok(&rdu_e2e::tools::helm_binary(), &args, None)
-            .unwrap_or_else(|e| panic!("helm install: {e}"));
-    }
-
-    /// Waits until the node's allocatable `rdu.dev/tile` is `count`.
-    async fn wait_tiles(&self, count: u32, when: &str) {
-        let want = count.to_string();
-        let nodes = Api::<NodeObject>::all(self.client.clone());
-        self.wait(
-            &format!("{count} allocatable rdu.dev/tile {when}"),
-            LONG,
-            async || {
-                let node = self.get(nodes.clone(), node::NODE_NAME).await?;
-                let have = node["status"]["allocatable"]["rdu.dev/tile"]
-                    .as_str()
-                    .unwrap_or("none")
-                    .to_string();
-                if have == want {
-                    Ok(())
-                } else {
-                    Err(format!("allocatable rdu.dev/tile: {have}"))
-                }
-            },
-        )
-        .await;
-    }
-
-    async fn wait_phase(&self, name: &str, phase: &str, timeout: Duration) -> Value {
-        self.wait(
-            &format!("RduJob {name} to be {phase}"),
-            timeout,
-            async || {
-                let job = self.job(name).await?;
-                let have = job["status"]["phase"].as_str().unwrap_or("").to_string();
-                if have == phase {
-                    Ok(job)
-                } else if have == "Failed" {
-                    panic!(
-                        "RduJob {name} failed: {}\n{}",
-                        job["status"],
-                        self.diagnose()
-                    );
-                } else {
-                    Err(format!("phase {have:?}"))
-                }
-            },
         )
         .await
     }
@@ -461,7 +261,7 @@ impl Cluster {
     ) -> serde_json::Map<String, Value> {
         let mut out = serde_json::Map::new();
         self.kubectl(&["delete", "rdujob", "digits", "-n", "default", "--wait=true"]);
-        let pv_dir = self.node.dir().join("pv-checkpoints");
+        let pv_dir = self.bed.node(1).dir().join("pv-checkpoints");
         std::fs::create_dir_all(&pv_dir).expect("pv dir");
         set_mode(&pv_dir, 0o777);
         self.apply(&static_volume(&pv_dir));
@@ -520,7 +320,8 @@ impl Cluster {
             .expect("containerID")
             .to_string();
         let pid = self
-            .node
+            .bed
+            .node(1)
             .container_pid(&container)
             .expect("ctr")
             .expect("rank 1 is running");
@@ -660,7 +461,7 @@ impl Cluster {
                     let tails = tails.lock().expect("tails");
                     eprintln!(
                         "EXTRA GANG RESTART of {name} (restarts {restarts}): {status}; kube-proxy's INVALID drops so far: {:?}",
-                        rdu_e2e::node::network::invalid_forward_drops()
+                        rdu_e2e::node::network::invalid_forward_drops(1)
                     );
                     for (rank, tail) in tails.iter().enumerate() {
                         eprintln!(
@@ -692,24 +493,7 @@ impl Cluster {
 
     /// The device plugin's ready pod (not being deleted).
     async fn plugin_pod(&self) -> Result<String, String> {
-        let pods = Api::<Pod>::namespaced(self.client.clone(), SYSTEM_NAMESPACE)
-            .list(&ListParams::default().labels("app.kubernetes.io/component=device-plugin"))
-            .await
-            .map_err(|e| e.to_string())?;
-        let pods = serde_json::to_value(pods.items).map_err(|e| e.to_string())?;
-        pods.as_array()
-            .into_iter()
-            .flatten()
-            .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
-            .filter(|p| {
-                p["status"]["conditions"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
-            })
-            .find_map(|p| p["metadata"]["name"].as_str().map(str::to_string))
-            .ok_or_else(|| "no ready device plugin pod".to_string())
+        self.bed.plugin_pod(&self.node_name()).await
     }
 
     /// The kubelet restarts: the plugin registers again and the tiles come back.
@@ -721,7 +505,10 @@ impl Cluster {
         };
         let before = registrations(self).await.expect("the plugin's log");
         let restarted = Instant::now();
-        self.node.restart_kubelet().expect("restart the kubelet");
+        self.bed
+            .node_mut(1)
+            .restart_kubelet()
+            .expect("restart the kubelet");
         self.wait("the device plugin to register again", SHORT, async || {
             let now = registrations(self).await?;
             if now > before {
@@ -788,55 +575,6 @@ impl Cluster {
         .await;
         started.elapsed().as_secs_f64()
     }
-}
-
-/// The three images, assembled from the Dockerfiles and checked against them.
-fn assemble_images(out: &Path) -> Vec<Image> {
-    let root = workspace_root();
-    let binaries = std::env::var_os(IMAGE_BINARIES_ENV)
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target/debug"));
-    let inputs = Inputs {
-        context: root.clone(),
-        binaries,
-    };
-    let mut images = Vec::new();
-    for (dockerfile, repository) in [
-        ("operator.Dockerfile", "rdu-operator"),
-        ("device-plugin.Dockerfile", "rdu-device-plugin"),
-        ("worker.Dockerfile", "rdu-worker"),
-    ] {
-        let tag = chart_app_version();
-        let assembled = image::assemble(
-            &root.join("docker").join(dockerfile),
-            repository,
-            &tag,
-            &inputs,
-            out,
-        )
-        .unwrap_or_else(|e| panic!("{dockerfile}: {e}"));
-        let facts = image::inspect(&assembled.layout, &assembled.tag).expect("inspect");
-        let drift = image::drift(&assembled.stage, &facts);
-        assert!(
-            drift.is_empty(),
-            "{dockerfile} and its image differ: {drift:?}"
-        );
-        images.push(Image {
-            name: format!("{repository}:{tag}"),
-            tar: assembled.tar,
-        });
-    }
-    images
-}
-
-fn chart_app_version() -> String {
-    let chart = std::fs::read_to_string(workspace_root().join("charts/rdu-operator/Chart.yaml"))
-        .expect("Chart.yaml");
-    let chart: Value = serde_yaml_ng::from_str(&chart).expect("Chart.yaml");
-    chart["appVersion"]
-        .as_str()
-        .expect("appVersion")
-        .to_string()
 }
 
 /// A PersistentVolume on the node's disk, for the checkpoint claim (no provisioner runs here).

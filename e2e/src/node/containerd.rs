@@ -1,11 +1,13 @@
-//! The node's own containerd: its own socket, root and state directories (never the machine's
-//! containerd), Debian's runc named explicitly, CNI from Debian's plugins with the harness's network,
-//! `restrict_oom_score_adj` (this machine may not lower oom_score_adj), and images imported with `ctr`.
+//! The node's container runtime: its own containerd (Debian's 1.6) in the node's namespaces, with the default
+//! paths, which the node's mount namespace binds to its own directories (`/var/lib/containerd`, a `/run` of its
+//! own): Debian's runc named explicitly, CNI from Debian's plugins with the node's network,
+//! `restrict_oom_score_adj` (this machine may not lower oom_score_adj), and images imported with `ctr` run inside
+//! the node. Another runtime (containerd 2, CRI-O) slots in here: a config, an endpoint, an import.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
 use super::NodeError;
+use super::sandbox::Sandbox;
 
 /// Where Debian's containernetworking-plugins package puts the CNI plugins.
 pub const CNI_BIN_DIR: &str = "/usr/lib/cni";
@@ -13,54 +15,30 @@ pub const CNI_BIN_DIR: &str = "/usr/lib/cni";
 pub const RUNC: &str = "/usr/sbin/runc";
 /// containerd's namespace for Kubernetes.
 const K8S_NAMESPACE: &str = "k8s.io";
+/// containerd's socket inside the node (on the node's own /run).
+pub const SOCKET: &str = "/run/containerd/containerd.sock";
+/// The CNI configuration directory inside the node.
+pub const CNI_CONF_DIR: &str = "/etc/cni/net.d";
 
-/// The directories of one containerd.
-#[derive(Debug, Clone)]
-pub struct Paths {
-    pub root: PathBuf,
-    pub state: PathBuf,
-    pub socket: PathBuf,
-    pub cni_conf_dir: PathBuf,
-}
-
-impl Paths {
-    /// Everything under `dir`.
-    pub fn under(dir: &Path) -> Self {
-        Self {
-            root: dir.join("containerd/root"),
-            state: dir.join("containerd/state"),
-            socket: dir.join("containerd/containerd.sock"),
-            cni_conf_dir: dir.join("cni/net.d"),
-        }
-    }
-
-    /// The CRI endpoint as the kubelet names it.
-    pub fn endpoint(&self) -> String {
-        format!("unix://{}", self.socket.display())
-    }
+/// The CRI endpoint as the kubelet names it.
+pub fn endpoint() -> String {
+    format!("unix://{SOCKET}")
 }
 
 /// containerd's configuration (version 2, containerd 1.6/1.7).
-pub fn config(paths: &Paths, sandbox_image: &str) -> String {
+pub fn config(sandbox_image: &str) -> String {
     format!(
         r#"version = 2
-root = "{root}"
-state = "{state}"
+root = "/var/lib/containerd"
+state = "/run/containerd"
 disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
 
 [grpc]
-  address = "{socket}"
-
-[ttrpc]
-  address = "{socket}.ttrpc"
-
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{root}/opt"
+  address = "{SOCKET}"
 
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{sandbox_image}"
   restrict_oom_score_adj = true
-  netns_mounts_under_state_dir = true
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
   [plugins."io.containerd.grpc.v1.cri".containerd]
@@ -69,27 +47,22 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        BinaryName = "{runc}"
+        BinaryName = "{RUNC}"
         SystemdCgroup = false
   [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{cni_bin}"
-    conf_dir = "{cni_conf}"
+    bin_dir = "{CNI_BIN_DIR}"
+    conf_dir = "{CNI_CONF_DIR}"
     max_conf_num = 1
-"#,
-        root = paths.root.display(),
-        state = paths.state.display(),
-        socket = paths.socket.display(),
-        runc = RUNC,
-        cni_bin = CNI_BIN_DIR,
-        cni_conf = paths.cni_conf_dir.display(),
+"#
     )
 }
 
-/// `ctr` against this containerd, in the Kubernetes namespace.
-fn ctr(paths: &Paths, args: &[&str]) -> Result<String, NodeError> {
-    let out = Command::new("ctr")
+/// `ctr` against the node's containerd, in the Kubernetes namespace.
+fn ctr(sandbox: &Sandbox, args: &[&str]) -> Result<String, NodeError> {
+    let out: std::process::Output = sandbox
+        .command("ctr")
         .arg("--address")
-        .arg(&paths.socket)
+        .arg(SOCKET)
         .arg("--namespace")
         .arg(K8S_NAMESPACE)
         .args(args)
@@ -107,8 +80,8 @@ fn ctr(paths: &Paths, args: &[&str]) -> Result<String, NodeError> {
 }
 
 /// Whether containerd answers on its socket.
-pub fn answers(paths: &Paths) -> Result<(), String> {
-    ctr(paths, &["version"])
+pub fn answers(sandbox: &Sandbox) -> Result<(), String> {
+    ctr(sandbox, &["version"])
         .map(|_| ())
         .map_err(|e| e.to_string())
 }
@@ -116,14 +89,14 @@ pub fn answers(paths: &Paths) -> Result<(), String> {
 /// Imports an OCI layout tar whose manifest is tagged with `name`'s tag as `name` (e.g.
 /// `docker.io/library/rdu-worker:0.1.0`). `--base-name` makes `ctr` name it `<base>:<tag>` and nothing
 /// else: without it `ctr` adds an `import-<date>:<tag>` name, on which the CRI trips.
-pub fn import(paths: &Paths, tar: &Path, name: &str) -> Result<(), NodeError> {
+pub fn import(sandbox: &Sandbox, tar: &Path, name: &str) -> Result<(), NodeError> {
     let (base, _tag) = name
         .rsplit_once(':')
         .filter(|(_, tag)| !tag.contains('/'))
         .ok_or_else(|| NodeError::Command(format!("image {name} has no tag")))?;
     let tar = tar.display().to_string();
-    ctr(paths, &["images", "import", "--base-name", base, &tar])?;
-    let listed = ctr(paths, &["images", "ls", "-q"])?;
+    ctr(sandbox, &["images", "import", "--base-name", base, &tar])?;
+    let listed = ctr(sandbox, &["images", "ls", "-q"])?;
     if !listed.lines().any(|l| l == name) {
         return Err(NodeError::Command(format!(
             "ctr imported {tar} but lists no {name}: {listed}"
@@ -133,8 +106,8 @@ pub fn import(paths: &Paths, tar: &Path, name: &str) -> Result<(), NodeError> {
 }
 
 /// The host PID of a running container's task (`ctr tasks ls`), by container ID.
-pub fn task_pid(paths: &Paths, container_id: &str) -> Result<Option<u32>, NodeError> {
-    let listed = ctr(paths, &["tasks", "ls"])?;
+pub fn task_pid(sandbox: &Sandbox, container_id: &str) -> Result<Option<u32>, NodeError> {
+    let listed = ctr(sandbox, &["tasks", "ls"])?;
     Ok(listed.lines().skip(1).find_map(|line| {
         let mut fields = line.split_whitespace();
         let id = fields.next()?;
@@ -161,15 +134,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_config_names_its_own_directories_and_debians_runc() {
-        let paths = Paths::under(Path::new("/n"));
-        let text = config(&paths, "registry.k8s.io/pause:x");
-        assert!(text.contains(r#"address = "/n/containerd/containerd.sock""#));
-        assert!(text.contains(r#"root = "/n/containerd/root""#));
+    fn the_config_uses_the_default_paths_and_debians_runc() {
+        let text = config("registry.k8s.io/pause:x");
+        assert!(text.contains(r#"root = "/var/lib/containerd""#));
+        assert!(text.contains(r#"state = "/run/containerd""#));
+        assert!(text.contains(r#"address = "/run/containerd/containerd.sock""#));
         assert!(text.contains("restrict_oom_score_adj = true"));
         assert!(text.contains(r#"BinaryName = "/usr/sbin/runc""#));
-        assert!(text.contains(r#"conf_dir = "/n/cni/net.d""#));
-        assert_eq!(paths.endpoint(), "unix:///n/containerd/containerd.sock");
+        assert!(text.contains(r#"conf_dir = "/etc/cni/net.d""#));
+        assert_eq!(endpoint(), "unix:///run/containerd/containerd.sock");
     }
 
     #[test]

@@ -1,71 +1,58 @@
-//! The node's kubelet: its configuration for this machine (cgroupfs without per-QoS cgroups, swap
-//! allowed, cgroup v1 allowed, no image garbage collection or disk eviction of the test's images), its
-//! own root directory, client-certificate authentication of the API server and webhook authorization.
+//! The node's kubelet: its configuration for this machine (cgroupfs without per-QoS cgroups, swap allowed, cgroup
+//! v1 allowed, no image garbage collection or disk eviction of the test's images, a share of the machine's CPUs
+//! and memory reserved away so that N nodes do not each report the whole machine), its default root directory
+//! `/var/lib/kubelet` (the node's own, bound in its mount namespace), client-certificate authentication of the API
+//! server and webhook authorization. Ports are the defaults: each node has its own network namespace.
 
 use std::net::Ipv4Addr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-/// The device plugin API's fixed directory of `kubelet.sock`.
+/// The kubelet's root directory inside the node.
+pub const ROOT: &str = "/var/lib/kubelet";
+/// The device plugin API's fixed directory of `kubelet.sock`, inside the node.
 pub const DEVICE_PLUGINS_DIR: &str = "/var/lib/kubelet/device-plugins";
+/// The pod-resources socket's directory, inside the node.
+pub const POD_RESOURCES_DIR: &str = "/var/lib/kubelet/pod-resources";
+/// The kubelet API (logs, exec) on the node's address.
+pub const API_PORT: u16 = 10250;
+/// /healthz on the node's loopback.
+pub const HEALTHZ_PORT: u16 = 10248;
 
-/// Where the kubelet keeps its state; the device plugin's and pod-resources sockets are below it.
-#[derive(Debug, Clone)]
-pub struct Paths {
-    pub root: PathBuf,
-    pub config: PathBuf,
-    pub pod_logs: PathBuf,
+/// What the kubelet holds back from pods, so that the nodes of one machine share it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reserved {
+    pub cpu_millis: u64,
+    pub memory_mib: u64,
 }
 
-impl Paths {
-    /// Everything under `dir`.
-    pub fn under(dir: &Path) -> Self {
+impl Reserved {
+    /// With `nodes` nodes on a machine of `cpus` CPUs and `memory_mib` MiB, each node reports about its share.
+    pub fn share(nodes: u64, cpus: u64, memory_mib: u64) -> Self {
+        let nodes = nodes.max(1);
         Self {
-            root: dir.join("kubelet"),
-            config: dir.join("kubelet-config.yaml"),
-            pod_logs: dir.join("pod-logs"),
+            cpu_millis: cpus * 1000 - (cpus * 1000 / nodes),
+            memory_mib: memory_mib - memory_mib / nodes,
         }
     }
-
-    /// The directory of `kubelet.sock` and the device plugins' sockets. The kubelet does not put it
-    /// below `--root-dir`: the device plugin API fixes it (`pluginapi.KubeletSocket`).
-    pub fn device_plugins(&self) -> PathBuf {
-        PathBuf::from(DEVICE_PLUGINS_DIR)
-    }
-
-    /// The directory of the pod-resources socket.
-    pub fn pod_resources(&self) -> PathBuf {
-        self.root.join("pod-resources")
-    }
-}
-
-/// The ports the kubelet serves on.
-#[derive(Debug, Clone, Copy)]
-pub struct Ports {
-    /// The kubelet API (logs, exec), on the node's address.
-    pub api: u16,
-    /// /healthz on loopback.
-    pub healthz: u16,
 }
 
 /// The KubeletConfiguration.
 pub fn config(
-    paths: &Paths,
     address: Ipv4Addr,
-    ports: Ports,
     client_ca: &Path,
     runtime_endpoint: &str,
     cluster_dns: Ipv4Addr,
+    reserved: Reserved,
 ) -> String {
     format!(
         r#"apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 address: "{address}"
-port: {api}
+port: {API_PORT}
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
-healthzPort: {healthz}
+healthzPort: {HEALTHZ_PORT}
 containerRuntimeEndpoint: "{runtime_endpoint}"
-podLogsDir: "{pod_logs}"
 authentication:
   anonymous:
     enabled: false
@@ -81,6 +68,9 @@ resolvConf: ""
 cgroupDriver: cgroupfs
 cgroupsPerQOS: false
 enforceNodeAllocatable: []
+systemReserved:
+  cpu: "{cpu}m"
+  memory: "{memory}Mi"
 failSwapOn: false
 failCgroupV1: false
 imageGCHighThresholdPercent: 100
@@ -96,20 +86,18 @@ nodeStatusReportFrequency: 10s
 syncFrequency: 10s
 fileCheckFrequency: 20s
 "#,
-        api = ports.api,
-        healthz = ports.healthz,
-        pod_logs = paths.pod_logs.display(),
         client_ca = client_ca.display(),
+        cpu = reserved.cpu_millis,
+        memory = reserved.memory_mib,
     )
 }
 
 /// The kubelet's command-line arguments (everything else is in the config file).
-pub fn args(paths: &Paths, kubeconfig: &Path, node_name: &str, address: Ipv4Addr) -> Vec<String> {
+pub fn args(config: &Path, kubeconfig: &Path, node_name: &str, address: Ipv4Addr) -> Vec<String> {
     vec![
-        format!("--config={}", paths.config.display()),
+        format!("--config={}", config.display()),
         format!("--kubeconfig={}", kubeconfig.display()),
-        format!("--root-dir={}", paths.root.display()),
-        format!("--cert-dir={}", paths.root.join("pki").display()),
+        format!("--root-dir={ROOT}"),
         format!("--hostname-override={node_name}"),
         format!("--node-ip={address}"),
         "--v=1".to_string(),
@@ -122,25 +110,31 @@ mod tests {
 
     #[test]
     fn the_config_is_yaml_with_this_machines_settings() {
-        let paths = Paths::under(Path::new("/n"));
         let text = config(
-            &paths,
-            Ipv4Addr::new(10, 217, 0, 1),
-            Ports { api: 1, healthz: 2 },
+            Ipv4Addr::new(10, 217, 0, 11),
             Path::new("/ca.crt"),
-            "unix:///n/c.sock",
+            "unix:///run/containerd/containerd.sock",
             Ipv4Addr::new(10, 217, 0, 1),
+            Reserved::share(3, 2, 24_000),
         );
         let value: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).unwrap();
         assert_eq!(value["cgroupsPerQOS"], serde_yaml_ng::Value::Bool(false));
         assert_eq!(value["failCgroupV1"], serde_yaml_ng::Value::Bool(false));
         assert_eq!(value["authorization"]["mode"], "Webhook");
         assert_eq!(value["clusterDNS"][0], "10.217.0.1");
-        assert_eq!(value["podLogsDir"], "/n/pod-logs");
+        assert_eq!(value["address"], "10.217.0.11");
+        assert_eq!(value["systemReserved"]["cpu"], "1334m");
+        assert_eq!(value["systemReserved"]["memory"], "16000Mi");
+    }
+
+    #[test]
+    fn one_node_reserves_nothing() {
         assert_eq!(
-            paths.device_plugins(),
-            Path::new("/var/lib/kubelet/device-plugins")
+            Reserved::share(1, 2, 1000),
+            Reserved {
+                cpu_millis: 0,
+                memory_mib: 0
+            }
         );
-        assert_eq!(paths.pod_resources(), Path::new("/n/kubelet/pod-resources"));
     }
 }

@@ -1,17 +1,21 @@
-//! A real Kubernetes node for the e2e tests, on this machine, without Docker or a registry: its own
-//! containerd (runc, CNI bridge), a kubelet registered with the test control plane, kube-proxy and CoreDNS
-//! as host processes, and images assembled from the Dockerfiles and imported into containerd.
+//! Real Kubernetes nodes for the e2e tests, on this machine, without Docker or a registry. Each node is a set of
+//! namespaces and a cgroup of its own ([`sandbox`]) on the cluster's network ([`network`]), running its own
+//! containerd (runc, CNI bridge), a kubelet registered with the test control plane and kube-proxy; images are
+//! assembled from the Dockerfiles and imported into every node's containerd. A node can be crashed (its link
+//! down, every process killed at once), partitioned (its link down), rebooted (the same disk, new processes), or
+//! have its kubelet restarted.
 //!
 //! Binaries come from `e2e/node/build.sh` through `RDU_E2E_NODE_BIN`; Debian's containerd, runc,
-//! containernetworking-plugins, umoci and iptables must be installed, and the tests run as root. Without
-//! them a test skips, unless `RDU_REQUIRE_NODE=1` (CI). Every process, mount, bridge, route and rule the
-//! node made is removed when it is dropped, also when a test fails.
+//! containernetworking-plugins, umoci, iptables and util-linux's nsenter/unshare must be installed, and the tests
+//! run as root. Every process, namespace, cgroup, mount, link, route and rule the nodes made is removed when they
+//! are dropped, also when a test fails; a run killed outright is cleaned up by the next one.
 
+pub mod cgroups;
 pub mod containerd;
 pub mod kubelet;
 pub mod network;
+pub mod sandbox;
 pub mod services;
-mod teardown;
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -22,27 +26,26 @@ use k8s_openapi::api::core::v1::Node as NodeObject;
 use kube::Api;
 use tempfile::TempDir;
 
-use crate::assets::{Assets, assets_or_skip};
-use crate::control_plane::{ControlPlane, NodeAccess};
+use crate::control_plane::ControlPlane;
 use crate::image::{self, ImageError};
 use crate::poll::{PollError, poll_until};
-use crate::ports::free_port;
 use crate::process::Managed;
+use sandbox::{Bind, Sandbox};
 
-/// The node's name.
-pub const NODE_NAME: &str = "rdu-e2e-node";
-/// Env var naming the directory of kubelet, kube-proxy, coredns, pause and cri-teardown.
+/// Env var naming the directory of kubelet, kube-proxy, coredns and pause.
 pub const NODE_BIN_ENV: &str = "RDU_E2E_NODE_BIN";
 /// Env var that turns a skip into a failure (CI sets it to 1).
 pub const REQUIRE_NODE_ENV: &str = "RDU_REQUIRE_NODE";
-/// The sandbox image the node's containerd runs every pod's network namespace in.
+/// The sandbox image every node's containerd runs each pod's network namespace in.
 pub const PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.10";
-/// How long the node may take to become Ready.
+/// Node cgroups are named with this prefix (and nothing else of this machine's is).
+const CGROUP_PREFIX: &str = "rdu-e2e-node-";
+/// How long a node may take to become Ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long containerd may take to answer.
 const CONTAINERD_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Errors starting a node.
+/// Errors starting or changing a node.
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
     #[error("{0}")]
@@ -59,6 +62,11 @@ pub enum NodeError {
     Client(#[from] crate::kubeconfig::ClientError),
 }
 
+/// Node `index`'s name (1-based).
+pub fn node_name(index: u8) -> String {
+    format!("{CGROUP_PREFIX}{index}")
+}
+
 /// The node's binaries, from `e2e/node/build.sh`.
 #[derive(Debug, Clone)]
 pub struct NodeBins {
@@ -66,7 +74,6 @@ pub struct NodeBins {
     pub kube_proxy: PathBuf,
     pub coredns: PathBuf,
     pub pause: PathBuf,
-    pub cri_teardown: PathBuf,
 }
 
 impl NodeBins {
@@ -88,12 +95,11 @@ impl NodeBins {
             kube_proxy: find("kube-proxy")?,
             coredns: find("coredns")?,
             pause: find("pause")?,
-            cri_teardown: find("cri-teardown")?,
         })
     }
 }
 
-/// What this machine must have for a node: root, and Debian's packages.
+/// What this machine must have for nodes: root, and Debian's packages.
 pub fn machine_problems() -> Vec<String> {
     let mut problems = Vec::new();
     let uid = std::fs::read_to_string("/proc/self/status")
@@ -107,7 +113,9 @@ pub fn machine_problems() -> Vec<String> {
                 .flatten()
         });
     if uid.as_deref() != Some("0") {
-        problems.push("a node needs root (containerd, the kubelet, CNI and iptables)".into());
+        problems.push(
+            "a node needs root (namespaces, cgroups, containerd, the kubelet, iptables)".into(),
+        );
     }
     let on_path = |tool: &str| {
         std::env::var_os("PATH")
@@ -119,6 +127,8 @@ pub fn machine_problems() -> Vec<String> {
         ("umoci", "umoci"),
         ("iptables", "iptables"),
         ("ip", "iproute2"),
+        ("nsenter", "util-linux"),
+        ("unshare", "util-linux"),
     ] {
         if !on_path(tool) {
             problems.push(format!(
@@ -144,19 +154,9 @@ pub fn machine_problems() -> Vec<String> {
     problems
 }
 
-/// The control plane's side of the node: bind and advertise the node's address, its Service CIDR.
-pub fn access() -> NodeAccess {
-    NodeAccess {
-        address: network::node_address(),
-        service_cidr: network::SERVICE_CIDR,
-        name: NODE_NAME,
-    }
-}
-
-/// The control-plane binaries and the node's, or `None` (the test skips) when something is missing,
-/// unless `RDU_REQUIRE_NODE=1`, where it panics naming what is missing.
-pub fn node_or_skip(test: &str) -> Option<(Assets, NodeBins)> {
-    let assets = assets_or_skip(test)?;
+/// The node binaries, or the reasons there are none (`RDU_E2E_NODE_BIN` unset or incomplete, or this machine
+/// lacking what a node needs).
+pub fn bins_from_env() -> Result<NodeBins, String> {
     let mut problems = machine_problems();
     let bins = match std::env::var_os(NODE_BIN_ENV) {
         Some(dir) if !dir.is_empty() => match NodeBins::in_dir(Path::new(&dir)) {
@@ -173,15 +173,10 @@ pub fn node_or_skip(test: &str) -> Option<(Assets, NodeBins)> {
             None
         }
     };
-    if problems.is_empty() {
-        return bins.map(|b| (assets, b));
+    match bins {
+        Some(bins) if problems.is_empty() => Ok(bins),
+        _ => Err(problems.join("; ")),
     }
-    let text = problems.join("; ");
-    if std::env::var(REQUIRE_NODE_ENV).as_deref() == Ok("1") {
-        panic!("{test}: {REQUIRE_NODE_ENV}=1 but {text}");
-    }
-    eprintln!("{test}: skipped: {text}");
-    None
 }
 
 /// An image to import: the tar of an OCI layout and the name pods use for it.
@@ -191,139 +186,187 @@ pub struct Image {
     pub tar: PathBuf,
 }
 
-/// A running node.
+/// The paths of this machine every node binds its own directory over (created by the cluster if missing).
+pub fn bind_targets() -> Vec<PathBuf> {
+    BOUND.iter().map(PathBuf::from).collect()
+}
+
+/// The node-owned paths: the kubelet's root (the device plugin API fixes `device-plugins/kubelet.sock` there),
+/// containerd's root, CNI's state and configuration, the pod logs, and the device plugin's state directory.
+const BOUND: &[&str] = &[
+    kubelet::ROOT,
+    "/var/lib/containerd",
+    "/var/lib/cni",
+    containerd::CNI_CONF_DIR,
+    "/var/log/pods",
+    "/var/log/containers",
+    "/var/lib/rdu-device-plugin",
+];
+
+/// How a node is started: which of how many, with what, against which control plane.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    pub index: u8,
+    pub bins: NodeBins,
+    pub kubelet_kubeconfig: PathBuf,
+    pub admin_kubeconfig: PathBuf,
+    pub client_ca: PathBuf,
+    pub reserved: kubelet::Reserved,
+}
+
+/// A node: its disk (a directory that outlives crashes) and, while it runs, its namespaces and processes.
 pub struct Node {
-    pub name: &'static str,
+    pub index: u8,
+    pub name: String,
     pub address: Ipv4Addr,
-    pub kubelet_paths: kubelet::Paths,
-    containerd_paths: containerd::Paths,
-    bins: NodeBins,
-    kubelet_args: Vec<String>,
+    config: NodeConfig,
+    boots: u32,
     kubelet_starts: u32,
+    // Dropped in this order: the processes, then their namespaces and cgroup.
     kubelet: Option<Managed>,
-    services: Vec<Managed>,
+    proxy: Option<Managed>,
     containerd: Option<Managed>,
-    network: Option<network::Network>,
-    /// The first missing ancestor of the device plugins' directory that the kubelet made (removed at the end).
-    created_device_plugins_dir: Option<PathBuf>,
-    dir: TempDir,
+    sandbox: Option<Sandbox>,
+    disk: TempDir,
 }
 
 impl Node {
-    /// Starts the node on `plane` (started with [`access`] after `network` was created), imports `images`,
-    /// and waits until it is Ready. The node owns the network from then on.
+    /// Boots node `config.index` in its network namespace (already made by `network::HostNetwork::add_node`),
+    /// imports `images` (and the pause image), and waits until it is Ready on `plane`.
     pub async fn start(
         plane: &ControlPlane,
-        network: network::Network,
-        bins: NodeBins,
+        config: NodeConfig,
         images: &[Image],
     ) -> Result<Self, NodeError> {
-        let node_kubeconfig = plane.node_kubeconfig.clone().ok_or_else(|| {
-            NodeError::Missing("the control plane was started without node access".into())
-        })?;
-        let dir = tempfile::Builder::new().prefix("rdu-node-").tempdir()?;
-        let containerd_paths = containerd::Paths::under(dir.path());
-        let kubelet_paths = kubelet::Paths::under(dir.path());
-        let address = network::node_address();
+        let disk = tempfile::Builder::new()
+            .prefix(&format!("rdu-{}-", node_name(config.index)))
+            .tempdir()?;
         let mut node = Self {
-            name: NODE_NAME,
-            address,
-            kubelet_paths,
-            containerd_paths,
-            bins,
-            kubelet_args: Vec::new(),
+            index: config.index,
+            name: node_name(config.index),
+            address: network::node_address(config.index),
+            config,
+            boots: 0,
             kubelet_starts: 0,
             kubelet: None,
-            services: Vec::new(),
+            proxy: None,
             containerd: None,
-            network: Some(network),
-            created_device_plugins_dir: None,
-            dir,
+            sandbox: None,
+            disk,
         };
-        node.created_device_plugins_dir =
-            claim_device_plugins_dir(&node.kubelet_paths.device_plugins())?;
-        node.start_containerd().await?;
-        let pause_tag = PAUSE_IMAGE
-            .rsplit_once(':')
-            .map_or("latest", |(_, tag)| tag);
-        let pause =
-            image::pause_image(&node.bins.pause, pause_tag, &node.dir.path().join("images"))?;
-        containerd::import(&node.containerd_paths, &pause, PAUSE_IMAGE)?;
-        for image in images {
-            containerd::import(
-                &node.containerd_paths,
-                &image.tar,
-                &containerd::normalized(&image.name),
-            )?;
-        }
-
-        let root = node.dir.path().to_path_buf();
-        let ports = kubelet::Ports {
-            api: free_port()?,
-            healthz: free_port()?,
-        };
-        std::fs::create_dir_all(&node.kubelet_paths.root)?;
-        std::fs::write(
-            &node.kubelet_paths.config,
-            kubelet::config(
-                &node.kubelet_paths,
-                address,
-                ports,
-                &plane.ca_cert,
-                &node.containerd_paths.endpoint(),
-                address,
-            ),
-        )?;
-        node.kubelet_args =
-            kubelet::args(&node.kubelet_paths, &node_kubeconfig, NODE_NAME, address);
-        node.start_kubelet()?;
-
-        let mut proxy = Command::new(&node.bins.kube_proxy);
-        proxy.args(services::kube_proxy_args(
-            &plane.admin_kubeconfig,
-            NODE_NAME,
-            network::POD_CIDR,
-            free_port()?,
-            free_port()?,
-        ));
-        node.services
-            .push(Managed::spawn("kube-proxy", proxy, &root)?);
-        let corefile = root.join("Corefile");
-        std::fs::write(
-            &corefile,
-            services::corefile(address, &plane.admin_kubeconfig, "rdu-e2e"),
-        )?;
-        let mut dns = Command::new(&node.bins.coredns);
-        dns.arg("-conf").arg(&corefile);
-        node.services.push(Managed::spawn("coredns", dns, &root)?);
-
+        node.start_processes(images).await?;
         node.wait_ready(plane).await?;
         Ok(node)
     }
 
-    async fn start_containerd(&mut self) -> Result<(), NodeError> {
-        let paths = &self.containerd_paths;
-        for dir in [&paths.root, &paths.state, &paths.cni_conf_dir] {
-            std::fs::create_dir_all(dir)?;
-        }
-        let config = self.dir.path().join("containerd.toml");
-        std::fs::write(&config, containerd::config(paths, PAUSE_IMAGE))?;
-        std::fs::write(
-            paths.cni_conf_dir.join("10-rdu-e2e.conflist"),
-            network::cni_conflist(&self.dir.path().join("cni/ipam")),
+    /// Boots the node again after [`Node::crash`]: the same disk (images, the kubelet's certificates and state),
+    /// new namespaces and processes. Its link must be up again (`HostNetwork::set_link`).
+    pub async fn reboot(&mut self, plane: &ControlPlane) -> Result<(), NodeError> {
+        self.stop();
+        self.start_processes(&[]).await?;
+        self.wait_ready(plane).await
+    }
+
+    async fn start_processes(&mut self, images: &[Image]) -> Result<(), NodeError> {
+        self.boots += 1;
+        let binds: Vec<Bind> = BOUND
+            .iter()
+            .map(|target| Bind {
+                source: self.disk_path(target),
+                target: PathBuf::from(target),
+            })
+            .collect();
+        let sandbox = Sandbox::start(
+            &self.name,
+            &network::netns_path(self.index),
+            &binds,
+            self.disk.path(),
         )?;
-        let mut command = Command::new("containerd");
+        self.sandbox = Some(sandbox);
+        self.start_containerd().await?;
+        if self.boots == 1 {
+            let sandbox = self.sandbox.as_ref().expect("booted");
+            let pause_tag = PAUSE_IMAGE
+                .rsplit_once(':')
+                .map_or("latest", |(_, tag)| tag);
+            let pause = image::pause_image(
+                &self.config.bins.pause,
+                pause_tag,
+                &self.disk.path().join("images"),
+            )?;
+            containerd::import(sandbox, &pause, PAUSE_IMAGE)?;
+            for image in images {
+                containerd::import(sandbox, &image.tar, &containerd::normalized(&image.name))?;
+            }
+        }
+        let config_file = self.disk.path().join("kubelet-config.yaml");
+        std::fs::write(
+            &config_file,
+            kubelet::config(
+                self.address,
+                &self.config.client_ca,
+                &containerd::endpoint(),
+                network::control_plane_address(),
+                self.config.reserved,
+            ),
+        )?;
+        self.start_kubelet()?;
+        let sandbox = self.sandbox.as_ref().expect("booted");
+        let mut proxy = sandbox.command(&self.config.bins.kube_proxy);
+        proxy.args(services::kube_proxy_args(
+            &self.config.admin_kubeconfig,
+            &self.name,
+            network::CLUSTER_POD_CIDR,
+        ));
+        self.proxy = Some(Managed::spawn(
+            &self.log_name("kube-proxy", self.boots),
+            proxy,
+            self.disk.path(),
+        )?);
+        Ok(())
+    }
+
+    /// Where node path `target` (e.g. `/var/lib/kubelet`) lives on the node's disk.
+    pub fn disk_path(&self, target: &str) -> PathBuf {
+        self.disk
+            .path()
+            .join("disk")
+            .join(target.trim_start_matches('/'))
+    }
+
+    fn log_name(&self, process: &str, nth: u32) -> String {
+        match nth {
+            1 => process.to_string(),
+            n => format!("{process}-{n}"),
+        }
+    }
+
+    async fn start_containerd(&mut self) -> Result<(), NodeError> {
+        let config = self.disk.path().join("containerd.toml");
+        std::fs::write(&config, containerd::config(PAUSE_IMAGE))?;
+        let cni = self.disk_path(containerd::CNI_CONF_DIR);
+        std::fs::create_dir_all(&cni)?;
+        std::fs::write(
+            cni.join("10-rdu-e2e.conflist"),
+            network::cni_conflist(self.index),
+        )?;
+        let sandbox = self.sandbox.as_ref().expect("booted");
+        let mut command = sandbox.command("containerd");
         command.arg("--config").arg(&config);
-        self.containerd = Some(Managed::spawn("containerd", command, self.dir.path())?);
-        let paths = self.containerd_paths.clone();
+        self.containerd = Some(Managed::spawn(
+            &self.log_name("containerd", self.boots),
+            command,
+            self.disk.path(),
+        )?);
+        let sandbox = self.sandbox.as_ref().expect("booted");
         let containerd = self.containerd.as_mut().expect("just started");
         poll_until("containerd to answer", CONTAINERD_TIMEOUT, || {
             let dead = containerd.exited();
-            let paths = paths.clone();
+            let answer = containerd::answers(sandbox);
             async move {
                 match dead {
                     Some(dead) => Ok(Err(dead)),
-                    None => containerd::answers(&paths).map(Ok),
+                    None => answer.map(Ok),
                 }
             }
         })
@@ -333,13 +376,19 @@ impl Node {
 
     fn start_kubelet(&mut self) -> Result<(), NodeError> {
         self.kubelet_starts += 1;
-        let name = match self.kubelet_starts {
-            1 => "kubelet".to_string(),
-            n => format!("kubelet-{n}"),
-        };
-        let mut command = Command::new(&self.bins.kubelet);
-        command.args(&self.kubelet_args);
-        self.kubelet = Some(Managed::spawn(&name, command, self.dir.path())?);
+        let sandbox = self.sandbox.as_ref().expect("booted");
+        let mut command = sandbox.command(&self.config.bins.kubelet);
+        command.args(kubelet::args(
+            &self.disk.path().join("kubelet-config.yaml"),
+            &self.config.kubelet_kubeconfig,
+            &self.name,
+            self.address,
+        ));
+        self.kubelet = Some(Managed::spawn(
+            &self.log_name("kubelet", self.kubelet_starts),
+            command,
+            self.disk.path(),
+        )?);
         Ok(())
     }
 
@@ -349,16 +398,37 @@ impl Node {
         self.start_kubelet()
     }
 
+    /// Every process of the node killed at once (containers too), as a power cut does. Take the link down first
+    /// (`HostNetwork::set_link`) for a crash that the peers see only as silence.
+    pub fn crash(&mut self) -> Result<(), NodeError> {
+        let killed = match self.sandbox.as_mut() {
+            Some(sandbox) => sandbox.kill_all(),
+            None => Ok(()),
+        };
+        self.stop();
+        killed
+    }
+
+    /// Drops the process handles and the namespaces (what is still running is killed).
+    fn stop(&mut self) {
+        self.kubelet.take();
+        self.proxy.take();
+        self.containerd.take();
+        self.sandbox.take();
+    }
+
     async fn wait_ready(&mut self, plane: &ControlPlane) -> Result<(), NodeError> {
         let nodes: Api<NodeObject> = Api::all(plane.admin_client().await?);
-        poll_until("the node to be Ready", READY_TIMEOUT, || {
+        let name = self.name.clone();
+        poll_until(&format!("node {name} to be Ready"), READY_TIMEOUT, || {
             let dead = self.dead_process();
             let nodes = nodes.clone();
+            let name = name.clone();
             async move {
                 if let Some(dead) = dead {
                     return Ok(Err(dead));
                 }
-                let node = nodes.get(NODE_NAME).await.map_err(|e| e.to_string())?;
+                let node = nodes.get(&name).await.map_err(|e| e.to_string())?;
                 let ready = node
                     .status
                     .and_then(|s| s.conditions)
@@ -375,12 +445,21 @@ impl Node {
         .map_err(NodeError::Command)
     }
 
+    /// `program` run inside the node (its namespaces and cgroup).
+    pub fn command(&self, program: &str) -> Option<Command> {
+        self.sandbox.as_ref().map(|s| s.command(program))
+    }
+
     /// The host PID of a running container, from its status's `containerID` (`containerd://<id>`).
     pub fn container_pid(&self, container_id: &str) -> Result<Option<u32>, NodeError> {
         let id = container_id
             .strip_prefix("containerd://")
             .unwrap_or(container_id);
-        containerd::task_pid(&self.containerd_paths, id)
+        let sandbox = self
+            .sandbox
+            .as_ref()
+            .ok_or_else(|| NodeError::Command(format!("node {} is down", self.name)))?;
+        containerd::task_pid(sandbox, id)
     }
 
     /// `Some(description)` for the first of the node's processes that exited.
@@ -389,82 +468,51 @@ impl Node {
             .containerd
             .iter_mut()
             .chain(self.kubelet.iter_mut())
-            .chain(self.services.iter_mut());
+            .chain(self.proxy.iter_mut());
         managed.into_iter().find_map(Managed::exited)
     }
 
-    /// The last lines of one of the node's logs (`containerd`, `kubelet`, `kube-proxy`, `coredns`).
+    /// The last lines of one of the node's current logs (`containerd`, `kubelet`, `kube-proxy`).
     pub fn log_tail(&self, name: &str, lines: usize) -> String {
-        let text = std::fs::read_to_string(self.dir.path().join(format!("{name}.log")))
-            .unwrap_or_default();
-        let all: Vec<&str> = text.lines().collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
+        let process = match name {
+            "containerd" => self.containerd.as_ref(),
+            "kubelet" => self.kubelet.as_ref(),
+            "kube-proxy" => self.proxy.as_ref(),
+            _ => None,
+        };
+        process.map(|p| p.log_tail(lines)).unwrap_or_default()
     }
 
-    /// The node's directory (logs, containerd, kubelet root).
+    /// The node's directory (logs, its disk).
     pub fn dir(&self) -> &Path {
-        self.dir.path()
+        self.disk.path()
+    }
+
+    /// Whether the node's processes run (it was not crashed, or was rebooted).
+    pub fn is_up(&self) -> bool {
+        self.sandbox.is_some()
     }
 }
 
-/// The kubelet's device plugins' directory is fixed, so two kubelets cannot share a machine: refuses when a
-/// kubelet already answers there. Returns the first missing ancestor (the node removes it at the end).
-fn claim_device_plugins_dir(dir: &Path) -> Result<Option<PathBuf>, NodeError> {
-    let socket = dir.join("kubelet.sock");
-    if std::os::unix::net::UnixStream::connect(&socket).is_ok() {
-        return Err(NodeError::Missing(format!(
-            "a kubelet already serves {}: a test node needs the machine's device plugin directory to itself",
-            socket.display()
-        )));
-    }
-    let mut missing = None;
-    let mut current = Some(dir);
-    while let Some(path) = current {
-        if path.exists() {
-            break;
-        }
-        missing = Some(path.to_path_buf());
-        current = path.parent();
-    }
-    Ok(missing)
+/// Removes the cgroups of nodes a killed earlier run left behind (their processes are killed first).
+pub fn sweep() {
+    cgroups::sweep(CGROUP_PREFIX);
 }
 
 impl Drop for Node {
     fn drop(&mut self) {
-        // No kubelet to start pods again, then every sandbox stopped through the CRI (CNI DEL).
-        self.kubelet.take();
-        if self
-            .containerd
-            .as_mut()
-            .is_some_and(|c| c.exited().is_none())
-        {
-            let out = Command::new(&self.bins.cri_teardown)
-                .arg(self.containerd_paths.endpoint())
-                .output();
-            if let Ok(out) = out {
-                eprintln!(
-                    "node teardown: {}{}",
-                    String::from_utf8_lossy(&out.stdout).trim(),
-                    String::from_utf8_lossy(&out.stderr).trim()
-                );
-            }
+        if let Some(sandbox) = self.sandbox.as_mut() {
+            let _ = sandbox.kill_all();
         }
-        self.services.clear();
-        let _ = Command::new(&self.bins.kube_proxy)
-            .arg("--cleanup")
-            .output();
-        self.containerd.take();
-        teardown::kill_processes_mentioning(&self.containerd_paths.socket.display().to_string());
-        teardown::unmount_below(self.dir.path());
-        teardown::remove_log_links(self.dir.path());
-        self.network.take();
-        if let Some(dir) = self.created_device_plugins_dir.take() {
-            let _ = std::fs::remove_dir_all(dir);
-        }
+        self.stop();
         if std::env::var_os("RDU_E2E_KEEP").is_some() {
             let kept =
-                std::mem::replace(&mut self.dir, tempfile::tempdir().expect("tempdir")).keep();
-            eprintln!("RDU_E2E_KEEP: node files kept in {}", kept.display());
+                std::mem::replace(&mut self.disk, tempfile::tempdir().expect("tempdir")).keep();
+            eprintln!(
+                "RDU_E2E_KEEP: node {} files kept in {}",
+                self.name,
+                kept.display()
+            );
         }
     }
 }

@@ -1,6 +1,7 @@
-//! Cluster services the node runs as host processes: CoreDNS (cluster DNS on the node's address, port
-//! 53, answering from the API server with its `kubernetes` plugin) and kube-proxy (iptables mode: the
-//! Service ClusterIPs, among them the `kubernetes` Service that pods reach the API server through).
+//! Cluster services: CoreDNS (cluster DNS on the control plane's address, port 53, answering from the API server
+//! with its `kubernetes` plugin; a process of this machine, as a cluster's DNS outlives any one node) and each
+//! node's kube-proxy (iptables mode in the node's network namespace: the Service ClusterIPs, among them the
+//! `kubernetes` Service that pods reach the API server through).
 
 use std::net::Ipv4Addr;
 use std::path::Path;
@@ -16,15 +17,19 @@ pub fn corefile(address: Ipv4Addr, kubeconfig: &Path, context: &str) -> String {
     )
 }
 
-/// kube-proxy's arguments. It leaves conntrack sysctls and route_localnet alone (this machine's settings
-/// are not the test's to change) and serves its metrics and health on loopback ports.
+/// kube-proxy's metrics port on the node's loopback.
+pub const PROXY_METRICS_PORT: u16 = 10249;
+/// kube-proxy's health port on the node's loopback.
+pub const PROXY_HEALTHZ_PORT: u16 = 10256;
+
+/// kube-proxy's arguments. It leaves conntrack sysctls and route_localnet alone (conntrack tables are shared by
+/// the machine's namespaces) and serves its metrics and health on the node's loopback.
 pub fn kube_proxy_args(
     kubeconfig: &Path,
     node_name: &str,
     pod_cidr: (Ipv4Addr, u8),
-    metrics_port: u16,
-    healthz_port: u16,
 ) -> Vec<String> {
+    let (metrics_port, healthz_port) = (PROXY_METRICS_PORT, PROXY_HEALTHZ_PORT);
     vec![
         format!("--kubeconfig={}", kubeconfig.display()),
         format!("--hostname-override={node_name}"),

@@ -1,0 +1,30 @@
+# Shared by the e2e scripts (sourced, not run): versions, the cache of Go-built binaries, stamps, and the
+# ldflags that stamp a Kubernetes binary's version as Kubernetes' own build does.
+#   RDU_E2E_CACHE          where binaries are cached (default ~/.cache/rdu-e2e)
+#   RDU_E2E_K8S_VERSION    Kubernetes (default v1.34.4); RDU_E2E_HELM_VERSION, RDU_E2E_COREDNS_VERSION
+
+K8S_VERSION="${RDU_E2E_K8S_VERSION:-v1.34.4}"
+HELM_VERSION="${RDU_E2E_HELM_VERSION:-v3.22.0}"
+COREDNS_VERSION="${RDU_E2E_COREDNS_VERSION:-v1.14.7}"
+E2E_CACHE="${RDU_E2E_CACHE:-$HOME/.cache/rdu-e2e}"
+# Everything built for one Kubernetes version lives below this directory.
+K8S_ROOT="$E2E_CACHE/k8s-${K8S_VERSION#v}"
+# The throw-away Go module that requires k8s.io/kubernetes (see e2e/control-plane/build.sh).
+K8S_WRAPPER="$K8S_ROOT/wrapper"
+export GOFLAGS="${GOFLAGS:-} -mod=mod -trimpath"
+
+# e2e_log NAME MESSAGE...: a line on stderr prefixed with the script's name.
+e2e_log() { local name="$1"; shift; printf '%s: %s\n' "$name" "$*" >&2; }
+
+# k8s_ldflags: -ldflags for a Kubernetes binary, with its version stamped (unstamped it reports v0.0.0-master).
+k8s_ldflags() {
+  local minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
+  local pkg=k8s.io/component-base/version
+  printf '%s' "-s -w -X $pkg.gitVersion=${K8S_VERSION} -X $pkg.gitMajor=1 -X $pkg.gitMinor=${minor} -X $pkg.gitTreeState=clean"
+}
+
+# cached STAMP: true when STAMP exists (the build it names is done).
+cached() { [[ -f "$1" ]]; }
+
+# need_go: fails with a clear message when Go is missing.
+need_go() { command -v go >/dev/null || { e2e_log "${0##*/}" "go is not on PATH; install Go >= 1.24"; exit 1; }; }
