@@ -3,6 +3,7 @@
 use rdu_collective::CollectiveError;
 use rdu_crds::consts::exit_code;
 
+use crate::checkpoint::CheckpointError;
 use crate::data::DataError;
 
 /// Everything that stops one rank.
@@ -28,6 +29,12 @@ pub enum WorkerError {
     /// A compute task was cancelled (the runtime is shutting down): a retry may succeed.
     #[error("interrupted: {0}")]
     Interrupted(String),
+    /// Checkpoints could not be read or written, or a newer generation fenced their directory.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// SIGTERM or SIGINT asked the rank to stop (`stop`): it ends as the signal would have ended it.
+    #[error("stopped by signal {signal}")]
+    Stopped { signal: i32 },
 }
 
 impl WorkerError {
@@ -38,7 +45,8 @@ impl WorkerError {
         }
     }
 
-    /// The process exit code for this failure: 64 config, 65 data, 75 retryable.
+    /// The process exit code for this failure: 64 config, 65 data, 74 a file, 75 retryable, 128 + N stopped
+    /// by signal N.
     pub fn exit_code(&self) -> i32 {
         match self {
             WorkerError::Config { .. } => exit_code::BAD_CONFIG,
@@ -48,6 +56,8 @@ impl WorkerError {
             WorkerError::Write { .. } => exit_code::IO_ERROR,
             WorkerError::Interrupted(_) => exit_code::RETRYABLE,
             WorkerError::BelowMinThroughput { .. } => exit_code::BELOW_MIN_THROUGHPUT,
+            WorkerError::Checkpoint(e) => e.exit_code(),
+            WorkerError::Stopped { signal } => exit_code::SIGNAL_BASE + signal,
         }
     }
 }
@@ -81,5 +91,7 @@ mod tests {
         };
         assert_eq!(WorkerError::from(protocol).exit_code(), 64);
         assert_eq!(WorkerError::Interrupted("backward".into()).exit_code(), 75);
+        assert_eq!(WorkerError::Stopped { signal: 15 }.exit_code(), 143);
+        assert_eq!(WorkerError::Stopped { signal: 2 }.exit_code(), 130);
     }
 }

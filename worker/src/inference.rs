@@ -34,7 +34,11 @@ pub async fn infer(
         params.len(),
     );
     let found = match &env.checkpoint_dir {
-        Some(dir) if env.rank == 0 => checkpoint::latest(dir, params.len()),
+        Some(dir) if env.rank == 0 => {
+            let lock_wait =
+                std::time::Duration::from_secs(u64::from(spec.data_parallel.timeout_seconds));
+            checkpoint::read_lineage(dir, params.len(), lock_wait)?
+        }
         _ => None,
     };
     let trained_steps = checkpoint::resume(comm, found, &mut params, &mut optimizer).await?;

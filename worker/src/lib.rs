@@ -5,6 +5,7 @@
 
 pub mod buckets;
 pub mod checkpoint;
+pub mod checkpointing;
 pub mod data;
 pub mod env;
 pub mod error;
@@ -22,13 +23,14 @@ pub mod result;
 pub mod rng;
 pub mod run;
 pub mod sampler;
+pub mod stop;
 pub mod tensorboard;
 #[cfg(test)]
 mod test_fixtures;
 pub mod train;
 
 pub use error::WorkerError;
-pub use run::{run, run_from_process_env};
+pub use run::{run, run_from_process_env, run_stoppable};
 
 /// A rank's logs: plain text on stderr, `RUST_LOG` or `info` (local mode prefixes each line with the rank;
 /// in a pod, `kubectl logs` shows them as they are).

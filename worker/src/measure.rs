@@ -100,8 +100,7 @@ pub async fn measure_performance(
             bufs.x.extend_from_slice(splits.train.row(i));
             bufs.y.push(splits.train.labels[i]);
         }
-        let (back, stats) = summed_gradient(comm, &model, bufs, plan, &mut grad).await?;
-        bufs = back;
+        let stats = summed_gradient(comm, &model, &mut bufs, plan, &mut grad).await?;
         optimizer.step(&mut bufs.params, &grad, env.world_size);
         if step >= warmup {
             latencies.push(started.elapsed());

@@ -41,33 +41,37 @@ pub struct ReducePlan {
 }
 
 /// Writes the gradient of the batch in `bufs`, summed over all ranks, into `grad` (overwritten;
-/// parameter-sized; the optimizer step takes the mean, in the pass it makes anyway); returns the
-/// buffers and this rank's batch stats.
+/// parameter-sized; the optimizer step takes the mean, in the pass it makes anyway); returns this
+/// rank's batch stats.
+///
+/// `bufs` is whole again when this returns, whether the reduction succeeded or not: the parameters
+/// it holds are those of the last completed step, which a rank stopping early checkpoints. On an
+/// error `grad` is partly written and must not be applied.
 pub async fn summed_gradient(
     comm: &Communicator,
     model: &Mlp,
-    bufs: StepBuffers,
+    bufs: &mut StepBuffers,
     plan: ReducePlan,
     grad: &mut [f32],
-) -> Result<(StepBuffers, BatchStats), WorkerError> {
+) -> Result<BatchStats, WorkerError> {
     if comm.world_size() == 1 || buckets::partition(&model.layer_elems(), plan.cap_bytes).len() == 1
     {
         // Nothing to overlap: backward straight into `grad`, then one all-reduce of it all.
         let stats = model.batch_grad(&bufs.params, &bufs.x, &bufs.y, plan.tiles, grad);
         comm.all_reduce_sum(grad, plan.reduce).await?;
-        return Ok((bufs, stats));
+        return Ok(stats);
     }
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Range<usize>, Vec<f32>)>();
     let model = model.clone();
+    let mut moved = std::mem::take(bufs);
     let compute = tokio::task::spawn_blocking(move || {
-        let mut bufs = bufs;
         let StepBuffers {
             params,
             x,
             y,
             local_grad,
             spare_buckets,
-        } = &mut bufs;
+        } = &mut moved;
         let stats = model.batch_grad_bucketed(
             params,
             (x, y),
@@ -84,22 +88,32 @@ pub async fn summed_gradient(
                 let _ = tx.send((bucket.range.clone(), buf));
             },
         );
-        (bufs, stats)
+        (moved, stats)
     });
     let mut used = Vec::new();
+    let mut reduced = Ok(());
     while let Some((range, mut bucket)) = rx.recv().await {
-        comm.all_reduce_sum(&mut bucket, plan.reduce).await?;
+        if let Err(e) = comm.all_reduce_sum(&mut bucket, plan.reduce).await {
+            reduced = Err(e);
+            break;
+        }
         grad[range].copy_from_slice(&bucket);
         used.push(bucket);
     }
+    // After a failed reduction backward's remaining buckets go nowhere; it still ends within one
+    // backward pass, and hands the buffers back.
+    drop(rx);
     match compute.await {
-        Ok((mut bufs, stats)) => {
+        Ok((back, stats)) => {
+            *bufs = back;
             used.reverse();
             bufs.spare_buckets = used;
-            Ok((bufs, stats))
+            reduced?;
+            Ok(stats)
         }
         Err(e) => match e.try_into_panic() {
             Ok(panic) => std::panic::resume_unwind(panic),
+            // Only a runtime shutting down cancels the task: the buffers are gone with it.
             Err(e) => Err(WorkerError::Interrupted(format!("backward: {e}"))),
         },
     }

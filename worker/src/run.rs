@@ -15,16 +15,24 @@ use crate::measure::measure_performance;
 use crate::observe::Observers;
 use crate::pef;
 use crate::result::write_result;
+use crate::stop::StopRequest;
 use crate::train::{TrainOutcome, train};
 use rdu_crds::{RduJobSpec, RunMode};
 
-/// Runs one rank from the process environment and returns the exit code.
+/// Runs one rank from the process environment and returns the exit code; SIGTERM and SIGINT stop it
+/// (`stop`).
 pub fn run_from_process_env() -> i32 {
-    run(|k| std::env::var(k).ok())
+    run_stoppable(|k| std::env::var(k).ok(), &StopRequest::on_signals())
 }
 
-/// Runs one rank from `get`'s variables (working directory = the process's) and returns the exit code.
+/// Runs one rank from `get`'s variables (working directory = the process's) and returns the exit code. The
+/// process's signals are left alone (several ranks may share the process, as in tests).
 pub fn run(get: impl Fn(&str) -> Option<String>) -> i32 {
+    run_stoppable(get, &StopRequest::manual())
+}
+
+/// [`run`], stopped early by `stop` (the rank then exits 128 + the signal).
+pub fn run_stoppable(get: impl Fn(&str) -> Option<String>, stop: &StopRequest) -> i32 {
     let env = match WorkerEnv::from_vars(get) {
         Ok(env) => env,
         Err(e) => {
@@ -55,7 +63,11 @@ pub fn run(get: impl Fn(&str) -> Option<String>) -> i32 {
             return exit_code::RETRYABLE;
         }
     };
-    match runtime.block_on(run_rank(&env)) {
+    match runtime.block_on(run_rank_observed(
+        &env,
+        &mut Observers::for_rank(&env),
+        stop,
+    )) {
         Ok(outcome) => {
             tracing::info!(
                 final_loss = outcome.result.final_loss,
@@ -65,7 +77,11 @@ pub fn run(get: impl Fn(&str) -> Option<String>) -> i32 {
             exit_code::SUCCESS
         }
         Err(e) => {
-            tracing::error!(error = %e, exit_code = e.exit_code(), "rank failed");
+            if let WorkerError::Stopped { .. } = e {
+                tracing::warn!(reason = %e, exit_code = e.exit_code(), "rank stopped");
+            } else {
+                tracing::error!(error = %e, exit_code = e.exit_code(), "rank failed");
+            }
             // In a pod the reason goes to the termination message too, where the operator reads it into the job's
             // Failed condition (a successful rank 0 writes its result there instead).
             if env.result_path == Path::new(TERMINATION_LOG_PATH) {
@@ -78,39 +94,58 @@ pub fn run(get: impl Fn(&str) -> Option<String>) -> i32 {
 
 /// Data, rendezvous, training, result: the rank's pipeline, observed by what `env` asks for.
 pub async fn run_rank(env: &WorkerEnv) -> Result<TrainOutcome, WorkerError> {
-    run_rank_observed(env, &mut Observers::for_rank(env)).await
+    run_rank_observed(env, &mut Observers::for_rank(env), &StopRequest::manual()).await
 }
 
-/// [`run_rank`] with the given observers.
+/// [`run_rank`] with the given observers, stopped early by `stop`: at once while it joins the job, at the next
+/// step boundary while it trains, and with the collective in flight aborted (the peers are told, retryably).
 pub async fn run_rank_observed(
     env: &WorkerEnv,
     observers: &mut Observers,
+    stop: &StopRequest,
 ) -> Result<TrainOutcome, WorkerError> {
     let splits = data::load(&env.spec.data, &env.spec.model, Path::new("."))?;
     pef::check_job(&env.spec, &splits, env.world_size)?;
+    // Until here a signal's default action ends the rank; from here on it asks the rank to stop.
+    let _signals = stop.listen();
     let options = ConnectOptions {
         data_path: env.data_path,
         ..ConnectOptions::default()
     };
-    let comm = Communicator::connect_with(comm_config(env), options).await?;
+    let comm = tokio::select! {
+        comm = Communicator::connect_with(comm_config(env), options) => comm?,
+        signal = stop.wait() => return Err(WorkerError::Stopped { signal }),
+    };
     tracing::info!(
         world_size = env.world_size,
         generation = env.generation,
         peers = comm.peers().len(),
         "joined the job"
     );
-    let ran = match env.spec.mode {
-        RunMode::Train => train(env, &comm, &splits, observers).await,
-        RunMode::MeasurePerformance => measure_performance(env, &comm, &splits).await,
-        RunMode::Inference => infer(env, &comm, &splits).await,
+    let work = async {
+        let ran = match env.spec.mode {
+            RunMode::Train => train(env, &comm, &splits, observers, stop).await,
+            RunMode::MeasurePerformance => measure_performance(env, &comm, &splits).await,
+            RunMode::Inference => infer(env, &comm, &splits).await,
+        };
+        // Rank 0's throughput is the job's (status.result); a rank 0 below the minimum aborts the others.
+        let outcome = match env.rank {
+            0 => ran.and_then(|o| check_min_throughput(&env.spec, o))?,
+            _ => ran?,
+        };
+        if env.rank == 0 {
+            write_result(&env.result_path, &outcome.result)?;
+        }
+        if comm.world_size() > 1 {
+            comm.barrier().await?;
+        }
+        Ok(outcome)
     };
-    // Rank 0's throughput is the job's (status.result); a rank 0 below the minimum aborts the others.
-    let checked = match env.rank {
-        0 => ran.and_then(|o| check_min_throughput(&env.spec, o)),
-        _ => ran,
-    };
-    let outcome = match checked {
-        Ok(o) => o,
+    match stop.abort_on_stop(&comm, work).await {
+        Ok(outcome) => {
+            comm.shutdown().await;
+            Ok(outcome)
+        }
         Err(e) => {
             // A bad spec or bad data is every rank's: the peers fail permanently too, even one
             // that had not yet received what would have shown it the same failure.
@@ -119,17 +154,9 @@ pub async fn run_rank_observed(
             } else {
                 comm.abort(&e.to_string()).await;
             }
-            return Err(e);
+            Err(e)
         }
-    };
-    if env.rank == 0 {
-        write_result(&env.result_path, &outcome.result)?;
     }
-    if comm.world_size() > 1 {
-        comm.barrier().await?;
-    }
-    comm.shutdown().await;
-    Ok(outcome)
 }
 
 /// The outcome, unless its throughput is below `spec.training.minThroughput` (every rank computes the same job

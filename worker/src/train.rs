@@ -1,5 +1,7 @@
 //! The training loop of one rank: its shard of every epoch, forward/backward on its tiles, the
 //! gradient summed over all ranks, an optimizer step (which takes the mean); epoch logs, checkpoints, the final result.
+//! Training stops at a step boundary when asked (`stop`), and whatever ends it early leaves the parameters and
+//! optimizer of the last completed step for rank 0 to checkpoint (`checkpointing`).
 //!
 //! `training.lossOn` chooses where the logged loss is computed: `device` logs each rank's own shard
 //! loss and accuracy (what a rank sees on its RDU); `host` averages them over all ranks through the
@@ -13,7 +15,8 @@ use rdu_crds::{
 };
 
 use crate::buckets;
-use crate::checkpoint::{self, Checkpoint};
+use crate::checkpoint;
+use crate::checkpointing::Checkpointing;
 use crate::data::Splits;
 use crate::env::WorkerEnv;
 use crate::error::WorkerError;
@@ -22,6 +25,7 @@ use crate::observe::{EpochDone, Observers, StepDone};
 use crate::optim::Optimizer;
 use crate::overlap::{ReducePlan, StepBuffers, summed_gradient};
 use crate::sampler::DistributedSampler;
+use crate::stop::StopRequest;
 
 /// What a rank ends with.
 #[derive(Debug, Clone)]
@@ -84,12 +88,41 @@ pub(crate) async fn global_stats(
     })
 }
 
+/// How long training runs: steps per epoch, in all, and the epochs they span.
+#[derive(Debug, Clone, Copy)]
+struct Schedule {
+    batch: usize,
+    steps_per_epoch: u64,
+    total_steps: u64,
+    epochs: u64,
+}
+
+/// Where training stands between steps: what a checkpoint holds.
+struct TrainState {
+    /// The parameters (in `bufs.params`) and the step's other buffers.
+    bufs: StepBuffers,
+    optimizer: Optimizer,
+    /// Optimizer steps completed.
+    step: u64,
+}
+
+/// What the epochs leave for the result.
+struct Trained {
+    /// The last epoch's stats, summed over all ranks.
+    final_stats: BatchStats,
+    local_samples: u64,
+    train_seconds: f64,
+}
+
 /// Trains to the end, telling `observers` of every step and epoch, and returns the result every rank agrees on.
+/// A stop requested through `stop` ends training at the next step boundary. When training ends early for a
+/// retryable cause, rank 0 first checkpoints the last step it completed (`checkpointing`).
 pub async fn train(
     env: &WorkerEnv,
     comm: &Communicator,
     splits: &Splits,
     observers: &mut Observers,
+    stop: &StopRequest,
 ) -> Result<TrainOutcome, WorkerError> {
     let spec = &env.spec;
     let model = Mlp::for_job(&spec.model, splits);
@@ -118,7 +151,12 @@ pub async fn train(
         .training
         .steps
         .unwrap_or(u64::from(spec.training.epochs.unwrap_or(1)) * steps_per_epoch);
-    let epochs = total_steps.div_ceil(steps_per_epoch);
+    let schedule = Schedule {
+        batch,
+        steps_per_epoch,
+        total_steps,
+        epochs: total_steps.div_ceil(steps_per_epoch),
+    };
     let plan = reduce_plan(&spec.data_parallel, env.tiles);
     let mut params = model.init(spec.data.seed);
     let mut optimizer = Optimizer::new(
@@ -127,11 +165,7 @@ pub async fn train(
         spec.training.momentum,
         params.len(),
     );
-    let ckpt_policy = spec.checkpoint.as_ref().zip(env.checkpoint_dir.as_ref());
-    let found = match ckpt_policy {
-        Some((_, dir)) if env.rank == 0 => checkpoint::latest(dir, params.len()),
-        _ => None,
-    };
+    let (mut checkpointing, found) = Checkpointing::start(env, params.len())?;
     // Every rank joins the resume broadcast when the spec checkpoints, with or without a directory of its own:
     // on a cluster with a checkpoint claim only rank 0 gets one.
     let start_step = if spec.checkpoint.is_some() {
@@ -156,88 +190,43 @@ pub async fn train(
         "training starts"
     );
 
-    let mut grad = vec![0.0f32; params.len()];
-    let mut bufs = StepBuffers {
-        local_grad: vec![0.0f32; params.len()],
-        params,
-        x: Vec::with_capacity(batch * model.input_size()),
-        y: Vec::with_capacity(batch),
-        spare_buckets: Vec::new(),
+    let mut state = TrainState {
+        bufs: StepBuffers {
+            local_grad: vec![0.0f32; params.len()],
+            params,
+            x: Vec::with_capacity(batch * model.input_size()),
+            y: Vec::with_capacity(batch),
+            spare_buckets: Vec::new(),
+        },
+        optimizer,
+        step: start_step,
     };
-    let mut step = start_step;
-    let mut last_epoch = BatchStats::default();
-    let mut local_samples = 0u64;
-    let started = Instant::now();
-    for epoch in step / steps_per_epoch..epochs {
-        let epoch_started = Instant::now();
-        let indices = sampler.indices(epoch);
-        let skip = (step - epoch * steps_per_epoch) as usize;
-        let mut stats = BatchStats::default();
-        for chunk in indices.chunks(batch).skip(skip) {
-            if step >= total_steps {
-                break;
+    let steps = Steps {
+        env,
+        comm,
+        splits,
+        model: &model,
+        sampler: &sampler,
+        schedule,
+        plan,
+        start_step,
+        stop,
+    };
+    let trained = match steps
+        .run(&mut state, observers, checkpointing.as_mut())
+        .await
+    {
+        Ok(trained) => trained,
+        Err(e) => {
+            let e = stop.explain(e);
+            if let Some(c) = checkpointing.as_mut() {
+                c.after_failure(state.step, &state.bufs.params, &state.optimizer, &e);
             }
-            bufs.x.clear();
-            bufs.y.clear();
-            for &i in chunk {
-                bufs.x.extend_from_slice(splits.train.row(i));
-                bufs.y.push(splits.train.labels[i]);
-            }
-            let (back, batch_stats) = summed_gradient(comm, &model, bufs, plan, &mut grad).await?;
-            bufs = back;
-            stats.add(batch_stats);
-            optimizer.step(&mut bufs.params, &grad, env.world_size);
-            step += 1;
-            observers.step_done(&StepDone {
-                point: StepPoint {
-                    step,
-                    total_steps,
-                    start_step,
-                    epoch: epoch + 1,
-                    epochs,
-                    loss: batch_stats.mean_loss(),
-                    elapsed_seconds: started.elapsed().as_secs_f64(),
-                    samples: (local_samples + stats.samples) * u64::from(env.world_size),
-                },
-                batch: batch_stats,
-                learning_rate: spec.training.learning_rate,
-            });
-            if let Some((policy, dir)) = ckpt_policy
-                && env.rank == 0
-                && step % policy.interval_steps == 0
-            {
-                let ckpt = Checkpoint {
-                    step,
-                    params: bufs.params.clone(),
-                    optimizer_state: optimizer.state().into_iter().map(<[f32]>::to_vec).collect(),
-                };
-                let path = checkpoint::save(dir, &ckpt, policy.keep as usize)?;
-                tracing::debug!(step, path = %path.display(), "checkpoint written");
-            }
+            return Err(e);
         }
-        local_samples += stats.samples;
-        let logged = match spec.training.loss_on {
-            LossOn::Device => stats,
-            LossOn::Host => global_stats(comm, stats).await?,
-        };
-        let secs = epoch_started.elapsed().as_secs_f64();
-        observers.epoch_done(&EpochDone {
-            epoch: epoch + 1,
-            epochs,
-            step,
-            logged,
-            samples_per_second: stats.samples as f64 / secs.max(1e-9),
-        });
-        last_epoch = stats;
-    }
-    let train_seconds = started.elapsed().as_secs_f64();
-    let local_sps = local_samples as f64 / train_seconds.max(1e-9);
-    tracing::info!(
-        "inner train loop time : {train_seconds:.3} for {} epochs, number of global steps: {step}, e2e samples_per_sec: {local_sps:.1}",
-        epochs.saturating_sub(start_step / steps_per_epoch)
-    );
-    let params = bufs.params;
-    let final_stats = global_stats(comm, last_epoch).await?;
+    };
+    let step = state.step;
+    let params = state.bufs.params;
     let test = if splits.test.is_empty() {
         tracing::warn!(
             "no held-out samples (testFraction 0 and no test files): accuracy is on the training set"
@@ -253,11 +242,12 @@ pub async fn train(
         test_loss = format!("{:.4}", test.mean_loss()),
         "test"
     );
+    let local_sps = trained.local_samples as f64 / trained.train_seconds.max(1e-9);
     let result = JobResult {
-        final_loss: final_stats.mean_loss(),
+        final_loss: trained.final_stats.mean_loss(),
         test_accuracy: test.accuracy(),
         samples_per_second: local_sps * env.world_size as f64,
-        train_seconds,
+        train_seconds: trained.train_seconds,
         global_steps: step,
         ..Default::default()
     };
@@ -266,6 +256,114 @@ pub async fn train(
         result,
         checksum: sum,
     })
+}
+
+/// The step loop's fixed inputs.
+struct Steps<'a> {
+    env: &'a WorkerEnv,
+    comm: &'a Communicator,
+    splits: &'a Splits,
+    model: &'a Mlp,
+    sampler: &'a DistributedSampler,
+    schedule: Schedule,
+    plan: ReducePlan,
+    start_step: u64,
+    stop: &'a StopRequest,
+}
+
+impl Steps<'_> {
+    /// Every remaining step of every remaining epoch, then the last epoch's stats over all ranks. `state` is at
+    /// a step boundary whenever this returns, an error included.
+    async fn run(
+        &self,
+        state: &mut TrainState,
+        observers: &mut Observers,
+        mut checkpointing: Option<&mut Checkpointing>,
+    ) -> Result<Trained, WorkerError> {
+        let Schedule {
+            batch,
+            steps_per_epoch,
+            total_steps,
+            epochs,
+        } = self.schedule;
+        let (env, splits) = (self.env, self.splits);
+        let mut grad = vec![0.0f32; state.bufs.params.len()];
+        let mut last_epoch = BatchStats::default();
+        let mut local_samples = 0u64;
+        let started = Instant::now();
+        for epoch in state.step / steps_per_epoch..epochs {
+            let epoch_started = Instant::now();
+            let indices = self.sampler.indices(epoch);
+            let skip = (state.step - epoch * steps_per_epoch) as usize;
+            let mut stats = BatchStats::default();
+            for chunk in indices.chunks(batch).skip(skip) {
+                if state.step >= total_steps {
+                    break;
+                }
+                if let Some(signal) = self.stop.requested() {
+                    return Err(WorkerError::Stopped { signal });
+                }
+                let bufs = &mut state.bufs;
+                bufs.x.clear();
+                bufs.y.clear();
+                for &i in chunk {
+                    bufs.x.extend_from_slice(splits.train.row(i));
+                    bufs.y.push(splits.train.labels[i]);
+                }
+                let batch_stats =
+                    summed_gradient(self.comm, self.model, bufs, self.plan, &mut grad).await?;
+                stats.add(batch_stats);
+                state
+                    .optimizer
+                    .step(&mut state.bufs.params, &grad, env.world_size);
+                state.step += 1;
+                observers.step_done(&StepDone {
+                    point: StepPoint {
+                        step: state.step,
+                        total_steps,
+                        start_step: self.start_step,
+                        epoch: epoch + 1,
+                        epochs,
+                        loss: batch_stats.mean_loss(),
+                        elapsed_seconds: started.elapsed().as_secs_f64(),
+                        samples: (local_samples + stats.samples) * u64::from(env.world_size),
+                    },
+                    batch: batch_stats,
+                    learning_rate: env.spec.training.learning_rate,
+                });
+                if let Some(c) = checkpointing.as_deref_mut() {
+                    c.after_step(state.step, &state.bufs.params, &state.optimizer)?;
+                }
+            }
+            local_samples += stats.samples;
+            let logged = match env.spec.training.loss_on {
+                LossOn::Device => stats,
+                LossOn::Host => global_stats(self.comm, stats).await?,
+            };
+            let secs = epoch_started.elapsed().as_secs_f64();
+            observers.epoch_done(&EpochDone {
+                epoch: epoch + 1,
+                epochs,
+                step: state.step,
+                logged,
+                samples_per_second: stats.samples as f64 / secs.max(1e-9),
+            });
+            last_epoch = stats;
+        }
+        let train_seconds = started.elapsed().as_secs_f64();
+        tracing::info!(
+            "inner train loop time : {train_seconds:.3} for {} epochs, number of global steps: {}, e2e samples_per_sec: {:.1}",
+            epochs.saturating_sub(self.start_step / steps_per_epoch),
+            state.step,
+            local_samples as f64 / train_seconds.max(1e-9)
+        );
+        let final_stats = global_stats(self.comm, last_epoch).await?;
+        Ok(Trained {
+            final_stats,
+            local_samples,
+            train_seconds,
+        })
+    }
 }
 
 #[cfg(test)]

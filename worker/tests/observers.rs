@@ -71,6 +71,7 @@ fn observers_hear_every_step_epoch_and_the_end() {
         .block_on(rdu_worker::run::run_rank_observed(
             &worker_env,
             &mut observers,
+            &rdu_worker::stop::StopRequest::manual(),
         ))
         .unwrap();
 

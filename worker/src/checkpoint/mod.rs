@@ -1,0 +1,145 @@
+//! Checkpoints: rank 0 writes parameters, optimizer state and the global step, durably and atomically, keeps
+//! the newest N of its lineage, and on start shares the one it resumes from with every rank.
+//!
+//! The directory is fenced by generation (DESIGN 5, "Fencing"): a rank 0 of an older generation still alive
+//! (a partitioned node, a pod not yet killed) never gets a checkpoint accepted once a newer generation
+//! started, and a newer generation never resumes from one. `format` is the bytes and names, `files` the
+//! untrusted directory, `fence` the decisions, `store` the two operations (fence at start, save).
+
+mod fence;
+mod files;
+mod format;
+mod store;
+
+use std::path::Path;
+use std::time::Duration;
+
+use rdu_collective::Communicator;
+use rdu_crds::consts::exit_code;
+
+pub use fence::{FENCE_FILE, Fence};
+pub use files::LOCK_FILE;
+pub use format::{Checkpoint, Snapshot, Writer, file_name};
+pub use store::{CheckpointStore, read_lineage};
+
+use crate::error::WorkerError;
+use crate::model::checksum;
+use crate::optim::Optimizer;
+
+/// Everything reading, writing or fencing checkpoints fails with.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// A newer generation of this job fenced the directory: this rank 0 is stale (a partitioned node, a pod
+    /// not yet killed), and the job has moved on without it.
+    #[error(
+        "generation {fence} of this job fenced the checkpoint directory {dir}: this rank 0 of generation {mine} is stale"
+    )]
+    Superseded { dir: String, mine: u64, fence: u64 },
+    /// Another job (another UID) started in the directory since this one did.
+    #[error(
+        "the checkpoint directory {dir} is now used by job uid {by} (generation {generation}): two jobs share it; give each job its own checkpoint directory"
+    )]
+    TakenOver {
+        dir: String,
+        by: String,
+        generation: u64,
+    },
+    /// Another process held the directory's lock longer than the job's timeout.
+    #[error("cannot lock {path} within {waited:?}: another process holds it")]
+    LockTimeout {
+        path: std::path::PathBuf,
+        waited: Duration,
+    },
+    /// The fence file is not one (it may name a newer generation, so nothing is written past it).
+    #[error(
+        "{path} is not a checkpoint fence ({reason}): delete it to resume from the newest checkpoint"
+    )]
+    BadFence { path: String, reason: String },
+    #[error("cannot {action} {path}: {source}")]
+    Io {
+        action: &'static str,
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl CheckpointError {
+    fn io(action: &'static str, path: &Path, source: std::io::Error) -> Self {
+        CheckpointError::Io {
+            action,
+            path: path.display().to_string(),
+            source,
+        }
+    }
+
+    /// The rank's exit code: a stale rank 0 or a lock held too long is retryable (75), two jobs sharing a
+    /// directory a config error (64), a file that cannot be read or written an I/O error (74).
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            CheckpointError::Superseded { .. } | CheckpointError::LockTimeout { .. } => {
+                exit_code::RETRYABLE
+            }
+            CheckpointError::TakenOver { .. } => exit_code::BAD_CONFIG,
+            CheckpointError::BadFence { .. } | CheckpointError::Io { .. } => exit_code::IO_ERROR,
+        }
+    }
+}
+
+/// The checkpoint rank 0 chose (`found`: its lineage's newest intact one, if any) copied into every rank's
+/// parameters and optimizer; returns the global step to resume from (0 without a checkpoint).
+pub async fn resume(
+    comm: &Communicator,
+    found: Option<Checkpoint>,
+    params: &mut [f32],
+    optimizer: &mut Optimizer,
+) -> Result<u64, WorkerError> {
+    // The step in 16-bit pieces: f32 holds them exactly.
+    let mut header = [0.0f32; 4];
+    if let Some(c) = &found {
+        header[0] = 1.0;
+        for (i, h) in header[1..].iter_mut().enumerate() {
+            *h = ((c.step >> (16 * i)) & 0xffff) as f32;
+        }
+    }
+    if comm.world_size() > 1 {
+        comm.broadcast(&mut header, 0).await?;
+    }
+    if header[0] != 1.0 {
+        return Ok(0);
+    }
+    let step = header[1..]
+        .iter()
+        .enumerate()
+        .fold(0u64, |acc, (i, &h)| acc | ((h as u64) << (16 * i)));
+    let state_lens: Vec<usize> = optimizer.state().iter().map(|s| s.len()).collect();
+    let mut state: Vec<Vec<f32>> = state_lens.iter().map(|&n| vec![0.0; n]).collect();
+    if let Some(c) = found {
+        params.copy_from_slice(&c.params);
+        if c.optimizer_state.len() == state.len()
+            && c.optimizer_state
+                .iter()
+                .zip(&state)
+                .all(|(a, b)| a.len() == b.len())
+        {
+            state = c.optimizer_state;
+        } else {
+            tracing::warn!(
+                "checkpoint's optimizer state does not fit; optimizer restarts from zero"
+            );
+        }
+    }
+    if comm.world_size() > 1 {
+        comm.broadcast(params, 0).await?;
+        for s in state.iter_mut() {
+            comm.broadcast(s, 0).await?;
+        }
+    }
+    optimizer.restore(&state, step);
+    tracing::info!(
+        step,
+        checksum = format!("{:016x}", checksum(params)),
+        "resumed from checkpoint"
+    );
+    Ok(step)
+}

@@ -1,0 +1,180 @@
+//! Rank 0's checkpoints while training: the directory fenced for this generation at the start, a checkpoint
+//! every `intervalSteps`, and one more when training stops early for a retryable cause (a SIGTERM, a peer's
+//! abort, a lost peer, a collective timeout), so that the next generation loses no step the gang finished.
+
+use std::time::Duration;
+
+use rdu_crds::consts::exit_code;
+
+use crate::checkpoint::{Checkpoint, CheckpointStore, Snapshot, Writer};
+use crate::env::WorkerEnv;
+use crate::error::WorkerError;
+use crate::optim::Optimizer;
+
+/// Rank 0's checkpoint policy and its fenced store.
+#[derive(Debug)]
+pub struct Checkpointing {
+    store: CheckpointStore,
+    interval_steps: u64,
+    /// The newest step on disk (or resumed from): a save of it again would add nothing.
+    saved_step: u64,
+}
+
+impl Checkpointing {
+    /// For rank 0 of a job that checkpoints into a directory: fences it for this generation and returns the
+    /// policy with the checkpoint to resume from (of `params` parameters). Other ranks get neither.
+    pub fn start(
+        env: &WorkerEnv,
+        params: usize,
+    ) -> Result<(Option<Checkpointing>, Option<Checkpoint>), WorkerError> {
+        let (Some(policy), Some(dir), 0) = (&env.spec.checkpoint, &env.checkpoint_dir, env.rank)
+        else {
+            return Ok((None, None));
+        };
+        let me = Writer {
+            job_uid: env.job_uid.clone(),
+            generation: env.generation,
+        };
+        // A lock is held for a rename or a fence: waiting as long as a collective may is plenty.
+        let lock_wait = Duration::from_secs(u64::from(env.spec.data_parallel.timeout_seconds));
+        let (store, found) =
+            CheckpointStore::fence(dir, me, policy.keep as usize, params, lock_wait)?;
+        let checkpointing = Checkpointing {
+            store,
+            interval_steps: policy.interval_steps.max(1),
+            saved_step: found.as_ref().map_or(0, |c| c.step),
+        };
+        Ok((Some(checkpointing), found))
+    }
+
+    /// After optimizer step `step`: a checkpoint when one is due.
+    pub fn after_step(
+        &mut self,
+        step: u64,
+        params: &[f32],
+        optimizer: &Optimizer,
+    ) -> Result<(), WorkerError> {
+        if step.is_multiple_of(self.interval_steps) {
+            let path = self.save(step, params, optimizer)?;
+            tracing::debug!(step, path = %path.display(), "checkpoint written");
+        }
+        Ok(())
+    }
+
+    /// Training stopped at step `step` with `error`: when its cause is retryable (the gang will go on as a new
+    /// generation) and the step is newer than the last checkpoint, saves it. `params` and `optimizer` are those
+    /// after step `step`, the last one this rank completed: its all-reduce held every rank's gradient, so every
+    /// rank that applied it holds the same bits.
+    pub fn after_failure(
+        &mut self,
+        step: u64,
+        params: &[f32],
+        optimizer: &Optimizer,
+        error: &WorkerError,
+    ) {
+        if !saves_progress(error) || step <= self.saved_step {
+            return;
+        }
+        if optimizer
+            .state()
+            .first()
+            .is_some_and(|s| s.len() != params.len())
+        {
+            tracing::warn!(
+                step,
+                "the parameters did not survive the failure: no checkpoint"
+            );
+            return;
+        }
+        match self.save(step, params, optimizer) {
+            Ok(path) => tracing::info!(
+                step,
+                path = %path.display(),
+                cause = %error,
+                "checkpoint of the last completed step saved on the way out"
+            ),
+            Err(e) => tracing::warn!(step, error = %e, "cannot save a checkpoint on the way out"),
+        }
+    }
+
+    fn save(
+        &mut self,
+        step: u64,
+        params: &[f32],
+        optimizer: &Optimizer,
+    ) -> Result<std::path::PathBuf, WorkerError> {
+        let snapshot = Snapshot {
+            step,
+            params,
+            optimizer_state: optimizer.state(),
+        };
+        let path = self.store.save(&snapshot)?;
+        self.saved_step = step;
+        Ok(path)
+    }
+}
+
+/// Whether training that ended with `error` is worth a checkpoint: a new generation will carry on (a signal,
+/// or a retryable failure), and the failure was not the checkpoint directory's own.
+fn saves_progress(error: &WorkerError) -> bool {
+    match error {
+        WorkerError::Stopped { .. } => true,
+        WorkerError::Checkpoint(_) => false,
+        other => other.exit_code() == exit_code::RETRYABLE,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdu_collective::CollectiveError;
+
+    #[test]
+    fn only_a_retryable_stop_is_worth_a_checkpoint() {
+        let table: [(WorkerError, bool); 7] = [
+            (WorkerError::Stopped { signal: 15 }, true),
+            (
+                WorkerError::Collective(CollectiveError::AbortedByPeer {
+                    by_rank: 1,
+                    reason: "stopped".into(),
+                    permanent: false,
+                }),
+                true,
+            ),
+            (
+                WorkerError::Collective(CollectiveError::Timeout {
+                    op: "all_reduce",
+                    after: Duration::from_secs(1),
+                }),
+                true,
+            ),
+            (
+                WorkerError::Collective(CollectiveError::PeerLost {
+                    rank: 2,
+                    reason: "reset".into(),
+                }),
+                true,
+            ),
+            (
+                WorkerError::Collective(CollectiveError::AbortedByPeer {
+                    by_rank: 1,
+                    reason: "bad data".into(),
+                    permanent: true,
+                }),
+                false,
+            ),
+            (WorkerError::config("spec.data", "x"), false),
+            (
+                WorkerError::Checkpoint(crate::checkpoint::CheckpointError::Superseded {
+                    dir: "d".into(),
+                    mine: 0,
+                    fence: 1,
+                }),
+                false,
+            ),
+        ];
+        for (error, expected) in table {
+            assert_eq!(saves_progress(&error), expected, "{error}");
+        }
+    }
+}
