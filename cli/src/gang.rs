@@ -1,6 +1,7 @@
 //! Runs one generation of the gang: one process per rank (a re-exec of this binary's hidden
 //! `worker` subcommand), their output merged line by line onto stderr with `[rank N] ` prefixes,
-//! Ctrl-C/SIGTERM forwarded, and every rank's exit collected in the order they ended.
+//! Ctrl-C/SIGTERM forwarded (a rank stops at its next step boundary and rank 0 checkpoints; one still running
+//! after `stop_grace` is killed), and every rank's exit collected in the order they ended.
 
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};

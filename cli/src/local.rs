@@ -28,7 +28,10 @@ const TILES_PER_RDU: u32 = 4;
 const MIN_RDUS: u32 = 8;
 /// Grace after the first failed rank for the others to notice and exit on their own.
 const FAILURE_GRACE_EXTRA: Duration = Duration::from_secs(5);
-/// Grace after a forwarded Ctrl-C/SIGTERM before the ranks are killed.
+/// Grace after a forwarded Ctrl-C/SIGTERM before the ranks are killed. A rank stops at its next step boundary
+/// (a collective in flight is aborted) and rank 0 saves a checkpoint of its last step: milliseconds for the
+/// examples (SIGTERM to the rank's exit took 4 ms in `local_stop`'s job), seconds for a step or a model far
+/// larger than theirs.
 const STOP_GRACE: Duration = Duration::from_secs(10);
 /// What the command line adds to the job file.
 #[derive(Debug, Default)]
@@ -58,6 +61,7 @@ pub async fn run(path: &Path, options: RunOptions) -> Result<i32, CliError> {
             what: "creating a scratch directory".into(),
             reason: e.to_string(),
         })?;
+    let kept_checkpoints = options.checkpoint_dir.is_some();
     let checkpoint_dir = match (&job.spec.checkpoint, options.checkpoint_dir) {
         (None, _) => None,
         (Some(_), Some(dir)) => {
@@ -132,6 +136,18 @@ pub async fn run(path: &Path, options: RunOptions) -> Result<i32, CliError> {
         node.release(&device_ids);
         if let Some(sig) = outcome.interrupted {
             console.note(&format!("stopped by signal {sig}"));
+            if let Some(dir) = &checkpoint_dir {
+                console.note(&if kept_checkpoints {
+                    format!(
+                        "checkpoints are in {}: the same command resumes from the last one",
+                        dir.display()
+                    )
+                } else {
+                    "the checkpoints went with the scratch directory: with --checkpoint-dir DIR a stopped run \
+                     resumes where it stopped"
+                        .to_string()
+                });
+            }
             return Ok(128 + sig);
         }
         if outcome.deadline_exceeded {
