@@ -124,6 +124,29 @@ pub fn stage(
     Ok(tmp)
 }
 
+/// Deletes files staged in `dir` and never renamed (a writer that crashed, or one whose write was refused
+/// and that died before deleting its file). Call under the exclusive lock: no legitimate writer stages then
+/// (whoever does is of an older generation, and its write would be refused anyway).
+pub fn remove_staged(dir: &Path, prefix: &str) -> Result<(), CheckpointError> {
+    let entries = std::fs::read_dir(dir).map_err(|e| CheckpointError::io("list", dir, e))?;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let staged = name.starts_with(&format!(".{prefix}")) && name.ends_with(".tmp");
+        if staged && entry.file_type().is_ok_and(|t| t.is_file()) {
+            match std::fs::remove_file(entry.path()) {
+                Ok(()) => {
+                    tracing::info!(name, "deleted a checkpoint file that was never completed")
+                }
+                Err(e) => {
+                    tracing::warn!(name, error = %e, "cannot delete a staged checkpoint file")
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Renames the staged file to `dir/name` and flushes the directory, so that the new name survives a crash.
 pub fn commit(
     dir: &Path,

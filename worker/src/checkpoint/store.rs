@@ -68,6 +68,7 @@ impl CheckpointStore {
                 "the checkpoint directory was another job's: this job takes it over and resumes its lineage"
             ),
         }
+        files::remove_staged(dir, "ckpt-")?;
         let chosen = choose(dir, found.as_ref(), params)?;
         fence::write(
             dir,
