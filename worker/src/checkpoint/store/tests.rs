@@ -39,6 +39,13 @@ fn on_disk(dir: &Path) -> Vec<(u64, u64)> {
     listed
 }
 
+/// A checkpoint of generation 0 at `step`, put in place by hand as a writer that knows no fence would.
+fn write_past_the_fence(dir: &Path, step: u64) {
+    let stray = sample(step, "uid-a", 0);
+    let bytes = format::encode(&stray.writer, &stray.snapshot());
+    std::fs::write(dir.join(file_name(step, 0)), bytes).unwrap();
+}
+
 fn fence_of(dir: &Path) -> Fence {
     fence::read(dir).unwrap().expect("a fence")
 }
@@ -146,12 +153,7 @@ fn a_newer_file_outside_the_lineage_is_never_resumed_from() {
     let (_gen1, found) = start(dir.path(), "uid-a", 1, 5);
     assert_eq!(found, Some(10));
     // A file of generation 0 at a later step appears (written by a writer that knows no fence).
-    let stray = sample(99, "uid-a", 0);
-    std::fs::write(
-        dir.path().join(file_name(99, 0)),
-        format::encode(&stray.writer, &stray.snapshot()),
-    )
-    .unwrap();
+    write_past_the_fence(dir.path(), 99);
     // Generation 2: generation 1 wrote nothing, so what generation 1 resumed from.
     let (_, found) = start(dir.path(), "uid-a", 2, 5);
     assert_eq!(found, Some(10));
@@ -177,12 +179,7 @@ fn a_damaged_newest_checkpoint_falls_back_within_the_lineage() {
     assert_eq!(found, Some(10));
     // Nothing intact left in the lineage: step 0, never a stray file of a later step.
     std::fs::remove_file(dir.path().join(file_name(10, 0))).unwrap();
-    let stray = sample(99, "uid-a", 0);
-    std::fs::write(
-        dir.path().join(file_name(99, 0)),
-        format::encode(&stray.writer, &stray.snapshot()),
-    )
-    .unwrap();
+    write_past_the_fence(dir.path(), 99);
     let (_, found) = start(dir.path(), "uid-a", 4, 5);
     assert_eq!(found, None);
 }
@@ -219,12 +216,7 @@ fn pruning_keeps_the_newest_of_the_lineage_only() {
     let (gen1, found) = start(dir.path(), "uid-a", 1, 2);
     assert_eq!(found, Some(30));
     // A later file of generation 0 that generation 1 did not resume from: outside its lineage.
-    let stray = sample(35, "uid-a", 0);
-    std::fs::write(
-        dir.path().join(file_name(35, 0)),
-        format::encode(&stray.writer, &stray.snapshot()),
-    )
-    .unwrap();
+    write_past_the_fence(dir.path(), 35);
     save(&gen1, 40).unwrap();
     assert_eq!(on_disk(dir.path()), [(30, 0), (35, 0), (40, 1)]);
     save(&gen1, 50).unwrap();
