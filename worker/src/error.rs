@@ -18,7 +18,7 @@ pub enum WorkerError {
     /// Rendezvous or a collective failed.
     #[error("collective failed: {0}")]
     Collective(#[from] CollectiveError),
-    /// The result or a checkpoint could not be written.
+    /// The result or a PEF could not be written.
     #[error("cannot write {path}: {reason}")]
     Write { path: String, reason: String },
     /// The run was slower than `spec.training.minThroughput` (the seeds' `--min-throughput`): permanent.
