@@ -11,6 +11,7 @@ pub mod cluster;
 pub mod control_plane;
 pub mod image;
 pub mod kubeconfig;
+pub mod logs;
 pub mod metrics;
 pub mod node;
 pub mod pki;

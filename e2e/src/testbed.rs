@@ -328,6 +328,37 @@ impl Testbed {
         .await;
     }
 
+    /// Waits until node `name` posted a Ready heartbeat after `after` (its kubelet is the one started since).
+    pub async fn wait_ready_heartbeat_after(
+        &self,
+        name: &str,
+        after: std::time::SystemTime,
+        timeout: Duration,
+    ) {
+        self.wait(
+            &format!("a Ready heartbeat of {name} newer than {after:?}"),
+            timeout,
+            async || {
+                let node = self.node_object(name).await?;
+                let heartbeat = node["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|c| c["type"] == "Ready" && c["status"] == "True")
+                    .and_then(|c| c["lastHeartbeatTime"].as_str())
+                    .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+                    .map(std::time::SystemTime::from)
+                    .ok_or("no Ready heartbeat")?;
+                if heartbeat > after {
+                    Ok(())
+                } else {
+                    Err(format!("last Ready heartbeat {heartbeat:?}"))
+                }
+            },
+        )
+        .await;
+    }
+
     /// The pods of `namespace` matching `selector`.
     pub async fn pods(&self, namespace: &str, selector: &str) -> Result<Vec<Pod>, String> {
         Api::<Pod>::namespaced(self.client.clone(), namespace)

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::Api;
 use kube::api::{ListParams, LogParams};
+use rdu_e2e::logs::field_of;
 use rdu_e2e::testbed::{self, SYSTEM_NAMESPACE, Testbed, TestbedSpec};
 use rdu_e2e::{poll_until, workspace_root};
 use serde_json::{Value, json};
@@ -283,16 +284,13 @@ impl Cluster {
             .as_u64()
             .expect("intervalSteps");
         let rank0 = format!("{name}-worker-0");
-        self.wait("two checkpoints' worth of steps", LONG, async || {
-            let log = self.logs_in("default", &rank0).await?;
-            let steps = log
-                .lines()
-                .filter_map(|l| field_of(l, "global_steps"))
-                .filter_map(|s| s.parse::<u64>().ok())
-                .max();
-            match steps {
-                Some(s) if s >= 2 * interval => Ok(()),
-                other => Err(format!("global steps {other:?}")),
+        // Two checkpoints in the claim's directory (the files themselves, not a log line about them).
+        self.wait("two checkpoints on the claim", LONG, async || {
+            let files = checkpoint_files(&pv_dir);
+            if files.len() >= 2 {
+                Ok(())
+            } else {
+                Err(format!("checkpoint files {files:?}"))
             }
         })
         .await;
@@ -409,9 +407,12 @@ impl Cluster {
             .and_then(|l| field_of(l, "step"))
             .and_then(|s| s.parse::<u64>().ok())
             .unwrap_or_else(|| panic!("generation 1 did not resume from a checkpoint:\n{log}"));
-        assert!(
-            resumed >= 2 * interval && resumed % interval == 0,
-            "resumed from step {resumed}"
+        // Rank 0 saves the last step the gang completed when it loses a peer, so the resume step is at least the
+        // second periodic checkpoint's, not necessarily a multiple of the interval.
+        assert!(resumed >= 2 * interval, "resumed from step {resumed}");
+        assert_eq!(
+            restarts, 1,
+            "the gang restarted {restarts} times; the test killed one rank once"
         );
         let steps = job["status"]["result"]["globalSteps"]
             .as_u64()
@@ -505,10 +506,15 @@ impl Cluster {
         };
         let before = registrations(self).await.expect("the plugin's log");
         let restarted = Instant::now();
+        let restarted_at = std::time::SystemTime::now();
         self.bed
             .node_mut(1)
             .restart_kubelet()
             .expect("restart the kubelet");
+        // The allocatable read below must be the new kubelet's, not the one from before the restart.
+        self.bed
+            .wait_ready_heartbeat_after(&self.node_name(), restarted_at, SHORT)
+            .await;
         self.wait("the device plugin to register again", SHORT, async || {
             let now = registrations(self).await?;
             if now > before {
@@ -586,28 +592,22 @@ fn static_volume(dir: &Path) -> String {
     )
 }
 
+/// The checkpoint files in `dir` (`ckpt-*.bin`).
+fn checkpoint_files(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("ckpt-") && n.ends_with(".bin"))
+        .collect();
+    names.sort();
+    names
+}
+
 fn set_mode(path: &Path, mode: u32) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
-}
-
-/// `key=value` from a tracing line (the value up to the next space or `}`).
-fn field_of(text: &str, key: &str) -> Option<String> {
-    let needle = format!("{key}=");
-    text.match_indices(&needle)
-        .filter(|(i, _)| {
-            *i == 0
-                || !text.as_bytes()[i - 1].is_ascii_alphanumeric() && text.as_bytes()[i - 1] != b'_'
-        })
-        .last()
-        .map(|(i, _)| {
-            text[i + needle.len()..]
-                .split(|c: char| c.is_whitespace() || c == '}' || c == ',')
-                .next()
-                .unwrap_or_default()
-                .trim_matches('"')
-                .to_string()
-        })
 }
 
 fn parse_mask(text: &str) -> u128 {
@@ -629,12 +629,7 @@ fn mask_of(tiles: &[String]) -> u128 {
 }
 
 #[test]
-fn fields_are_read_from_tracing_lines() {
-    let line = "2026-11-23T21:00:00Z  INFO worker{rank=3 job=digits generation=0}: rdu_worker::train: training starts total_steps=660 tile_affinity=0x8 samples_per_rank=359";
-    assert_eq!(field_of(line, "rank").as_deref(), Some("3"));
-    assert_eq!(field_of(line, "total_steps").as_deref(), Some("660"));
-    assert_eq!(field_of(line, "tile_affinity").as_deref(), Some("0x8"));
-    assert_eq!(field_of(line, "steps"), None);
+fn tile_masks_are_read_and_made() {
     assert_eq!(mask_of(&["rdu0-tile3".into()]), 0x8);
     assert_eq!(parse_mask("0x0000000a"), 0xa);
 }
