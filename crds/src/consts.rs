@@ -20,6 +20,16 @@ pub const LABEL_GENERATION: &str = "rdu.dev/generation";
 /// copies it into `status.ranks[].tiles`.
 pub const TILES_ANNOTATION: &str = "rdu.dev/tiles";
 
+/// The largest world size the RduJob API accepts (`spec.workers`, the CRD's schema maximum and a CEL rule). An
+/// operator may refuse smaller jobs (its `--max-workers-per-job`); none may go past this.
+pub const MAX_WORKERS: u32 = 4096;
+/// What the CRD and `validate_spec` say about a job above [`MAX_WORKERS`] (Rust adds the value it got).
+pub const MAX_WORKERS_MESSAGE: &str =
+    "spec.workers must be at most 4096, the largest world size an RduJob may have: lower it";
+
+/// Name of the worker container in every rank's pod (a template container of that name is merged into it).
+pub const WORKER_CONTAINER: &str = "worker";
+
 /// Port of the rendezvous served by rank 0.
 pub const MASTER_PORT: u16 = 29500;
 /// Port of each rank's collective (all-reduce) server.
@@ -139,5 +149,10 @@ mod tests {
         assert_eq!(token_secret_name("mnist"), "mnist-token");
         assert_eq!(checkpoint_claim_name("mnist"), "mnist-checkpoints");
         assert_eq!(master_addr("mnist", "ml"), "mnist-worker-0.mnist.ml.svc");
+    }
+
+    #[test]
+    fn the_ceiling_message_names_the_ceiling() {
+        assert!(MAX_WORKERS_MESSAGE.contains(&format!("at most {MAX_WORKERS},")));
     }
 }

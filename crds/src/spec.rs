@@ -29,8 +29,10 @@ use crate::status::RduJobStatus;
 #[x_kube(validation = Rule::new("!has(self.mode) || self.mode != 'inference' || has(self.checkpoint)").message("spec.mode inference loads the newest checkpoint: set spec.checkpoint to the storage a training run of this job wrote"))]
 #[serde(rename_all = "camelCase")]
 pub struct RduJobSpec {
-    /// World size: the number of ranks, one pod each.
+    /// World size: the number of ranks, one pod each (1 to 4096).
     #[x_kube(validation = Rule::new("self >= 1").message("spec.workers must be at least 1"))]
+    #[x_kube(validation = Rule::new("self <= 4096").message(crate::consts::MAX_WORKERS_MESSAGE))]
+    #[schemars(range(max = crate::consts::MAX_WORKERS))]
     pub workers: u32,
     /// RDU tiles per rank: 1, 2, 4 or 8.
     #[serde(default = "default_tiles_per_worker")]

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::{DataSource, RduJobSpec};
+use crate::{DataSource, RduJobSpec, consts};
 
 mod job;
 pub use job::validate_job;
@@ -67,6 +67,9 @@ pub fn validate_spec(spec: &RduJobSpec) -> Result<(), Vec<FieldError>> {
 fn check_world(c: &mut Checks, spec: &RduJobSpec) {
     c.check(spec.workers >= 1, "spec.workers", || {
         format!("spec.workers must be at least 1 (got {})", spec.workers)
+    });
+    c.check(spec.workers <= consts::MAX_WORKERS, "spec.workers", || {
+        format!("{} (got {})", consts::MAX_WORKERS_MESSAGE, spec.workers)
     });
     c.check(
         [1, 2, 4, 8].contains(&spec.tiles_per_worker),
@@ -316,10 +319,29 @@ spec:
     }
 
     #[test]
+    fn the_world_size_ceiling_is_inclusive_and_says_what_the_crd_says() {
+        let mut spec = minimal();
+        spec.workers = consts::MAX_WORKERS;
+        assert_eq!(validate_spec(&spec), Ok(()));
+        spec.workers = consts::MAX_WORKERS + 1;
+        let errors = validate_spec(&spec).expect_err("above the ceiling");
+        assert_eq!(
+            errors,
+            vec![FieldError::new(
+                "spec.workers",
+                format!("{} (got 4097)", consts::MAX_WORKERS_MESSAGE)
+            )]
+        );
+        spec.workers = u32::MAX;
+        assert_eq!(validate_spec(&spec).map_err(|e| e.len()), Err(1));
+    }
+
+    #[test]
     fn each_rule_names_its_field() {
         type Breaker = fn(&mut RduJobSpec);
         let cases: Vec<(Breaker, &str)> = vec![
             (|s| s.workers = 0, "spec.workers"),
+            (|s| s.workers = consts::MAX_WORKERS + 1, "spec.workers"),
             (|s| s.tiles_per_worker = 3, "spec.tilesPerWorker"),
             (
                 |s| s.training.min_throughput = Some(0.0),

@@ -27,3 +27,23 @@ fn crd_carries_cel_rules_with_field_names() {
         assert!(yaml.contains(field), "no CEL message names {field}");
     }
 }
+
+#[test]
+fn the_world_size_has_a_schema_maximum_and_a_cel_rule_with_rusts_message() {
+    let crd: serde_json::Value =
+        serde_json::to_value(<rdu_crds::RduJob as kube::CustomResourceExt>::crd()).expect("json");
+    let workers = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+        ["properties"]["workers"];
+    assert_eq!(
+        workers["maximum"].as_f64(),
+        Some(f64::from(rdu_crds::consts::MAX_WORKERS))
+    );
+    let rules = workers["x-kubernetes-validations"]
+        .as_array()
+        .expect("CEL rules");
+    assert!(
+        rules.iter().any(|r| r["rule"] == "self <= 4096"
+            && r["message"] == rdu_crds::consts::MAX_WORKERS_MESSAGE),
+        "{rules:?}"
+    );
+}
