@@ -32,8 +32,8 @@ fn crd_carries_cel_rules_with_field_names() {
 fn the_world_size_has_a_schema_maximum_and_a_cel_rule_with_rusts_message() {
     let crd: serde_json::Value =
         serde_json::to_value(<rdu_crds::RduJob as kube::CustomResourceExt>::crd()).expect("json");
-    let workers = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-        ["properties"]["workers"];
+    let workers = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+        ["workers"];
     assert_eq!(
         workers["maximum"].as_f64(),
         Some(f64::from(rdu_crds::consts::MAX_WORKERS))

@@ -466,7 +466,8 @@ async fn bench_apply_to_pods_256() {
         .await
         .expect("job");
     let direct: Api<Pod> = Api::namespaced(admin, "baseline");
-    let template = rdu_operator::validate(&template).expect("valid job");
+    let template =
+        rdu_operator::validate(&template, &rdu_operator::Limits::default()).expect("valid job");
     let built: Vec<Pod> = (0..256)
         .map(|rank| {
             let mut pod = rdu_operator::builders::worker_pod(&template, rank, 0);

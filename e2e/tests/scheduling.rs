@@ -83,7 +83,7 @@ async fn the_scheduler_packs_16_ranks_of_4_tiles_onto_two_32_tile_nodes_and_leav
 
     // The pods exactly as the operator builds them (requests rdu.dev/tile: 4 each).
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
-    let job = rdu_operator::validate(&job).expect("valid job");
+    let job = rdu_operator::validate(&job, &rdu_operator::Limits::default()).expect("valid job");
     for rank in 0..17 {
         let pod = rdu_operator::builders::worker_pod(&job, rank, 0);
         let tiles = pod.spec.as_ref().unwrap().containers[0]

@@ -1,16 +1,25 @@
 //! The RduJob controller: builders, state machine, reconcile pipeline (reading pods from the controller's cache),
 //! metrics and leader election.
 
+pub mod apply;
 pub mod builders;
+pub mod context;
 pub mod expectations;
 pub mod health;
 pub mod leader;
 pub mod lifecycle;
 pub mod metrics;
+pub mod ownership;
 pub mod progress;
 pub mod reconcile;
+pub mod slow_start;
+pub mod step;
+#[cfg(test)]
+pub(crate) mod test_fixtures;
 pub mod validate;
 
+pub use context::{Context, FIELD_MANAGER};
 pub use lifecycle::{Action, Decision, JobEvent, decide};
-pub use reconcile::{Context, FIELD_MANAGER, ReconcileError, Step, error_policy, reconcile};
-pub use validate::{ValidJob, ValidationErrors, validate};
+pub use reconcile::{error_policy, reconcile};
+pub use step::{ReconcileError, Step};
+pub use validate::{Limits, ValidJob, ValidationErrors, validate};

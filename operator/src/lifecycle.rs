@@ -13,10 +13,12 @@ use rdu_crds::{
     CleanPodPolicy, JobPhase, JobResult, RankStatus, RduJob, RduJobStatus, WorkerCounts, consts,
 };
 
-use crate::builders::WORKER_CONTAINER;
+use rdu_crds::consts::WORKER_CONTAINER;
 
 mod blocked;
 use blocked::Blocked;
+mod refusal;
+pub use refusal::{Refusal, refuse};
 
 /// Something the reconcile must do to the cluster.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -187,11 +189,21 @@ impl RankFailure {
     }
 }
 
-/// The lifecycle step: everything the reconcile does follows from this.
+/// The lifecycle step: everything the reconcile does follows from this. `pods` are the job's own (controlled by
+/// it).
 pub fn decide(job: &RduJob, pods: &[Pod], now: Timestamp) -> Decision {
+    decide_from(job, pods, now)
+}
+
+/// [`decide`] over pods borrowed from wherever they are kept (the controller's cache shares them), none copied.
+pub fn decide_from<'a>(
+    job: &RduJob,
+    pods: impl IntoIterator<Item = &'a Pod>,
+    now: Timestamp,
+) -> Decision {
     let mut step = Step {
         job,
-        pods: pods.iter().filter_map(PodView::from_pod).collect(),
+        pods: pods.into_iter().filter_map(PodView::from_pod).collect(),
         now,
         status: job.status.clone().unwrap_or_default(),
         actions: Vec::new(),

@@ -20,7 +20,8 @@ use rdu_operator::metrics::Metrics;
 use rdu_operator::progress::ProgressService;
 use rdu_operator::progress::review::ApiTokenReviewer;
 use rdu_operator::progress::writer::write_progress;
-use rdu_operator::{Context, FIELD_MANAGER, error_policy, reconcile};
+use rdu_operator::validate::DEFAULT_MAX_WORKERS_PER_JOB;
+use rdu_operator::{Context, FIELD_MANAGER, Limits, error_policy, reconcile};
 use tracing::{error, info, warn};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -59,6 +60,11 @@ struct Args {
     /// reports progress there with a projected ServiceAccount token (DESIGN 4.8). Unset: no progress in status.
     #[arg(long, env = "RDU_PROGRESS_URL")]
     progress_url: Option<String>,
+    /// The largest `spec.workers` this operator runs (1 to 4096, the API's ceiling): a larger job fails with a
+    /// Failed condition naming spec.workers, its value and this limit.
+    #[arg(long, env = "RDU_MAX_WORKERS_PER_JOB", default_value_t = DEFAULT_MAX_WORKERS_PER_JOB,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(rdu_crds::consts::MAX_WORKERS)))]
+    max_workers_per_job: u32,
 }
 
 #[tokio::main]
@@ -124,6 +130,9 @@ async fn main() -> anyhow::Result<()> {
         pod_groups,
         network_policies: args.network_policy,
         progress_url: args.progress_url.clone(),
+        limits: Limits {
+            max_workers_per_job: args.max_workers_per_job,
+        },
     });
     let (jobs, pods, services) = match &args.namespace {
         Some(ns) => (

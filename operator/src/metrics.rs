@@ -12,7 +12,7 @@ use prometheus_client::registry::Registry;
 use kube::runtime::reflector::Store;
 use rdu_crds::{JobPhase, RduJob};
 
-use crate::reconcile::Step;
+use crate::step::Step;
 
 /// Every phase of DESIGN 4.1, in the order /metrics lists them.
 pub const PHASES: [JobPhase; 6] = [

@@ -4,122 +4,9 @@
 
 mod support;
 
-use std::sync::{Arc, Mutex};
-
-use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::{self, store::Writer};
-use kube::runtime::watcher;
-use rdu_crds::RduJob;
-use rdu_operator::metrics::Metrics;
-use rdu_operator::{Context, ReconcileError, Step, reconcile};
-use serde_json::{Value, json};
-use support::fake_api::FakeApi;
-
-const JOB: &str = "/apis/rdu.dev/v1alpha1/namespaces/ml/rdujobs/mnist";
-const PODS: &str = "/api/v1/namespaces/ml/pods/";
-
-fn pod(rank: u32) -> String {
-    format!("{PODS}mnist-worker-{rank}")
-}
-
-/// The reconcile's context and the writer of its pod cache.
-struct Harness {
-    ctx: Arc<Context>,
-    pods: Mutex<Writer<Pod>>,
-}
-
-fn setup(workers: u32, run_policy: Value) -> (FakeApi, Harness) {
-    let fake = FakeApi::default();
-    fake.put(
-        JOB,
-        json!({
-            "apiVersion": "rdu.dev/v1alpha1", "kind": "RduJob",
-            "metadata": {"name": "mnist", "namespace": "ml", "uid": "u-1", "generation": 1,
-                         "creationTimestamp": "2026-01-01T00:00:00Z"},
-            "spec": {"workers": workers, "tilesPerWorker": 1, "image": "img:1",
-                     "model": {"name": "ffn-logreg"}, "data": {"source": "synthetic"},
-                     "training": {"epochs": 1, "batchSize": 8, "learningRate": 0.1},
-                     "runPolicy": run_policy}
-        }),
-    );
-    let client = fake.client();
-    let (job_cache, _) = reflector::store::<RduJob>();
-    let (pod_cache, pod_writer) = reflector::store::<Pod>();
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-        recorder: Recorder::new(
-            client,
-            Reporter {
-                controller: "rdu-operator".into(),
-                instance: None,
-            },
-        ),
-        metrics: Arc::new(Metrics::new(job_cache)),
-        pods: pod_cache,
-        expectations: Default::default(),
-        pod_groups: false,
-        network_policies: true,
-        progress_url: None,
-    });
-    let harness = Harness {
-        ctx,
-        pods: Mutex::new(pod_writer),
-    };
-    (fake, harness)
-}
-
-fn job(fake: &FakeApi) -> Arc<RduJob> {
-    Arc::new(serde_json::from_value(fake.get(JOB).expect("job stored")).expect("job parses"))
-}
-
-/// Brings the pod cache up to date with the fake's pods, as the controller's pod watch does (here: a relist).
-fn sync_cache(fake: &FakeApi, h: &Harness) {
-    let mut writer = h.pods.lock().expect("lock");
-    writer.apply_watcher_event(&watcher::Event::Init);
-    for pod in fake.objects_under::<Pod>(PODS) {
-        writer.apply_watcher_event(&watcher::Event::InitApply(pod));
-    }
-    writer.apply_watcher_event(&watcher::Event::InitDone);
-}
-
-/// One reconcile after the pod watch caught up.
-async fn reconcile_once(fake: &FakeApi, h: &Harness) {
-    sync_cache(fake, h);
-    reconcile(job(fake), h.ctx.clone())
-        .await
-        .expect("reconcile");
-}
-
-fn set_phase(fake: &FakeApi, rank: u32, phase: &str, exit: Option<i32>) {
-    fake.update(&pod(rank), |p| {
-        let state = exit.map_or(json!({"running": {}}), |code| json!({"terminated": {"exitCode": code}}));
-        p["status"] = json!({"phase": phase, "containerStatuses": [{
-            "name": "worker", "ready": phase == "Running", "restartCount": 0, "image": "img:1", "imageID": "",
-            "state": state}]});
-    });
-}
-
-fn phase(fake: &FakeApi) -> Value {
-    fake.get(JOB).expect("job")["status"]["phase"].clone()
-}
-
-fn env(fake: &FakeApi, rank: u32, name: &str) -> Value {
-    let pod = fake.get(&pod(rank)).expect("pod");
-    pod["spec"]["containers"][0]["env"]
-        .as_array()
-        .and_then(|e| e.iter().find(|v| v["name"] == name))
-        .map(|v| v["value"].clone())
-        .unwrap_or(Value::Null)
-}
-
-fn event_reasons(fake: &FakeApi) -> Vec<String> {
-    fake.paths_under("/apis/events.k8s.io/v1/namespaces/ml/events/")
-        .iter()
-        .filter_map(|p| fake.get(p))
-        .map(|e| e["reason"].as_str().unwrap_or_default().to_string())
-        .collect()
-}
+use rdu_operator::{ReconcileError, Step, reconcile};
+use serde_json::json;
+use support::harness::*;
 
 #[tokio::test]
 async fn creates_service_secret_and_every_rank_then_reports_pending() {
@@ -143,32 +30,42 @@ async fn creates_service_secret_and_every_rank_then_reports_pending() {
         assert_eq!(env(&fake, rank, "RDU_GENERATION"), json!("0"));
     }
     assert_eq!(phase(&fake), json!("Pending"));
-    let applies = fake
+    let writes: Vec<String> = fake
         .requests()
         .into_iter()
-        .filter(|r| r.starts_with("PATCH"))
-        .count();
+        .filter(|r| r.starts_with("POST") || r.starts_with("PATCH"))
+        .filter(|r| !r.contains("/events"))
+        .collect();
     assert!(
-        fake.requests()
+        writes
             .iter()
-            .all(|r| !r.starts_with("PATCH") || r.contains("fieldManager=rdu-operator"))
+            .all(|r| r.contains("fieldManager=rdu-operator")),
+        "{writes:?}"
+    );
+    let creates = writes.iter().filter(|r| r.starts_with("POST")).count();
+    assert_eq!(
+        creates,
+        3 + 3,
+        "3 pods, service, secret, network policy: {writes:?}"
     );
     assert_eq!(
-        applies,
-        3 + 3 + 1,
-        "3 pods, service, secret, network policy, status"
+        writes.iter().filter(|r| r.starts_with("PATCH")).count(),
+        1,
+        "the status alone is applied: {writes:?}"
     );
 }
 
 #[tokio::test]
-async fn existing_token_is_kept() {
+async fn the_jobs_existing_token_is_kept() {
     let (fake, h) = setup(1, json!({}));
     fake.put(
         "/api/v1/namespaces/ml/secrets/mnist-token",
         json!({"apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": "mnist-token", "namespace": "ml"}, "data": {"token": "a2VlcA=="}}),
+        "metadata": {"name": "mnist-token", "namespace": "ml", "ownerReferences": owned_by_the_job()},
+        "data": {"token": "a2VlcA=="}}),
     );
     reconcile_once(&fake, &h).await;
+    assert_eq!(phase(&fake), json!("Pending"));
     let secret = fake
         .get("/api/v1/namespaces/ml/secrets/mnist-token")
         .expect("secret");
@@ -240,14 +137,21 @@ async fn the_checkpoint_claim_is_applied_once_and_kept_across_a_gang_restart() {
     reconcile_once(&fake, &h).await;
     assert_eq!(env(&fake, 0, "RDU_GENERATION"), json!("1"));
     assert!(fake.get(CLAIM).is_some(), "a gang restart keeps the claim");
-    let applies = fake
+    let writes = fake
         .requests()
         .iter()
-        .filter(|r| r.starts_with(&format!("PATCH {CLAIM}")))
+        .filter(|r| {
+            r.starts_with(&format!("PATCH {CLAIM}")) || r.starts_with(&format!("PUT {CLAIM}"))
+        })
         .count();
     assert_eq!(
-        applies, 1,
+        writes, 0,
         "an existing claim is never re-applied (its spec is immutable once bound)"
+    );
+    assert_eq!(
+        fake.get(CLAIM),
+        Some(claim),
+        "the claim is as it was created"
     );
     assert!(
         fake.requests()
@@ -327,13 +231,6 @@ async fn invalid_spec_fails_without_children() {
     );
 }
 
-fn pod_requests(fake: &FakeApi, method: &str) -> usize {
-    fake.requests()
-        .iter()
-        .filter(|r| r.starts_with(&format!("{method} {PODS}")))
-        .count()
-}
-
 #[tokio::test]
 async fn pods_are_read_from_the_cache_never_listed() {
     let (fake, h) = setup(2, json!({}));
@@ -364,7 +261,7 @@ async fn pods_are_read_from_the_cache_never_listed() {
 async fn a_cache_behind_the_operators_own_writes_is_waited_for() {
     let (fake, h) = setup(3, json!({}));
     reconcile_once(&fake, &h).await;
-    assert_eq!(pod_requests(&fake, "PATCH"), 3);
+    assert_eq!(pod_requests(&fake, "POST"), 3);
     let requests = fake.requests().len();
 
     // Woken again before the watch brought the 3 new pods: no second create, no status, no API call at all.
@@ -380,7 +277,7 @@ async fn a_cache_behind_the_operators_own_writes_is_waited_for() {
 
     // The watch caught up: the reconcile goes on, and finds all pods created.
     reconcile_once(&fake, &h).await;
-    assert_eq!(pod_requests(&fake, "PATCH"), 3, "no pod is applied twice");
+    assert_eq!(pod_requests(&fake, "POST"), 3, "no pod is created twice");
     assert!(event_reasons(&fake).contains(&"Created".to_string()));
     assert!(h.ctx.expectations.is_empty());
 
@@ -407,7 +304,7 @@ async fn a_cache_behind_the_operators_own_writes_is_waited_for() {
 #[tokio::test]
 async fn a_failed_pod_create_and_a_failed_status_write_are_told_apart() {
     let (fake, h) = setup(2, json!({}));
-    fake.fail("PATCH", PODS);
+    fake.fail("POST", POD_COLLECTION);
     sync_cache(&fake, &h);
     let error = reconcile(job(&fake), h.ctx.clone())
         .await

@@ -6,7 +6,7 @@ use std::time::Instant;
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use rdu_crds::RduJob;
 use rdu_operator::builders::{headless_service, token_secret, worker_pod};
-use rdu_operator::{decide, validate};
+use rdu_operator::{Limits, decide, validate};
 
 const REPETITIONS: usize = 21;
 const TARGET_MS: f64 = 50.0;
@@ -40,12 +40,12 @@ fn thread_cpu_ns() -> Option<u64> {
 }
 
 /// One full pass: validate, build every child, then diff the desired pods against the observed ones and decide.
-fn build_and_diff(job: &RduJob, observed: &[Pod]) -> anyhow::Result<usize> {
-    let job = validate(job)?;
+fn build_and_diff(raw: &RduJob, observed: &[Pod]) -> anyhow::Result<usize> {
+    let job = validate(raw, &Limits::default())?;
     let _service = headless_service(&job);
     let _secret = token_secret(&job, &rdu_crds::token::new_token()?);
     let mut changed = 0;
-    for rank in 0..job.spec.workers {
+    for rank in 0..raw.spec.workers {
         let desired = worker_pod(&job, rank, 0);
         let seen = &observed[rank as usize];
         if serde_json::to_value(&desired.spec)? != serde_json::to_value(&seen.spec)?
@@ -54,13 +54,13 @@ fn build_and_diff(job: &RduJob, observed: &[Pod]) -> anyhow::Result<usize> {
             changed += 1;
         }
     }
-    let decision = decide(&job, observed, jiff::Timestamp::now());
+    let decision = decide(raw, observed, jiff::Timestamp::now());
     Ok(changed + decision.actions.len())
 }
 
-fn observed_pods(job: &RduJob) -> anyhow::Result<Vec<Pod>> {
-    let job = validate(job)?;
-    (0..job.spec.workers)
+fn observed_pods(raw: &RduJob) -> anyhow::Result<Vec<Pod>> {
+    let job = validate(raw, &Limits::default())?;
+    (0..raw.spec.workers)
         .map(|rank| {
             let mut pod = worker_pod(&job, rank, 0);
             pod.status = Some(PodStatus {

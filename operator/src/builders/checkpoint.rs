@@ -5,13 +5,13 @@
 //! the job, not by a pod, so it outlives gang restarts and a restarted gang resumes where it stopped.
 
 use k8s_openapi::api::core::v1::{
-    EmptyDirVolumeSource, PersistentVolumeClaim, PersistentVolumeClaimVolumeSource, PodSpec, Volume,
+    EmptyDirVolumeSource, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    PersistentVolumeClaimVolumeSource, PodSpec, Volume,
 };
-use rdu_crds::{RduJob, consts};
+use rdu_crds::consts;
 
-use super::children::child_meta;
-use crate::validate::ValidJob;
-use rdu_crds::job_name;
+use super::meta::child_meta;
+use crate::validate::{Checkpointing, ValidJob};
 
 /// Where checkpoints are written inside the worker container.
 pub const CHECKPOINT_MOUNT: &str = "/var/lib/rdu/checkpoints";
@@ -21,8 +21,6 @@ pub const CHECKPOINT_VOLUME: &str = "rdu-checkpoints";
 pub const CHECKPOINT_CLAIM_VOLUME: &str = "rdu-checkpoint-claim";
 /// The group the worker image runs as (`USER 65532:65532` in docker/worker.Dockerfile).
 pub const WORKER_FS_GROUP: i64 = 65532;
-/// Access mode of the claim when the template gives none: one pod (rank 0) mounts it.
-const DEFAULT_ACCESS_MODE: &str = "ReadWriteOnce";
 
 /// The checkpoint storage of one rank's pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -39,15 +37,13 @@ pub enum CheckpointStorage {
 
 impl CheckpointStorage {
     /// The storage of `rank`'s pod.
-    pub fn of(job: &RduJob, rank: u32) -> Self {
-        let Some(ckpt) = &job.spec.checkpoint else {
-            return CheckpointStorage::None;
-        };
-        match (&ckpt.volume, &ckpt.volume_claim_template) {
-            (Some(volume), _) => CheckpointStorage::Template(volume.clone()),
-            (None, Some(_)) if rank == 0 => CheckpointStorage::Claim,
-            (None, Some(_)) => CheckpointStorage::None,
-            (None, None) => CheckpointStorage::EmptyDir,
+    pub fn of(checkpointing: &Checkpointing, rank: u32) -> Self {
+        match checkpointing {
+            Checkpointing::Off => CheckpointStorage::None,
+            Checkpointing::EmptyDir => CheckpointStorage::EmptyDir,
+            Checkpointing::TemplateVolume(volume) => CheckpointStorage::Template(volume.clone()),
+            Checkpointing::Claim(_) if rank == 0 => CheckpointStorage::Claim,
+            Checkpointing::Claim(_) => CheckpointStorage::None,
         }
     }
 
@@ -61,9 +57,9 @@ impl CheckpointStorage {
         }
     }
 
-    /// Adds the volume the operator provides (a template volume is the user's) and, for the claim, the
-    /// fsGroup that makes it writable.
-    pub fn add_to_pod(&self, job: &RduJob, spec: &mut PodSpec) {
+    /// Adds the volume the operator provides (a template volume is the user's) and, for the claim of job `job`,
+    /// the fsGroup that makes it writable.
+    pub fn add_to_pod(&self, job: &str, spec: &mut PodSpec) {
         let volume = match self {
             CheckpointStorage::None | CheckpointStorage::Template(_) => return,
             CheckpointStorage::EmptyDir => Volume {
@@ -76,7 +72,7 @@ impl CheckpointStorage {
                 Volume {
                     name: CHECKPOINT_CLAIM_VOLUME.to_string(),
                     persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-                        claim_name: consts::checkpoint_claim_name(job_name(job)),
+                        claim_name: consts::checkpoint_claim_name(job),
                         read_only: None,
                     }),
                     ..Default::default()
@@ -104,17 +100,12 @@ fn writable_by_the_worker(spec: &mut PodSpec) {
 /// The claim `<job>-checkpoints` of `spec.checkpoint.volumeClaimTemplate`, owned by the job (never by a pod, so
 /// gang restarts keep it; garbage collection removes it with the job). `None` without a claim template.
 pub fn checkpoint_claim(job: &ValidJob) -> Option<PersistentVolumeClaim> {
-    let mut spec = job
-        .spec
-        .checkpoint
-        .as_ref()
-        .and_then(|c| c.volume_claim_template.clone())?;
-    if spec.access_modes.as_ref().is_none_or(Vec::is_empty) {
-        spec.access_modes = Some(vec![DEFAULT_ACCESS_MODE.to_string()]);
-    }
+    let Checkpointing::Claim(spec) = &job.checkpoint else {
+        return None;
+    };
     Some(PersistentVolumeClaim {
         metadata: child_meta(job, consts::checkpoint_claim_name(job.name)),
-        spec: Some(spec),
+        spec: Some(PersistentVolumeClaimSpec::clone(spec)),
         status: None,
     })
 }

@@ -7,46 +7,18 @@ use k8s_openapi::api::core::v1::{
     ServicePort, ServiceSpec, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
-use rdu_crds::{RduJob, consts};
+use rdu_crds::consts::{self, WORKER_CONTAINER};
 
 use super::checkpoint::{CHECKPOINT_MOUNT, CheckpointStorage};
 use super::env::container_env;
-use rdu_crds::{RankEnv, job_name};
+use super::meta::{child_meta, job_labels};
+use crate::validate::{Gang, ValidJob};
 
-use crate::validate::ValidJob;
-
-/// Name of the worker container in every rank's pod (a template container of that name is merged into it).
-pub const WORKER_CONTAINER: &str = "worker";
 /// Label scheduler-plugins' coscheduling uses to tie a pod to its PodGroup.
 pub const POD_GROUP_LABEL: &str = "scheduling.x-k8s.io/pod-group";
 /// Group, version and kind of scheduler-plugins' PodGroup.
 pub const POD_GROUP_GVK: (&str, &str, &str) = ("scheduling.x-k8s.io", "v1alpha1", "PodGroup");
-
-/// Labels every child of a job carries.
-pub fn job_labels(job: &RduJob) -> BTreeMap<String, String> {
-    BTreeMap::from([(
-        consts::LABEL_JOB_NAME.to_string(),
-        job_name(job).to_string(),
-    )])
-}
-
-/// Label selector matching every pod of a job.
-pub fn job_selector(job: &RduJob) -> String {
-    format!("{}={}", consts::LABEL_JOB_NAME, job_name(job))
-}
-
-/// Name, namespace, labels and the owner reference of a child of the job.
-pub(crate) fn child_meta(job: &ValidJob, name: String) -> ObjectMeta {
-    ObjectMeta {
-        name: Some(name),
-        namespace: Some(job.namespace.to_string()),
-        labels: Some(job_labels(job)),
-        owner_references: Some(vec![job.owner.clone()]),
-        ..Default::default()
-    }
-}
 
 /// The headless Service giving every rank `<pod>.<job>.<ns>.svc`, resolvable before readiness.
 pub fn headless_service(job: &ValidJob) -> Service {
@@ -60,7 +32,7 @@ pub fn headless_service(job: &ValidJob) -> Service {
         spec: Some(ServiceSpec {
             cluster_ip: Some("None".to_string()),
             publish_not_ready_addresses: Some(true),
-            selector: Some(job_labels(job)),
+            selector: Some(job_labels(job.name)),
             ports: Some(vec![
                 port("rendezvous", consts::MASTER_PORT),
                 port("collective", consts::COLLECTIVE_PORT),
@@ -84,28 +56,18 @@ pub fn token_secret(job: &ValidJob, token: &str) -> Secret {
     }
 }
 
-/// Whether the job asks for gang scheduling.
-pub fn gang_min_available(job: &RduJob) -> Option<u32> {
-    job.spec
-        .run_policy
-        .scheduling_policy
-        .as_ref()
-        .and_then(|s| s.min_available)
-}
-
 /// The API resource of scheduler-plugins' PodGroup.
 pub fn pod_group_resource() -> ApiResource {
     let (group, version, kind) = POD_GROUP_GVK;
     ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind))
 }
 
-/// The coscheduling PodGroup of a job: none of its pods binds until `minAvailable` of them fit.
-pub fn pod_group(job: &ValidJob, min_available: u32) -> DynamicObject {
+/// The coscheduling PodGroup of a gang job: none of its pods binds until `minAvailable` of them fit.
+pub fn pod_group(job: &ValidJob, gang: Gang) -> DynamicObject {
     let mut group = DynamicObject::new(job.name, &pod_group_resource());
     group.metadata = child_meta(job, job.name.to_string());
-    let timeout = job.spec.data_parallel.timeout_seconds.max(60);
     group.data = serde_json::json!({
-        "spec": {"minMember": min_available, "scheduleTimeoutSeconds": timeout}
+        "spec": {"minMember": gang.min_available, "scheduleTimeoutSeconds": gang.schedule_timeout_seconds}
     });
     group
 }
@@ -114,17 +76,17 @@ pub fn pod_group(job: &ValidJob, min_available: u32) -> DynamicObject {
 pub fn worker_pod(job: &ValidJob, rank: u32, generation: u32) -> Pod {
     let name = job.name;
     let pod_name = consts::pod_name(name, rank);
-    let template = job.spec.template.clone().unwrap_or_default();
+    let template = job.template.cloned().unwrap_or_default();
     let mut meta = child_meta(job, pod_name.clone());
     let mut labels = template
         .metadata
         .as_ref()
         .and_then(|m| m.labels.clone())
         .unwrap_or_default();
-    labels.extend(job_labels(job));
+    labels.extend(job_labels(name));
     labels.insert(consts::LABEL_RANK.to_string(), rank.to_string());
     labels.insert(consts::LABEL_GENERATION.to_string(), generation.to_string());
-    if gang_min_available(job).is_some() {
+    if job.gang.is_some() {
         labels.insert(POD_GROUP_LABEL.to_string(), name.to_string());
     }
     meta.labels = Some(labels);
@@ -134,18 +96,17 @@ pub fn worker_pod(job: &ValidJob, rank: u32, generation: u32) -> Pod {
     let container = take_worker_container(&mut spec);
     let worker = worker_container(job, rank, generation, container);
     spec.containers.insert(0, worker);
-    CheckpointStorage::of(job, rank).add_to_pod(job, &mut spec);
+    CheckpointStorage::of(&job.checkpoint, rank).add_to_pod(name, &mut spec);
     spec.restart_policy = Some("Never".to_string());
     spec.hostname = Some(pod_name);
     spec.subdomain = Some(consts::service_name(name));
-    if let Some(policy) = &job.spec.run_policy.scheduling_policy {
-        if policy.scheduler_name.is_some() {
-            spec.scheduler_name.clone_from(&policy.scheduler_name);
-        }
-        if policy.priority_class_name.is_some() {
-            spec.priority_class_name
-                .clone_from(&policy.priority_class_name);
-        }
+    let scheduling = &job.scheduling;
+    if scheduling.scheduler_name.is_some() {
+        spec.scheduler_name.clone_from(&scheduling.scheduler_name);
+    }
+    if scheduling.priority_class_name.is_some() {
+        spec.priority_class_name
+            .clone_from(&scheduling.priority_class_name);
     }
     Pod {
         metadata: meta,
@@ -174,18 +135,17 @@ fn worker_container(
     generation: u32,
     mut container: Container,
 ) -> Container {
-    let spec = &job.spec;
     container.name = WORKER_CONTAINER.to_string();
     container.image = Some(job.image.clone());
-    if let Some(policy) = spec.image_pull_policy {
-        container.image_pull_policy = Some(policy.as_str().to_string());
+    if let Some(policy) = job.image_pull_policy {
+        container.image_pull_policy = Some(policy.to_string());
     }
     if container.command.is_none() && container.args.is_none() {
         container.args = Some(vec!["run".to_string()]);
     }
 
-    let mut contract = RankEnv::in_cluster(job, rank, generation);
-    let storage = CheckpointStorage::of(job, rank);
+    let mut contract = job.rank_env(rank, generation);
+    let storage = CheckpointStorage::of(&job.checkpoint, rank);
     let checkpoint_volume = storage.volume_name();
     contract.checkpoint_dir = checkpoint_volume.map(|_| CHECKPOINT_MOUNT.to_string());
     let mut env = container_env(&contract);
@@ -207,7 +167,7 @@ fn worker_container(
     env.extend(extra);
     container.env = Some(env);
 
-    let tiles = Quantity(spec.tiles_per_worker.to_string());
+    let tiles = Quantity(job.tiles_per_worker.to_string());
     let mut resources: ResourceRequirements = container.resources.take().unwrap_or_default();
     for list in [&mut resources.requests, &mut resources.limits] {
         list.get_or_insert_with(BTreeMap::new)
@@ -241,7 +201,8 @@ fn env_names_contain(env: &[EnvVar], name: &str) -> bool {
 mod tests {
     use super::*;
     use crate::builders::CHECKPOINT_VOLUME;
-    use crate::builders::test_fixtures::{job, job_from, valid};
+    use crate::test_fixtures::{job, job_from};
+    use crate::validate::valid;
 
     const TEMPLATED: &str = "apiVersion: rdu.dev/v1alpha1
 kind: RduJob
@@ -381,13 +342,16 @@ spec:
     #[test]
     fn pod_group_sets_min_member() {
         let j = job_from(TEMPLATED);
-        assert_eq!(gang_min_available(&j), Some(4));
-        let group = pod_group(&valid(&j), 4);
+        let valid = valid(&j);
+        let gang = valid.gang.expect("a gang job");
+        assert_eq!(gang.min_available, 4);
+        let group = pod_group(&valid, gang);
         assert_eq!(
             group.types.as_ref().map(|t| t.kind.as_str()),
             Some("PodGroup")
         );
         assert_eq!(group.data["spec"]["minMember"], 4);
+        assert_eq!(group.data["spec"]["scheduleTimeoutSeconds"], 60);
         assert_eq!(group.metadata.name.as_deref(), Some("big"));
     }
 }

@@ -60,7 +60,7 @@ fn field_ref(name: &str, path: &str) -> EnvVar {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::builders::test_fixtures::job;
+    use crate::test_fixtures::job;
 
     fn value_of<'a>(env: &'a [EnvVar], name: &str) -> Option<&'a str> {
         env.iter()

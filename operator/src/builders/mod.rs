@@ -4,21 +4,21 @@
 pub mod checkpoint;
 pub mod children;
 pub mod env;
+pub mod meta;
 pub mod network;
 pub mod progress;
 pub mod tensorboard;
-#[cfg(test)]
-pub(crate) mod test_fixtures;
 
 pub use checkpoint::{
     CHECKPOINT_CLAIM_VOLUME, CHECKPOINT_MOUNT, CHECKPOINT_VOLUME, CheckpointStorage,
     WORKER_FS_GROUP, checkpoint_claim,
 };
 pub use children::{
-    POD_GROUP_LABEL, WORKER_CONTAINER, gang_min_available, headless_service, job_labels,
-    job_selector, pod_group, pod_group_resource, token_secret, worker_pod,
+    POD_GROUP_LABEL, headless_service, pod_group, pod_group_resource, token_secret, worker_pod,
 };
 pub use env::{container_env, rank_env};
+pub use meta::{child_meta, job_labels, job_selector};
 pub use network::{network_policy, network_policy_name};
 pub use progress::{add_progress_reporting, rank_pod};
+pub use rdu_crds::consts::WORKER_CONTAINER;
 pub use rdu_crds::{job_name, job_namespace};

@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use rdu_crds::consts;
 
-use super::children::{child_meta, job_labels};
+use super::meta::{child_meta, job_labels};
 use crate::validate::ValidJob;
 
 /// Name of a job's NetworkPolicy.
@@ -22,7 +22,7 @@ pub fn network_policy_name(job: &str) -> String {
 /// The job's NetworkPolicy (owned by the job, garbage-collected with it).
 pub fn network_policy(job: &ValidJob) -> NetworkPolicy {
     let same_job = LabelSelector {
-        match_labels: Some(job_labels(job)),
+        match_labels: Some(job_labels(job.name)),
         ..Default::default()
     };
     NetworkPolicy {
@@ -49,7 +49,8 @@ pub fn network_policy(job: &ValidJob) -> NetworkPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::builders::test_fixtures::{job, valid};
+    use crate::test_fixtures::job;
+    use crate::validate::valid;
 
     #[test]
     fn admits_only_the_same_jobs_pods_on_the_worker_ports() {

@@ -5,9 +5,9 @@ use k8s_openapi::api::core::v1::{
     EnvVar, Pod, ProjectedVolumeSource, ServiceAccountTokenProjection, Volume, VolumeMount,
     VolumeProjection,
 };
-use rdu_crds::consts::{self, env};
+use rdu_crds::consts::{self, WORKER_CONTAINER, env};
 
-use super::children::{WORKER_CONTAINER, worker_pod};
+use super::children::worker_pod;
 use crate::validate::ValidJob;
 
 /// Name of the projected token volume in rank 0's pod.
@@ -23,7 +23,9 @@ pub fn rank_pod(job: &ValidJob, rank: u32, generation: u32, progress_url: Option
         if let Some(url) = progress_url {
             add_progress_reporting(&mut pod, url);
         }
-        super::tensorboard::add_tensorboard(&mut pod, job);
+        if let Some(log) = &job.tensorboard {
+            super::tensorboard::add_tensorboard(&mut pod, log);
+        }
     }
     pod
 }
@@ -85,7 +87,8 @@ pub fn add_progress_reporting(pod: &mut Pod, url: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::builders::test_fixtures::{job, valid};
+    use crate::test_fixtures::job;
+    use crate::validate::valid;
 
     #[test]
     fn only_rank_zero_reports_and_only_when_the_operator_takes_reports() {

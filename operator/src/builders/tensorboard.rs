@@ -2,25 +2,21 @@
 //! `/var/log/rdu/tensorboard`, and `RDU_TENSORBOARD_DIR` naming it.
 
 use k8s_openapi::api::core::v1::{EmptyDirVolumeSource, EnvVar, Pod, Volume, VolumeMount};
-use rdu_crds::RduJob;
-use rdu_crds::consts::{TENSORBOARD_MOUNT, env};
+use rdu_crds::consts::{TENSORBOARD_MOUNT, WORKER_CONTAINER, env};
 
-use super::children::WORKER_CONTAINER;
+use crate::validate::TensorBoardLog;
 
 /// Name of the emptyDir used when `spec.tensorboard.volume` is unset.
 pub const TENSORBOARD_VOLUME: &str = "rdu-tensorboard";
 
-/// Rank 0's pod writing TensorBoard events, when the job asks for them.
-pub fn add_tensorboard(pod: &mut Pod, job: &RduJob) {
-    let Some(tensorboard) = &job.spec.tensorboard else {
-        return;
-    };
+/// Rank 0's pod writing TensorBoard events to `log`.
+pub fn add_tensorboard(pod: &mut Pod, log: &TensorBoardLog) {
     let Some(spec) = pod.spec.as_mut() else {
         return;
     };
-    let volume = match &tensorboard.volume {
-        Some(name) => name.clone(),
-        None => {
+    let volume = match log {
+        TensorBoardLog::TemplateVolume(name) => name.clone(),
+        TensorBoardLog::EmptyDir => {
             spec.volumes.get_or_insert_with(Vec::new).push(Volume {
                 name: TENSORBOARD_VOLUME.to_string(),
                 empty_dir: Some(EmptyDirVolumeSource::default()),
@@ -57,7 +53,8 @@ pub fn add_tensorboard(pod: &mut Pod, job: &RduJob) {
 mod tests {
     use super::*;
     use crate::builders::rank_pod;
-    use crate::builders::test_fixtures::{job, valid};
+    use crate::test_fixtures::job;
+    use crate::validate::valid;
 
     fn mount_and_env(pod: &Pod) -> (Option<String>, Option<String>) {
         let worker = &pod.spec.as_ref().expect("spec").containers[0];

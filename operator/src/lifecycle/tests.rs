@@ -1,7 +1,7 @@
 //! Table of (observed pods -> actions, status) cases, one per lifecycle rule.
 
 use super::*;
-use crate::builders::test_fixtures::job;
+use crate::test_fixtures::job;
 use k8s_openapi::api::core::v1::{
     ContainerState, ContainerStateTerminated, ContainerStateWaiting, ContainerStatus, PodCondition,
     PodSpec, PodStatus,

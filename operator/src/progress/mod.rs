@@ -181,8 +181,8 @@ impl ProgressService {
 }
 
 /// The job's current generation if `identity` is its rank 0 of that generation, as the pod cache shows it (the
-/// same name, the same UID, the job's labels): a token of another rank, of an earlier generation's pod, or of a
-/// pod of another job is refused.
+/// same name, the same UID, controlled by the job, the job's labels): a token of another rank, of an earlier
+/// generation's pod, or of a pod the job does not control is refused.
 pub fn authorize(
     identity: &PodIdentity,
     job: &RduJob,
@@ -206,7 +206,9 @@ pub fn authorize(
     let label = |key: &str| labels.get(key).map(String::as_str);
     let generation_text = generation.to_string();
     let same_pod = pod.metadata.uid.as_deref() == Some(identity.pod_uid.as_str());
-    let of_this_job = label(consts::LABEL_JOB_NAME) == Some(name)
+    let job_uid = job.metadata.uid.as_deref().unwrap_or_default();
+    let of_this_job = crate::ownership::controlled_by(&pod.metadata, job_uid)
+        && label(consts::LABEL_JOB_NAME) == Some(name)
         && label(consts::LABEL_RANK) == Some("0")
         && label(consts::LABEL_GENERATION) == Some(generation_text.as_str());
     if same_pod && of_this_job {

@@ -11,10 +11,11 @@ use rdu_crds::{ProgressReport, RduJob, RduJobStatus, StepPoint, TrainingProgress
 
 use super::review::{PodIdentity, ReviewError, TokenReviewer};
 use super::{ProgressService, Refusal};
-use crate::builders::test_fixtures::{job, valid};
 use crate::builders::worker_pod;
 use crate::health::Health;
 use crate::metrics::Metrics;
+use crate::test_fixtures::job;
+use crate::validate::valid;
 
 struct Tokens(HashMap<&'static str, PodIdentity>);
 
@@ -40,6 +41,12 @@ fn identity(pod: &str, uid: &str) -> PodIdentity {
 /// Job `mnist` in `ml` at generation 1, its rank 0 and 1 pods of generation 1 (UIDs `u0`, `u1`), and tokens:
 /// `rank0`, `rank1`, `old-rank0` (rank 0's name, an earlier pod's UID), `other-ns`.
 fn service() -> ProgressService {
+    service_where(|_| {})
+}
+
+/// [`service`] with rank 0's pod in the cache changed by `change`.
+fn service_where(change: impl FnOnce(&mut Pod)) -> ProgressService {
+    let mut change = Some(change);
     let mut the_job = job("mnist", Some("ml"), 2);
     the_job.status = Some(RduJobStatus {
         restarts: 1,
@@ -50,6 +57,12 @@ fn service() -> ProgressService {
     for (rank, uid) in [(0, "u0"), (1, "u1")] {
         let mut pod = worker_pod(&valid(&the_job), rank, 1);
         pod.metadata.uid = Some(uid.into());
+        if rank == 0 {
+            change
+                .take()
+                .into_iter()
+                .for_each(|change| change(&mut pod));
+        }
         pod_writer.apply_watcher_event(&Event::Apply(pod));
     }
     job_writer.apply_watcher_event(&Event::Apply(the_job));
@@ -136,6 +149,27 @@ async fn forged_or_foreign_reports_are_refused_and_change_nothing() {
     }
     let (due, _) = svc.board.take_due(std::time::Instant::now());
     assert!(due.is_empty(), "nothing was accepted: {due:?}");
+}
+
+#[tokio::test]
+async fn a_rank_zero_pod_the_job_does_not_control_cannot_report() {
+    // Named and labelled as rank 0 of the current generation, but someone else's pod.
+    let svc = service_where(|pod| {
+        pod.metadata
+            .owner_references
+            .iter_mut()
+            .flatten()
+            .for_each(|r| r.uid = "u-other".into());
+    });
+    let refusal = send(&svc, Some("rank0"), &report(1, 10))
+        .await
+        .expect_err("not the job's pod");
+    assert_eq!(refusal.status().as_u16(), 403, "{refusal}");
+    let svc = service_where(|pod| pod.metadata.owner_references = None);
+    let refusal = send(&svc, Some("rank0"), &report(1, 10))
+        .await
+        .expect_err("no controller");
+    assert_eq!(refusal.status().as_u16(), 403, "{refusal}");
 }
 
 #[tokio::test]

@@ -1,6 +1,6 @@
 //! A small in-process stand-in for the Kubernetes API server: keeps objects by path, answers get, list (with a
-//! label selector), server-side apply (including the status subresource), delete and event creation; and fails the
-//! requests a test tells it to.
+//! label selector), create (409 AlreadyExists when the name is taken), server-side apply (including the status
+//! subresource), delete and event creation; and fails the requests a test tells it to.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -80,6 +80,11 @@ impl FakeApi {
             .insert(path.to_string(), object);
     }
 
+    /// Removes an object, as another client (or the garbage collector) would.
+    pub fn delete(&self, path: &str) {
+        self.objects.lock().expect("lock").remove(path);
+    }
+
     pub fn get(&self, path: &str) -> Option<Value> {
         self.objects.lock().expect("lock").get(path).cloned()
     }
@@ -153,7 +158,16 @@ impl FakeApi {
                     .as_str()
                     .unwrap_or("event")
                     .to_string();
-                self.put(&format!("{path}/{name}"), body.clone());
+                let object_path = format!("{path}/{name}");
+                if self.get(&object_path).is_some() {
+                    return respond(
+                        StatusCode::CONFLICT,
+                        &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                "reason": "AlreadyExists", "code": 409,
+                                "message": format!("{object_path} already exists")}),
+                    );
+                }
+                self.put(&object_path, body.clone());
                 respond(StatusCode::CREATED, &body)
             }
             "PUT" => {

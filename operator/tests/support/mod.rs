@@ -1,5 +1,7 @@
 //! Test doubles shared by the integration tests.
 
-// Each test binary compiles this module and uses only part of the fake.
+// Each test binary compiles this module and uses only part of the fake and the harness.
 #[allow(dead_code)]
 pub mod fake_api;
+#[allow(dead_code)]
+pub mod harness;

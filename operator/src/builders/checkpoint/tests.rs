@@ -1,9 +1,11 @@
 //! The checkpoint claim and which rank mounts it.
 
 use super::*;
-use crate::builders::test_fixtures::{job_from, valid};
 use crate::builders::{WORKER_CONTAINER, worker_pod};
+use crate::test_fixtures::job_from;
+use crate::validate::valid;
 use k8s_openapi::api::core::v1::Pod;
+use rdu_crds::RduJob;
 
 fn claimed(template: &str, pod_template: &str) -> RduJob {
     job_from(&format!(
@@ -163,22 +165,25 @@ fn rank_0_gets_the_workers_fs_group_unless_the_template_sets_one() {
     );
 }
 
-fn checkpoint_of(job: &mut RduJob) -> &mut rdu_crds::CheckpointSpec {
-    job.spec.checkpoint.as_mut().expect("checkpoint")
-}
-
 #[test]
-fn storage_follows_the_spec() {
-    let mut job = claimed(SIZED, "");
-    assert_eq!(CheckpointStorage::of(&job, 0), CheckpointStorage::Claim);
-    assert_eq!(CheckpointStorage::of(&job, 1), CheckpointStorage::None);
-    checkpoint_of(&mut job).volume_claim_template = None;
-    assert_eq!(CheckpointStorage::of(&job, 1), CheckpointStorage::EmptyDir);
-    checkpoint_of(&mut job).volume = Some("ckpt".into());
-    assert_eq!(
-        CheckpointStorage::of(&job, 1),
-        CheckpointStorage::Template("ckpt".into())
-    );
-    job.spec.checkpoint = None;
-    assert_eq!(CheckpointStorage::of(&job, 0), CheckpointStorage::None);
+fn storage_follows_the_resolved_setting_and_only_rank_0_mounts_the_claim() {
+    let claim = Checkpointing::Claim(Default::default());
+    let cases = [
+        (Checkpointing::Off, 0, CheckpointStorage::None),
+        (Checkpointing::EmptyDir, 1, CheckpointStorage::EmptyDir),
+        (
+            Checkpointing::TemplateVolume("ckpt".into()),
+            1,
+            CheckpointStorage::Template("ckpt".into()),
+        ),
+        (claim.clone(), 0, CheckpointStorage::Claim),
+        (claim, 1, CheckpointStorage::None),
+    ];
+    for (setting, rank, want) in cases {
+        assert_eq!(
+            CheckpointStorage::of(&setting, rank),
+            want,
+            "{setting:?} rank {rank}"
+        );
+    }
 }

@@ -1,8 +1,7 @@
-//! Inline YAML fixtures shared by the builder and state-machine tests.
+//! Inline YAML fixtures shared by the unit tests (the validate module's `valid` gives one as validated). Imports
+//! nothing from the crate, so every module's tests may use it.
 
 use rdu_crds::RduJob;
-
-use crate::validate::{ValidJob, validate};
 
 /// A small valid job named `name` with `workers` ranks, parsed from YAML as a user would write it.
 pub fn job(name: &str, namespace: Option<&str>, workers: u32) -> RduJob {
@@ -30,9 +29,4 @@ spec:
 /// Parses a fixture given as full YAML.
 pub fn job_from(yaml: &str) -> RduJob {
     rdu_crds::parse_manifest(yaml).expect("fixture parses")
-}
-
-/// The job as the validate step passes it on (the fixture must be valid).
-pub fn valid(job: &RduJob) -> ValidJob<'_> {
-    validate(job).expect("fixture is valid")
 }

@@ -1,0 +1,274 @@
+//! Step 4 of the pipeline: carry out the decided actions. Children are created, never forced over what exists: an
+//! existing object of a child's name is read and judged (`crate::ownership`). The job's own is kept (the Service,
+//! NetworkPolicy and PodGroup re-applied to match the job, pinned to the version that was judged, so the write
+//! cannot land on anything else); one going away (an earlier job's, or one being deleted) is waited for; anyone
+//! else's stops the job with a [`ChildConflict`] and stays exactly as it was. Pods are created and deleted in
+//! slow-start batches (`crate::slow_start`), each batch's pods built only when it starts.
+
+use std::fmt::Debug;
+
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::{Resource, ResourceExt};
+use rdu_crds::RduJob;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tracing::info;
+
+use crate::builders;
+use crate::context::{Context, FIELD_MANAGER};
+use crate::lifecycle::Action;
+use crate::ownership::{ChildConflict, JobIdentity, Ownership, ownership};
+use crate::slow_start::{MAX_BATCH, slow_start};
+use crate::step::ReconcileError;
+use crate::validate::ValidJob;
+
+/// Why the apply step stopped before carrying out every action.
+#[derive(Debug)]
+pub enum Stop {
+    /// A write or read failed: the reconcile fails and is retried.
+    Failed(ReconcileError),
+    /// An object the job needs is someone else's: the job fails.
+    Conflict(ChildConflict),
+    /// An object the job needs is still going away (named here): look again soon.
+    Waiting(String),
+}
+
+impl From<ReconcileError> for Stop {
+    fn from(error: ReconcileError) -> Self {
+        Stop::Failed(error)
+    }
+}
+
+/// Carries out `actions` in order; stops at the first that cannot be done. Pod writes are recorded in the
+/// expectations under the job's uid (what the reconcile's `job_key` is for a valid job).
+pub async fn apply(job: &ValidJob<'_>, ctx: &Context, actions: &[Action]) -> Result<(), Stop> {
+    for action in actions {
+        match action {
+            Action::CreatePods { generation, ranks } => {
+                ensure_shared_children(job, ctx).await?;
+                create_pods(job, ctx, *generation, ranks).await?;
+                info!(
+                    job = job.name,
+                    namespace = job.namespace,
+                    generation,
+                    count = ranks.len(),
+                    "created rank pods"
+                );
+            }
+            Action::DeletePods { names } => {
+                delete_pods(job, ctx, names).await?;
+                info!(
+                    job = job.name,
+                    namespace = job.namespace,
+                    count = names.len(),
+                    "deleted pods"
+                );
+            }
+            Action::DeleteJob => {
+                let jobs: Api<RduJob> = Api::namespaced(ctx.client.clone(), job.namespace);
+                ignore_not_found(jobs.delete(job.name, &DeleteParams::background()).await)
+                    .map_err(|source| ReconcileError::DeleteJob { source })?;
+                ctx.expectations.forget(job.uid());
+                info!(
+                    job = job.name,
+                    namespace = job.namespace,
+                    "deleted job after ttlSecondsAfterFinished"
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The pods of `ranks` at `generation`, in slow-start batches; each created (or found to be the job's already) is
+/// recorded as expected in the cache.
+async fn create_pods(
+    job: &ValidJob<'_>,
+    ctx: &Context,
+    generation: u32,
+    ranks: &[u32],
+) -> Result<(), Stop> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), job.namespace);
+    slow_start(ranks.iter().copied(), MAX_BATCH, |rank| {
+        let pod = builders::rank_pod(job, rank, generation, ctx.progress_url.as_deref());
+        let pods = &pods;
+        async move {
+            let name = pod.name_any();
+            create(pods, "Pod", &pod, job, |source| {
+                ReconcileError::CreatePods {
+                    pod: format!("{}/{name}", job.namespace),
+                    source,
+                }
+            })
+            .await?;
+            ctx.expectations.created(job.uid(), &name);
+            Ok(())
+        }
+    })
+    .await
+}
+
+/// Deletes pods by name in slow-start batches; each deleted (or already gone) is recorded as expected to leave
+/// the cache.
+async fn delete_pods(job: &ValidJob<'_>, ctx: &Context, names: &[String]) -> Result<(), Stop> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), job.namespace);
+    slow_start(names, MAX_BATCH, |name| {
+        let pods = &pods;
+        async move {
+            ignore_not_found(pods.delete(name, &DeleteParams::background()).await).map_err(
+                |source| ReconcileError::DeletePods {
+                    pod: format!("{}/{name}", job.namespace),
+                    source,
+                },
+            )?;
+            ctx.expectations.deleted(job.uid(), name);
+            Ok(())
+        }
+    })
+    .await
+}
+
+/// Whether an existing child of the job is re-applied to match what the job wants now, or kept as created.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Existing {
+    /// Re-applied (pinned to the version judged ours): the Service, NetworkPolicy and PodGroup follow the job.
+    Follow,
+    /// Kept as it is: an existing token is the job's token; a claim's spec is immutable once bound.
+    Keep,
+}
+
+/// The Service, the token Secret, the checkpoint claim, the NetworkPolicy and the PodGroup.
+async fn ensure_shared_children(job: &ValidJob<'_>, ctx: &Context) -> Result<(), Stop> {
+    let ns = job.namespace;
+    let client = &ctx.client;
+    let services: Api<Service> = Api::namespaced(client.clone(), ns);
+    ensure_child(
+        &services,
+        "Service",
+        &builders::headless_service(job),
+        job,
+        Existing::Follow,
+    )
+    .await?;
+    let token = rdu_crds::token::new_token().map_err(ReconcileError::Token)?;
+    let secret = builders::token_secret(job, &token);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    ensure_child(&secrets, "Secret", &secret, job, Existing::Keep).await?;
+    if let Some(claim) = builders::checkpoint_claim(job) {
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+        ensure_child(
+            &claims,
+            "PersistentVolumeClaim",
+            &claim,
+            job,
+            Existing::Keep,
+        )
+        .await?;
+    }
+    if ctx.network_policies {
+        let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), ns);
+        let policy = builders::network_policy(job);
+        ensure_child(&policies, "NetworkPolicy", &policy, job, Existing::Follow).await?;
+    }
+    if let (Some(gang), true) = (job.gang, ctx.pod_groups) {
+        let groups: Api<DynamicObject> =
+            Api::namespaced_with(client.clone(), ns, &builders::pod_group_resource());
+        let group = builders::pod_group(job, gang);
+        ensure_child(&groups, "PodGroup", &group, job, Existing::Follow).await?;
+    }
+    Ok(())
+}
+
+/// Creates one shared child, or finds it the job's already (and re-applies it when it follows the job).
+async fn ensure_child<K>(
+    api: &Api<K>,
+    kind: &'static str,
+    child: &K,
+    job: &ValidJob<'_>,
+    existing: Existing,
+) -> Result<(), Stop>
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + Debug,
+{
+    let what = || format!("{kind} {}/{}", job.namespace, child.name_any());
+    let failed = |source| ReconcileError::SharedChildren {
+        what: what(),
+        source,
+    };
+    let Some(found) = create(api, kind, child, job, failed).await? else {
+        info!(job = job.name, namespace = job.namespace, child = %what(), "created");
+        return Ok(());
+    };
+    if existing == Existing::Keep {
+        return Ok(());
+    }
+    // The version judged to be the job's is a precondition of the write: if anyone replaced the object since,
+    // the API server refuses it, and the next reconcile judges the new one.
+    let mut pinned = child.clone();
+    pinned.meta_mut().resource_version = found.meta().resource_version.clone();
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    api.patch(&child.name_any(), &params, &Patch::Apply(&pinned))
+        .await
+        .map_err(failed)?;
+    Ok(())
+}
+
+/// Creates `child`. `None`: created. `Some(existing)`: an object of its name exists and is the job's. Someone
+/// else's object is a [`Stop::Conflict`], one going away a [`Stop::Waiting`]; neither is written to.
+async fn create<K>(
+    api: &Api<K>,
+    kind: &'static str,
+    child: &K,
+    job: &ValidJob<'_>,
+    failed: impl Fn(kube::Error) -> ReconcileError,
+) -> Result<Option<K>, Stop>
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + Debug,
+{
+    let params = PostParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..Default::default()
+    };
+    match api.create(&params, child).await {
+        Ok(_) => return Ok(None),
+        Err(kube::Error::Api(status)) if status.is_already_exists() => {}
+        Err(source) => return Err(failed(source).into()),
+    }
+    let name = child.name_any();
+    let what = format!("{kind} {}/{name}", job.namespace);
+    let found = api
+        .get_opt(&name)
+        .await
+        .map_err(|source| ReconcileError::Fetch {
+            what: what.clone(),
+            source,
+        })?;
+    let Some(found) = found else {
+        return Err(Stop::Waiting(format!(
+            "{what} was deleted as it was created"
+        )));
+    };
+    let identity = JobIdentity {
+        namespace: job.namespace,
+        name: job.name,
+        uid: job.uid(),
+    };
+    match ownership(kind, found.meta(), identity) {
+        Ownership::Ours => Ok(Some(found)),
+        Ownership::Leaving => Err(Stop::Waiting(format!(
+            "{what} is being deleted, or is an earlier job {}'s that the garbage collector removes",
+            job.name
+        ))),
+        Ownership::Foreign(conflict) => Err(Stop::Conflict(conflict)),
+    }
+}
+
+fn ignore_not_found<T>(result: Result<T, kube::Error>) -> Result<(), kube::Error> {
+    match result {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
+        Err(e) => Err(e),
+    }
+}

@@ -1,0 +1,35 @@
+//! What every reconcile shares: the client, the event recorder, the metrics, the controller's pod cache, the pod
+//! writes it has not shown yet, and the operator's settings.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Client;
+use kube::runtime::events::Recorder;
+use kube::runtime::reflector::Store;
+
+use crate::expectations::Expectations;
+use crate::metrics::Metrics;
+use crate::validate::Limits;
+
+/// Field manager of every write the operator makes to a job's children and status.
+pub const FIELD_MANAGER: &str = "rdu-operator";
+
+/// What every reconcile shares.
+pub struct Context {
+    pub client: Client,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+    /// The controller's pod cache: every pod carrying `rdu.dev/job-name`, kept by the controller's pod watch.
+    pub pods: Store<Pod>,
+    /// Pod writes the cache has not shown yet.
+    pub expectations: Expectations,
+    /// Whether scheduler-plugins' PodGroup CRD is installed (checked at start-up).
+    pub pod_groups: bool,
+    /// Whether every job gets a NetworkPolicy admitting only its own pods to the worker ports.
+    pub network_policies: bool,
+    /// The operator's own base URL for rank 0's progress reports (DESIGN 4.8); none: ranks do not report.
+    pub progress_url: Option<String>,
+    /// What this operator runs at most (`--max-workers-per-job`).
+    pub limits: Limits,
+}

@@ -1,0 +1,144 @@
+//! The steps of the reconcile pipeline and how each fails: the `step` label of
+//! `rdu_operator_reconcile_errors_total` and the error a failed reconcile returns (it is retried with backoff).
+//! Its own module so that the metrics and the pipeline both import it without importing each other.
+
+/// The step of the pipeline an error comes from: the `step` label of `rdu_operator_reconcile_errors_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Step {
+    /// Reading what the cache does not hold (an existing child whose owner must be checked).
+    Fetch,
+    /// Building the children: making the job's token (the builders themselves cannot fail on a validated job).
+    Build,
+    /// Creating and deleting children, or the job after its TTL.
+    Apply,
+    /// Writing the status subresource.
+    Status,
+}
+
+impl Step {
+    pub const ALL: [Step; 4] = [Step::Fetch, Step::Build, Step::Apply, Step::Status];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Step::Fetch => "fetch",
+            Step::Build => "build",
+            Step::Apply => "apply",
+            Step::Status => "status",
+        }
+    }
+}
+
+/// Why one reconcile failed (it is retried with backoff): one variant per step, with what it was doing.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error("cannot read {what}: {source}")]
+    Fetch { what: String, source: kube::Error },
+    #[error("cannot make the job's token: {0}")]
+    Token(#[from] rdu_crds::token::TokenError),
+    #[error("cannot create pod {pod}: {source}")]
+    CreatePods { pod: String, source: kube::Error },
+    #[error("cannot delete pod {pod}: {source}")]
+    DeletePods { pod: String, source: kube::Error },
+    #[error("cannot apply {what}: {source}")]
+    SharedChildren { what: String, source: kube::Error },
+    #[error("cannot delete the job after ttlSecondsAfterFinished: {source}")]
+    DeleteJob { source: kube::Error },
+    #[error("cannot write the job's status: {source}")]
+    Status { source: kube::Error },
+}
+
+impl ReconcileError {
+    /// The pipeline step that failed.
+    pub fn step(&self) -> Step {
+        match self {
+            ReconcileError::Fetch { .. } => Step::Fetch,
+            ReconcileError::Token(_) => Step::Build,
+            ReconcileError::CreatePods { .. }
+            | ReconcileError::DeletePods { .. }
+            | ReconcileError::SharedChildren { .. }
+            | ReconcileError::DeleteJob { .. } => Step::Apply,
+            ReconcileError::Status { .. } => Step::Status,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::core::Status;
+
+    fn api_error() -> kube::Error {
+        kube::Error::Api(
+            Status::failure("pods is forbidden", "Forbidden")
+                .with_code(403)
+                .boxed(),
+        )
+    }
+
+    #[test]
+    fn each_error_maps_to_its_step_label() {
+        let cases = [
+            (
+                ReconcileError::Fetch {
+                    what: "Service ml/a".into(),
+                    source: api_error(),
+                },
+                "fetch",
+            ),
+            (
+                ReconcileError::Token(rdu_crds::token::TokenError("no entropy".into())),
+                "build",
+            ),
+            (
+                ReconcileError::CreatePods {
+                    pod: "ml/a-worker-0".into(),
+                    source: api_error(),
+                },
+                "apply",
+            ),
+            (
+                ReconcileError::DeletePods {
+                    pod: "ml/a-worker-0".into(),
+                    source: api_error(),
+                },
+                "apply",
+            ),
+            (
+                ReconcileError::SharedChildren {
+                    what: "Service ml/a".into(),
+                    source: api_error(),
+                },
+                "apply",
+            ),
+            (
+                ReconcileError::DeleteJob {
+                    source: api_error(),
+                },
+                "apply",
+            ),
+            (
+                ReconcileError::Status {
+                    source: api_error(),
+                },
+                "status",
+            ),
+        ];
+        for (error, label) in cases {
+            assert_eq!(error.step().as_str(), label, "{error}");
+        }
+        let all: Vec<&str> = Step::ALL.iter().map(|s| s.as_str()).collect();
+        assert_eq!(all, ["fetch", "build", "apply", "status"]);
+    }
+
+    #[test]
+    fn errors_say_what_was_being_done() {
+        let error = ReconcileError::CreatePods {
+            pod: "ml/a-worker-3".into(),
+            source: api_error(),
+        };
+        let text = error.to_string();
+        assert!(text.contains("cannot create pod ml/a-worker-3"), "{text}");
+        assert!(text.contains("forbidden"), "{text}");
+        assert!(std::error::Error::source(&error).is_some());
+    }
+}
