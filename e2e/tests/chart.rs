@@ -75,21 +75,25 @@ fn the_chart_grants_exactly_the_operators_api_use() {
     let cluster = grants(&[
         ("rdu.dev", &["rdujobs"], &["list", "watch", "delete"]),
         ("rdu.dev", &["rdujobs/status"], &["patch"]),
+        ("", &["pods"], &["list", "watch", "get", "create", "delete"]),
         (
             "",
-            &["pods"],
-            &["list", "watch", "create", "patch", "delete"],
+            &["services"],
+            &["list", "watch", "get", "create", "patch"],
         ),
-        ("", &["services"], &["list", "watch", "create", "patch"]),
-        ("", &["secrets"], &["get", "create", "patch"]),
-        ("", &["persistentvolumeclaims"], &["get", "create", "patch"]),
+        ("", &["secrets"], &["get", "create"]),
+        ("", &["persistentvolumeclaims"], &["get", "create"]),
         (
             "networking.k8s.io",
             &["networkpolicies"],
-            &["create", "patch"],
+            &["get", "create", "patch"],
         ),
         ("events.k8s.io", &["events"], &["create", "patch"]),
-        ("scheduling.x-k8s.io", &["podgroups"], &["create", "patch"]),
+        (
+            "scheduling.x-k8s.io",
+            &["podgroups"],
+            &["get", "create", "patch"],
+        ),
         (
             "apiextensions.k8s.io",
             &["customresourcedefinitions"],
@@ -275,6 +279,9 @@ async fn the_charts_service_account_may_do_what_the_operator_does_and_no_more() 
         ("update", "leases.coordination.k8s.io", "ml"),
         ("create", "rdujobs.rdu.dev", "ml"),
         ("update", "pods", "ml"),
+        ("patch", "pods", "ml"),
+        ("patch", "secrets", "ml"),
+        ("patch", "persistentvolumeclaims", "ml"),
         ("update", "pods/status", "ml"),
         ("create", "pods/exec", "ml"),
         ("update", "rdujobs.rdu.dev/status", "ml"),
@@ -531,5 +538,38 @@ fn helm_lint_is_clean() {
     assert!(
         !out.contains("[WARNING]") && !out.contains("[ERROR]"),
         "{out}"
+    );
+}
+
+/// The operator container's args in the rendered chart.
+fn operator_args(extra: &[&str]) -> Vec<String> {
+    let docs = documents(&helm_template("rdu", NAMESPACE, extra).expect("helm template"));
+    let deployment = docs
+        .iter()
+        .find(|d| d["kind"].as_str() == Some("Deployment"))
+        .expect("the operator's Deployment");
+    deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_sequence()
+        .expect("args")
+        .iter()
+        .filter_map(|a| a.as_str().map(str::to_string))
+        .collect()
+}
+
+#[test]
+fn the_job_size_limit_is_a_chart_value() {
+    let Some(_assets) = assets_or_skip("chart maxWorkersPerJob") else {
+        return;
+    };
+    let limit = |extra: &[&str]| {
+        operator_args(extra)
+            .into_iter()
+            .filter(|a| a.starts_with("--max-workers-per-job="))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(limit(&[]), ["--max-workers-per-job=1024"]);
+    assert_eq!(
+        limit(&["--set", "operator.maxWorkersPerJob=4096"]),
+        ["--max-workers-per-job=4096"]
     );
 }
