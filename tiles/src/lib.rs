@@ -3,8 +3,9 @@
 //!
 //! - [`topology`], [`packing`], [`affinity`]: device IDs, the packing rule of GetPreferredAllocation, the
 //!   `SF_RNT_TILE_AFFINITY` mask.
-//! - [`node`]: the node state (health, allocations, [`saved_allocations`], [`metrics`]) behind every device plugin
-//!   call; [`simulated::SimulatedNode`] wraps it for local mode.
+//! - [`table`]: a node's tiles as plain data (health, allocations) and every operation on them; [`node`] wraps it
+//!   with a lock, the device-list watch, [`metrics`] and the [`saved_allocations`] file, behind every device plugin
+//!   call; [`simulated::SimulatedNode`] wraps the node for local mode.
 //! - [`tilestat`]: the sntilestat document, its table, and a client that fetches it from a node.
 
 pub mod affinity;
@@ -13,5 +14,6 @@ pub mod node;
 pub mod packing;
 pub mod saved_allocations;
 pub mod simulated;
+pub mod table;
 pub mod tilestat;
 pub mod topology;
