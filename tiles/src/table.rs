@@ -1,6 +1,6 @@
 //! The tile table of one node, as plain data: which tiles are healthy (and why not), which are allocated, to whom
 //! and since when, and every operation behind a device plugin call on it. No lock, watch, metric or file: the
-//! node (`crate::node::TileNode`) wraps the table with those and publishes what each operation changed.
+//! node module's `TileNode` wraps the table with those and publishes what each operation changed.
 
 use crate::affinity::container_env;
 use crate::packing::{PackingError, pack};
