@@ -184,7 +184,7 @@ pub async fn run(path: &Path, options: RunOptions) -> Result<i32, CliError> {
             generation,
             exit,
         ) {
-            Verdict::Restart => console.note(&format!(
+            Verdict::Restart { .. } => console.note(&format!(
                 "rank {rank} ended with {exit}: restarting the gang: generation {} (restart {} of at most {})",
                 generation + 1,
                 generation + 1,

@@ -3,8 +3,8 @@
 
 use std::fmt;
 
-use crate::RestartPolicy;
 use crate::consts::exit_code;
+use crate::{EndCause, RestartPolicy};
 
 /// How one rank of a generation ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,7 +42,7 @@ impl RankExit {
 
     /// How surely this exit is the cause of a failed generation rather than a consequence of another rank's:
     /// lower is surer. Peers of a failed rank exit with the retryable code when it goes away.
-    fn blame_order(self) -> u8 {
+    pub fn blame_order(self) -> u8 {
         match self {
             RankExit::Code(code) if code == exit_code::RETRYABLE => 2,
             exit if exit.is_retryable() => 1,
@@ -93,29 +93,52 @@ impl FailureReason {
     }
 }
 
-/// What follows a failed generation.
+/// What follows an ended generation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verdict {
-    /// Restart the whole gang as the next generation.
-    Restart,
+    /// Restart the whole gang as the next generation; `counted` against `backoffLimit` or not.
+    Restart { counted: bool },
     /// The job fails.
     Fail(FailureReason),
 }
 
-/// Restart or fail, after the culprit ended with `exit`, under `policy`, with `restarts` gang restarts so far.
+/// Restart or fail, after a failure of the job's own in which the culprit ended with `exit`, under `policy`, with
+/// `failure_restarts` counted gang restarts so far.
 pub fn after_failure(
     policy: RestartPolicy,
     backoff_limit: u32,
-    restarts: u32,
+    failure_restarts: u32,
     exit: RankExit,
 ) -> Verdict {
-    match policy {
-        RestartPolicy::Never => Verdict::Fail(FailureReason::RestartPolicyNever),
-        RestartPolicy::ExitCode if !exit.is_retryable() => {
+    after_end(
+        policy,
+        backoff_limit,
+        failure_restarts,
+        exit,
+        EndCause::Failure,
+    )
+}
+
+/// Restart or fail after a generation ended with its culprit's `exit`, caused by `cause`. A disruption from outside
+/// the job (its node lost, a drain, a preemption) restarts the gang without counting against `backoffLimit`, as
+/// the Job API's pod failure policy `Ignore` does for `DisruptionTarget`; `restartPolicy: Never` fails on anything.
+pub fn after_end(
+    policy: RestartPolicy,
+    backoff_limit: u32,
+    failure_restarts: u32,
+    exit: RankExit,
+    cause: EndCause,
+) -> Verdict {
+    match (policy, cause) {
+        (RestartPolicy::Never, _) => Verdict::Fail(FailureReason::RestartPolicyNever),
+        (_, EndCause::Disruption) => Verdict::Restart { counted: false },
+        (RestartPolicy::ExitCode, EndCause::Failure) if !exit.is_retryable() => {
             Verdict::Fail(FailureReason::PermanentFailure)
         }
-        _ if restarts >= backoff_limit => Verdict::Fail(FailureReason::BackoffLimitExceeded),
-        _ => Verdict::Restart,
+        _ if failure_restarts >= backoff_limit => {
+            Verdict::Fail(FailureReason::BackoffLimitExceeded)
+        }
+        _ => Verdict::Restart { counted: true },
     }
 }
 
@@ -126,14 +149,43 @@ mod tests {
     use RankExit::{Code, Lost, Signal};
     use RestartPolicy::{ExitCode, Never, OnFailure};
 
+    const RESTART: Verdict = Verdict::Restart { counted: true };
+
+    #[test]
+    fn disruptions_restart_without_counting_except_under_never() {
+        // (policy, backoffLimit, counted restarts so far, exit) -> verdict after a disruption
+        let table = [
+            (ExitCode, 3, 0, Lost, Verdict::Restart { counted: false }),
+            (ExitCode, 0, 0, Lost, Verdict::Restart { counted: false }),
+            (
+                ExitCode,
+                3,
+                3,
+                Code(143),
+                Verdict::Restart { counted: false },
+            ),
+            // A disrupted rank's own exit code does not make the disruption permanent.
+            (ExitCode, 3, 0, Code(1), Verdict::Restart { counted: false }),
+            (OnFailure, 0, 5, Lost, Verdict::Restart { counted: false }),
+            (Never, 3, 0, Lost, Verdict::Fail(RestartPolicyNever)),
+        ];
+        for (i, (policy, limit, restarts, exit, verdict)) in table.into_iter().enumerate() {
+            assert_eq!(
+                after_end(policy, limit, restarts, exit, EndCause::Disruption),
+                verdict,
+                "row {i}"
+            );
+        }
+    }
+
     #[test]
     fn restart_or_fail_under_every_policy() {
         // (policy, backoffLimit, restarts so far, how the culprit ended) -> verdict
         let table: [(RestartPolicy, u32, u32, RankExit, Verdict); 16] = [
-            (ExitCode, 3, 0, Code(75), Verdict::Restart),
-            (ExitCode, 3, 0, Code(137), Verdict::Restart),
-            (ExitCode, 3, 0, Signal(9), Verdict::Restart),
-            (ExitCode, 3, 0, Lost, Verdict::Restart),
+            (ExitCode, 3, 0, Code(75), RESTART),
+            (ExitCode, 3, 0, Code(137), RESTART),
+            (ExitCode, 3, 0, Signal(9), RESTART),
+            (ExitCode, 3, 0, Lost, RESTART),
             (ExitCode, 3, 0, Code(1), Verdict::Fail(PermanentFailure)),
             (ExitCode, 3, 0, Code(64), Verdict::Fail(PermanentFailure)),
             (ExitCode, 3, 0, Code(65), Verdict::Fail(PermanentFailure)),
@@ -152,8 +204,8 @@ mod tests {
                 Signal(9),
                 Verdict::Fail(BackoffLimitExceeded),
             ),
-            (OnFailure, 3, 0, Code(65), Verdict::Restart),
-            (OnFailure, 3, 2, Code(1), Verdict::Restart),
+            (OnFailure, 3, 0, Code(65), RESTART),
+            (OnFailure, 3, 2, Code(1), RESTART),
             (
                 OnFailure,
                 3,

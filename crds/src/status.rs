@@ -20,9 +20,22 @@ pub struct RduJobStatus {
     pub conditions: Vec<Condition>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// The gang generation: how many times the whole gang was restarted.
+    /// The gang generation: how many times the whole gang was restarted, for any cause.
     #[serde(default)]
     pub restarts: u32,
+    /// Gang restarts caused by the job's own failures; `runPolicy.backoffLimit` caps them.
+    #[serde(default)]
+    pub failure_restarts: u32,
+    /// Gang restarts caused by disruptions from outside the job (its node lost, a drain or another eviction, a
+    /// preemption); they do not count against `backoffLimit`.
+    #[serde(default)]
+    pub disruption_restarts: u32,
+    /// While a failed generation is being stopped: which, and what its end is blamed on so far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopping: Option<GenerationEnd>,
+    /// How the last generations ended, oldest first (at most [`GenerationEnd::KEPT`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<GenerationEnd>,
     #[serde(default)]
     pub workers: WorkerCounts,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -74,6 +87,58 @@ pub struct WorkerCounts {
     pub ready: u32,
     pub succeeded: u32,
     pub failed: u32,
+}
+
+/// How a generation of the gang ended: the rank it is blamed on (`policy::culprit`), why, and what followed.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GenerationEnd {
+    pub generation: u32,
+    /// The rank the end is blamed on.
+    pub rank: u32,
+    /// Its exit code (128 + N for signal N); none when the rank was lost without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// The worker's, kubelet's or control plane's reason: `Error`, `OOMKilled`, `NodeLost`,
+    /// `EvictionByEvictionAPI`, `PreemptionByScheduler`, `PodDeleted`...
+    pub reason: String,
+    /// One line saying what happened.
+    pub message: String,
+    /// The node the rank ran on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// A failure of the job's own (counted against backoffLimit) or a disruption from outside it (not counted).
+    pub cause: EndCause,
+    /// What followed; none while the generation is still being stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<EndAction>,
+    /// When the generation began to be stopped.
+    pub time: Time,
+}
+
+impl GenerationEnd {
+    /// How many ended generations `status.history` keeps.
+    pub const KEPT: usize = 10;
+}
+
+/// Whose doing a generation's end was.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum EndCause {
+    /// The job's own: a rank exited with an error, was OOM-killed, its pod was deleted.
+    Failure,
+    /// From outside the job: its node was lost, drained or otherwise evicted it, or the scheduler preempted it.
+    Disruption,
+}
+
+/// What followed a generation's end.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum EndAction {
+    /// The gang restarted; the restart counts against backoffLimit.
+    RestartJob,
+    /// The gang restarted; the restart does not count.
+    RestartJobNotCounted,
+    /// The job failed.
+    FailJob,
 }
 
 /// Where a rank runs.

@@ -94,6 +94,8 @@ fn the_chart_grants_exactly_the_operators_api_use() {
             &["podgroups"],
             &["get", "create", "patch"],
         ),
+        // Nodes: which are lost, what room they have (DESIGN 5).
+        ("", &["nodes"], &["list", "watch"]),
         (
             "apiextensions.k8s.io",
             &["customresourcedefinitions"],
@@ -259,6 +261,7 @@ async fn the_charts_service_account_may_do_what_the_operator_does_and_no_more() 
         ("get", "persistentvolumeclaims"),
         ("create", "events.events.k8s.io"),
         ("patch", "networkpolicies.networking.k8s.io"),
+        ("watch", "nodes"),
     ] {
         // (podgroups: kubectl cannot resolve a resource whose CRD is absent; the exact ClusterRole test covers it.)
         assert!(
@@ -285,7 +288,8 @@ async fn the_charts_service_account_may_do_what_the_operator_does_and_no_more() 
         ("update", "pods/status", "ml"),
         ("create", "pods/exec", "ml"),
         ("update", "rdujobs.rdu.dev/status", "ml"),
-        ("list", "nodes", NAMESPACE),
+        ("get", "nodes", NAMESPACE),
+        ("patch", "nodes", NAMESPACE),
         (
             "create",
             "customresourcedefinitions.apiextensions.k8s.io",

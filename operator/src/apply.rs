@@ -58,12 +58,21 @@ pub async fn apply(job: &ValidJob<'_>, ctx: &Context, actions: &[Action]) -> Res
                 );
             }
             Action::DeletePods { names } => {
-                delete_pods(job, ctx, names).await?;
+                delete_pods(job, ctx, names, Grace::Default).await?;
                 info!(
                     job = job.name,
                     namespace = job.namespace,
                     count = names.len(),
                     "deleted pods"
+                );
+            }
+            Action::ForceDeletePods { names } => {
+                delete_pods(job, ctx, names, Grace::None).await?;
+                info!(
+                    job = job.name,
+                    namespace = job.namespace,
+                    pods = ?names,
+                    "deleted pods on lost nodes at once (no kubelet can confirm them)"
                 );
             }
             Action::DeleteJob => {
@@ -110,19 +119,38 @@ async fn create_pods(
     .await
 }
 
+/// How a pod is deleted.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Grace {
+    /// The pod's own grace period: the kubelet stops it (SIGTERM, then SIGKILL) and confirms.
+    Default,
+    /// None: the object goes at once, as `kubectl delete --force --grace-period=0` and the pod garbage collector
+    /// for out-of-service nodes do. Only for pods whose node is lost.
+    None,
+}
+
 /// Deletes pods by name in slow-start batches; each deleted (or already gone) is recorded as expected to leave
 /// the cache.
-async fn delete_pods(job: &ValidJob<'_>, ctx: &Context, names: &[String]) -> Result<(), Stop> {
+async fn delete_pods(
+    job: &ValidJob<'_>,
+    ctx: &Context,
+    names: &[String],
+    grace: Grace,
+) -> Result<(), Stop> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), job.namespace);
+    let params = match grace {
+        Grace::Default => DeleteParams::background(),
+        Grace::None => DeleteParams::background().grace_period(0),
+    };
     slow_start(names, MAX_BATCH, |name| {
-        let pods = &pods;
+        let (pods, params) = (&pods, &params);
         async move {
-            ignore_not_found(pods.delete(name, &DeleteParams::background()).await).map_err(
-                |source| ReconcileError::DeletePods {
+            ignore_not_found(pods.delete(name, params).await).map_err(|source| {
+                ReconcileError::DeletePods {
                     pod: format!("{}/{name}", job.namespace),
                     source,
-                },
-            )?;
+                }
+            })?;
             ctx.expectations.deleted(job.uid(), name);
             Ok(())
         }

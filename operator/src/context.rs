@@ -1,5 +1,5 @@
-//! What every reconcile shares: the client, the event recorder, the metrics, the controller's pod cache, the pod
-//! writes it has not shown yet, and the operator's settings.
+//! What every reconcile shares: the client, the event recorder, the metrics, the controller's pod and node caches,
+//! the pod writes the pod cache has not shown yet, and the operator's settings.
 
 use std::sync::Arc;
 
@@ -10,6 +10,7 @@ use kube::runtime::reflector::Store;
 
 use crate::expectations::Expectations;
 use crate::metrics::Metrics;
+use crate::node_cache::NodeCache;
 use crate::validate::Limits;
 
 /// Field manager of every write the operator makes to a job's children and status.
@@ -22,6 +23,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// The controller's pod cache: every pod carrying `rdu.dev/job-name`, kept by the controller's pod watch.
     pub pods: Store<Pod>,
+    /// The controller's node cache: which nodes are lost, and what room they have for a new generation.
+    pub nodes: NodeCache,
     /// Pod writes the cache has not shown yet.
     pub expectations: Expectations,
     /// Whether scheduler-plugins' PodGroup CRD is installed (checked at start-up).

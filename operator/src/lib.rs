@@ -9,6 +9,8 @@ pub mod health;
 pub mod leader;
 pub mod lifecycle;
 pub mod metrics;
+pub mod node_cache;
+pub mod nodes;
 pub mod ownership;
 pub mod progress;
 pub mod reconcile;

@@ -1,23 +1,28 @@
-//! The job lifecycle of DESIGN 5 as a pure function: (job, observed pods, now) -> (actions, new status, events).
+//! The job lifecycle of DESIGN 5 as a pure function: (job, observed pods, what is known of the nodes, now) ->
+//! (actions, new status, events).
 //!
 //! Nothing here talks to the API server. Status is derived only from what was observed: a rank counts as
 //! created once its pod was seen, as vanished once a pod seen before is gone or being deleted by someone else.
+//! A failed generation is stopped and ended in `teardown`; a new generation is created whole, once every pod
+//! name is free and (when the operator knows the nodes) the schedulable nodes have room for every rank.
 
 use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use rdu_crds::policy::{self, RankExit, Verdict};
 use rdu_crds::{
     CleanPodPolicy, JobPhase, JobResult, RankStatus, RduJob, RduJobStatus, WorkerCounts, consts,
 };
 
-use rdu_crds::consts::WORKER_CONTAINER;
+use crate::nodes::ClusterView;
 
 mod blocked;
-use blocked::Blocked;
+mod pod_view;
 mod refusal;
+mod teardown;
+use blocked::Blocked;
+use pod_view::{PodState, PodView};
 pub use refusal::{Refusal, refuse};
 
 /// Something the reconcile must do to the cluster.
@@ -27,6 +32,9 @@ pub enum Action {
     CreatePods { generation: u32, ranks: Vec<u32> },
     /// Delete these pods (by name).
     DeletePods { names: Vec<String> },
+    /// Delete these pods with no grace period: their node is lost, so no kubelet will ever confirm a graceful
+    /// deletion, and their names are needed for the next generation.
+    ForceDeletePods { names: Vec<String> },
     /// Delete the RduJob itself (ttlSecondsAfterFinished passed); children go with it by owner reference.
     DeleteJob,
 }
@@ -49,6 +57,9 @@ pub struct Decision {
     pub requeue_after: Option<Duration>,
 }
 
+/// How often a job that waits for room on the nodes looks again (node changes wake it at once).
+const WAIT_FOR_ROOM_SECONDS: i64 = 10;
+
 /// Condition types of DESIGN 5.
 pub mod condition {
     pub const CREATED: &str = "Created";
@@ -58,152 +69,31 @@ pub mod condition {
     pub const FAILED: &str = "Failed";
     pub const SUSPENDED: &str = "Suspended";
     /// True while a pod of the current generation cannot start (an image that cannot be pulled, a container that
-    /// cannot be created, no node that fits); the reason is the kubelet's or scheduler's. The job stays Pending:
-    /// the image may appear, a node may join.
+    /// cannot be created, no node that fits), with the kubelet's or scheduler's reason, or while the gang is not
+    /// created because the schedulable nodes lack room for it (`InsufficientCapacity`). The job stays Pending:
+    /// the image may appear, a node may join or come back.
     pub const PODS_BLOCKED: &str = "PodsBlocked";
-}
-
-/// What one pod of the job is doing, read from its labels and status.
-#[derive(Clone, Debug)]
-struct PodView {
-    name: String,
-    rank: u32,
-    generation: u32,
-    node: Option<String>,
-    /// The tiles the device plugin published on the pod (`rdu.dev/tiles`), empty until it has.
-    tiles: Vec<String>,
-    terminating: bool,
-    state: PodState,
-    /// What keeps the pod from starting, if anything.
-    blocked: Option<Blocked>,
-}
-
-#[derive(Clone, Debug, PartialEq)]
-enum PodState {
-    Pending,
-    Running { ready: bool },
-    Succeeded { message: Option<String> },
-    Failed(Failure),
-}
-
-/// Why a rank stopped: its exit code (lost when it had none), and the pod's or container's reason.
-#[derive(Clone, Debug, PartialEq)]
-struct Failure {
-    exit: RankExit,
-    reason: String,
-}
-
-impl PodView {
-    fn from_pod(pod: &Pod) -> Option<PodView> {
-        let labels = pod.metadata.labels.as_ref()?;
-        let rank = labels.get(consts::LABEL_RANK)?.parse().ok()?;
-        let generation = labels.get(consts::LABEL_GENERATION)?.parse().ok()?;
-        let status = pod.status.as_ref();
-        let phase = status.and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
-        let pod_reason = status.and_then(|s| s.reason.clone());
-        let worker = status
-            .and_then(|s| s.container_statuses.as_ref())
-            .and_then(|cs| cs.iter().find(|c| c.name == WORKER_CONTAINER));
-        let terminated = worker
-            .and_then(|c| c.state.as_ref())
-            .and_then(|s| s.terminated.as_ref());
-        let ready = worker.is_some_and(|c| c.ready);
-        let state = if pod_reason.as_deref() == Some("NodeLost") {
-            PodState::Failed(Failure {
-                exit: RankExit::Lost,
-                reason: "NodeLost".into(),
-            })
-        } else {
-            match phase {
-                "Running" => PodState::Running { ready },
-                "Succeeded" => PodState::Succeeded {
-                    message: terminated.and_then(|t| t.message.clone()),
-                },
-                "Failed" | "Unknown" => PodState::Failed(Failure {
-                    exit: terminated.map_or(RankExit::Lost, |t| RankExit::Code(t.exit_code)),
-                    // The worker writes why it failed to its termination message; the kubelet's reason
-                    // (`Error`, `OOMKilled`) otherwise.
-                    reason: pod_reason
-                        .or_else(|| {
-                            terminated
-                                .and_then(|t| t.message.as_deref())
-                                .map(str::trim)
-                                .filter(|m| !m.is_empty())
-                                .map(|m| m.chars().take(512).collect())
-                        })
-                        .or_else(|| terminated.and_then(|t| t.reason.clone()))
-                        .unwrap_or_else(|| phase.to_string()),
-                }),
-                _ => PodState::Pending,
-            }
-        };
-        Some(PodView {
-            name: pod.metadata.name.clone()?,
-            rank,
-            generation,
-            node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
-            tiles: pod
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(consts::TILES_ANNOTATION))
-                .map(|v| {
-                    v.split(',')
-                        .map(str::trim)
-                        .filter(|t| !t.is_empty())
-                        .map(String::from)
-                        .collect()
-                })
-                .unwrap_or_default(),
-            terminating: pod.metadata.deletion_timestamp.is_some(),
-            state,
-            blocked: blocked::blocked(pod),
-        })
-    }
-
-    fn is_active(&self) -> bool {
-        matches!(self.state, PodState::Pending | PodState::Running { .. })
-    }
-}
-
-/// A rank's failure as the lifecycle sees it.
-#[derive(Clone, Debug)]
-struct RankFailure {
-    rank: u32,
-    failure: Failure,
-}
-
-impl RankFailure {
-    fn describe(&self) -> String {
-        match self.failure.exit {
-            RankExit::Code(code) => format!(
-                "rank {} exited with code {code} ({})",
-                self.rank, self.failure.reason
-            ),
-            RankExit::Signal(signal) => format!(
-                "rank {} was killed by signal {signal} ({})",
-                self.rank, self.failure.reason
-            ),
-            RankExit::Lost => format!("rank {} was lost ({})", self.rank, self.failure.reason),
-        }
-    }
+    /// The reason of PodsBlocked while the nodes cannot hold the whole gang.
+    pub const INSUFFICIENT_CAPACITY: &str = "InsufficientCapacity";
 }
 
 /// The lifecycle step: everything the reconcile does follows from this. `pods` are the job's own (controlled by
-/// it).
-pub fn decide(job: &RduJob, pods: &[Pod], now: Timestamp) -> Decision {
-    decide_from(job, pods, now)
+/// it); `cluster` is what the node cache says of their nodes and of the room for a new generation.
+pub fn decide(job: &RduJob, pods: &[Pod], cluster: &ClusterView, now: Timestamp) -> Decision {
+    decide_from(job, pods, cluster, now)
 }
 
 /// [`decide`] over pods borrowed from wherever they are kept (the controller's cache shares them), none copied.
 pub fn decide_from<'a>(
     job: &RduJob,
     pods: impl IntoIterator<Item = &'a Pod>,
+    cluster: &ClusterView,
     now: Timestamp,
 ) -> Decision {
     let mut step = Step {
         job,
         pods: pods.into_iter().filter_map(PodView::from_pod).collect(),
+        cluster,
         now,
         status: job.status.clone().unwrap_or_default(),
         actions: Vec::new(),
@@ -228,6 +118,7 @@ pub fn decide_from<'a>(
 struct Step<'a> {
     job: &'a RduJob,
     pods: Vec<PodView>,
+    cluster: &'a ClusterView,
     now: Timestamp,
     status: RduJobStatus,
     actions: Vec<Action>,
@@ -270,16 +161,18 @@ impl Step<'_> {
             );
         }
         self.delete_other_generations();
-        if let Some(failure) = self.first_failure() {
-            return self.handle_failure(failure);
+        if self.handle_trouble() {
+            return;
         }
         if self.all_succeeded() {
             return self.succeed();
         }
-        self.create_missing_ranks();
+        let waiting_for_room = self.create_missing_ranks();
         self.record_ranks();
         self.update_running_phase();
-        self.report_blocked_pods();
+        if !waiting_for_room {
+            self.report_blocked_pods();
+        }
     }
 
     fn generation(&self) -> u32 {
@@ -372,18 +265,24 @@ impl Step<'_> {
     /// Pods to delete under cleanPodPolicy once the job finished.
     fn clean_up_pods(&mut self) {
         let policy = self.job.spec.run_policy.clean_pod_policy;
-        let names = self
-            .pods
-            .iter()
-            .filter(|p| !p.terminating)
-            .filter(|p| match policy {
-                CleanPodPolicy::All => true,
-                CleanPodPolicy::Running => p.is_active(),
-                CleanPodPolicy::None => false,
-            })
-            .map(|p| p.name.clone())
-            .collect();
-        self.delete(names);
+        let (mut graceful, mut forced) = (Vec::new(), Vec::new());
+        for pod in self.pods.iter().filter(|p| match policy {
+            CleanPodPolicy::All => true,
+            CleanPodPolicy::Running => p.is_active(),
+            CleanPodPolicy::None => false,
+        }) {
+            let lost = pod
+                .node
+                .as_ref()
+                .is_some_and(|n| self.cluster.lost.contains_key(n));
+            if lost {
+                forced.push(pod.name.clone());
+            } else if !pod.terminating {
+                graceful.push(pod.name.clone());
+            }
+        }
+        self.delete(graceful);
+        self.force_delete(forced);
     }
 
     fn after_finish(&mut self) {
@@ -410,6 +309,7 @@ impl Step<'_> {
     }
 
     fn suspend(&mut self) {
+        self.status.stopping = None;
         let names = self
             .pods
             .iter()
@@ -451,83 +351,28 @@ impl Step<'_> {
         remaining <= 0
     }
 
+    /// Pods of another generation (or a rank beyond the world size) go; at once where their node is lost.
     fn delete_other_generations(&mut self) {
         let generation = self.generation();
         let workers = self.job.spec.workers;
-        let names = self
+        let (mut graceful, mut forced) = (Vec::new(), Vec::new());
+        for pod in self
             .pods
             .iter()
-            .filter(|p| !p.terminating && (p.generation != generation || p.rank >= workers))
-            .map(|p| p.name.clone())
-            .collect();
-        self.delete(names);
-    }
-
-    /// The rank the failure of the current generation is blamed on (`policy::culprit`), among the ranks that
-    /// failed, were lost, or vanished after they had been seen.
-    fn first_failure(&self) -> Option<RankFailure> {
-        let seen_before = |rank: u32| self.status.ranks.iter().any(|r| r.rank == rank);
-        let failures: Vec<RankFailure> = (0..self.job.spec.workers)
-            .filter_map(|rank| {
-                let failed = self.current().find_map(|p| match &p.state {
-                    PodState::Failed(f) if p.rank == rank => Some(f.clone()),
-                    _ => None,
-                });
-                if let Some(failure) = failed {
-                    return Some(RankFailure { rank, failure });
-                }
-                let pod = self.current().find(|p| p.rank == rank);
-                let vanished = match pod {
-                    None => seen_before(rank),
-                    Some(p) => p.terminating && seen_before(rank),
-                };
-                vanished.then(|| RankFailure {
-                    rank,
-                    failure: Failure {
-                        exit: RankExit::Lost,
-                        reason: "PodVanished".into(),
-                    },
-                })
-            })
-            .collect();
-        let (rank, _) = policy::culprit(failures.iter().map(|f| (f.rank, f.failure.exit)))?;
-        failures.into_iter().find(|f| f.rank == rank)
-    }
-
-    fn handle_failure(&mut self, failed: RankFailure) {
-        let policy = self.job.spec.run_policy.restart_policy;
-        let limit = self.job.spec.run_policy.backoff_limit;
-        let what = failed.describe();
-        let restarts = self.status.restarts;
-        if let Verdict::Fail(reason) =
-            policy::after_failure(policy, limit, restarts, failed.failure.exit)
+            .filter(|p| p.generation != generation || p.rank >= workers)
         {
-            let message = match reason {
-                policy::FailureReason::BackoffLimitExceeded => format!(
-                    "{what}; the gang was already restarted {restarts} times (backoffLimit {limit})"
-                ),
-                _ => format!("{what}; restartPolicy {policy:?} does not restart it"),
-            };
-            return self.finish(JobPhase::Failed, reason.as_str(), message);
+            let lost = pod
+                .node
+                .as_ref()
+                .is_some_and(|n| self.cluster.lost.contains_key(n));
+            if lost {
+                forced.push(pod.name.clone());
+            } else if !pod.terminating {
+                graceful.push(pod.name.clone());
+            }
         }
-        let names = self
-            .current()
-            .filter(|p| !p.terminating)
-            .map(|p| p.name.clone())
-            .collect();
-        self.delete(names);
-        self.status.restarts += 1;
-        self.status.ranks.clear();
-        self.status.phase = Some(JobPhase::Restarting);
-        let message = format!(
-            "{what}; restarting the gang as generation {}",
-            self.status.restarts
-        );
-        self.set_condition(condition::RESTARTING, true, "GangRestart", message.clone());
-        self.clear_condition(condition::RUNNING, "GangRestart", &message);
-        self.clear_condition(condition::CREATED, "GangRestart", &message);
-        self.clear_condition(condition::PODS_BLOCKED, "GangRestart", &message);
-        self.event(true, "Restarting", message);
+        self.delete(graceful);
+        self.force_delete(forced);
     }
 
     fn all_succeeded(&self) -> bool {
@@ -563,6 +408,7 @@ impl Step<'_> {
     }
 
     fn finish(&mut self, phase: JobPhase, reason: &'static str, message: String) {
+        self.status.stopping = None;
         self.status.phase = Some(phase);
         self.status.completion_time = Some(Time(self.now));
         let type_ = if phase == JobPhase::Succeeded {
@@ -588,7 +434,51 @@ impl Step<'_> {
         }
     }
 
-    fn create_missing_ranks(&mut self) {
+    /// Creates the ranks the current generation lacks. A generation is started whole: only once no pod of the
+    /// job is left (every name free) and, when the node cache is known, the schedulable nodes have room for every
+    /// rank; until then PodsBlocked says why (`InsufficientCapacity`) and the job waits. A generation that was
+    /// started and lacks some ranks (a reconcile cut short) gets them without the check. Returns whether the job
+    /// waits for room.
+    fn create_missing_ranks(&mut self) -> bool {
+        let generation = self.generation();
+        let started = self
+            .pods
+            .iter()
+            .any(|p| p.generation == generation && !p.terminating);
+        if !started {
+            if !self.pods.is_empty() {
+                return false;
+            }
+            if let Some(room) = &self.cluster.room {
+                let workers = u64::from(self.job.spec.workers);
+                if room.ranks() < workers {
+                    let message = format!(
+                        "the gang needs {workers} rank(s) of {} {} each; the schedulable nodes have room for {} rank(s): {}",
+                        self.job.spec.tiles_per_worker,
+                        consts::TILE_RESOURCE,
+                        room.ranks(),
+                        room.describe()
+                    );
+                    let news = !self.status.conditions.iter().any(|c| {
+                        c.type_ == condition::PODS_BLOCKED
+                            && c.status == "True"
+                            && c.reason == condition::INSUFFICIENT_CAPACITY
+                    });
+                    self.set_condition(
+                        condition::PODS_BLOCKED,
+                        true,
+                        condition::INSUFFICIENT_CAPACITY,
+                        message.clone(),
+                    );
+                    if news {
+                        self.event(true, condition::INSUFFICIENT_CAPACITY, message);
+                    }
+                    // Nodes coming back wake the job; pods of other jobs ending do not, so look again soon.
+                    self.requeue_in(WAIT_FOR_ROOM_SECONDS);
+                    return true;
+                }
+            }
+        }
         let occupied = |rank: u32| {
             let name = consts::pod_name(rdu_crds::job_name(self.job), rank);
             self.pods.iter().any(|p| p.name == name)
@@ -597,9 +487,9 @@ impl Step<'_> {
             .filter(|r| !occupied(*r))
             .collect();
         if !ranks.is_empty() {
-            let generation = self.generation();
             self.actions.push(Action::CreatePods { generation, ranks });
         }
+        false
     }
 
     /// Ranks seen running at the current generation: pod and node.
@@ -705,5 +595,7 @@ impl Step<'_> {
     }
 }
 
+#[cfg(test)]
+mod teardown_tests;
 #[cfg(test)]
 mod tests;

@@ -1,5 +1,6 @@
 //! The `rdu-operator` binary: flags, logging, leader election, the controller, and the metrics/health server.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -7,16 +8,19 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use anyhow::{Context as _, bail};
 use clap::{Parser, ValueEnum};
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::Api;
 use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
 use kube::{Client, ResourceExt};
-use rdu_crds::RduJob;
+use rdu_crds::{JobPhase, RduJob};
 use rdu_operator::health::Health;
 use rdu_operator::leader::LeaderElector;
 use rdu_operator::metrics::Metrics;
+use rdu_operator::node_cache::NodeCache;
+use rdu_operator::nodes::fingerprint;
 use rdu_operator::progress::ProgressService;
 use rdu_operator::progress::review::ApiTokenReviewer;
 use rdu_operator::progress::writer::write_progress;
@@ -82,6 +86,9 @@ async fn main() -> anyhow::Result<()> {
     // The controller's pod cache: reconcile reads a job's pods from it instead of listing them, and the progress
     // endpoint finds rank 0's pod in it. Empty (so every report is refused as not ready) until this replica leads.
     let (pod_store, pod_writer) = reflector::store::<Pod>();
+    // The controller's node cache: the lifecycle reads which nodes are lost and what room they have.
+    let (node_store, node_writer) = reflector::store::<Node>();
+    let node_cache = NodeCache::new(node_store);
     let progress = Arc::new(ProgressService::new(
         Arc::new(ApiTokenReviewer::new(client.clone())),
         job_store.clone(),
@@ -126,6 +133,7 @@ async fn main() -> anyhow::Result<()> {
         ),
         metrics,
         pods: pod_store,
+        nodes: node_cache.clone(),
         expectations: Default::default(),
         pod_groups,
         network_policies: args.network_policy,
@@ -155,16 +163,26 @@ async fn main() -> anyhow::Result<()> {
     // so /readyz stayed 503.
     let synced = Arc::new(Synced {
         health: health.clone(),
-        left: AtomicUsize::new(2),
+        left: AtomicUsize::new(3),
     });
     let job_events = watcher(jobs, watcher::Config::default())
         .reflect(job_writer)
         .inspect_ok(on_first_sync(synced.clone()))
         .applied_objects();
-    let pod_events = pod_watch(pods, child_watch.clone(), pod_writer, synced);
+    let pod_events = pod_watch(pods, child_watch.clone(), pod_writer, synced.clone());
+    let node_events = node_watch(
+        Api::all(client.clone()),
+        node_writer,
+        node_cache.clone(),
+        synced,
+    );
+    let jobs_of_nodes = job_store.clone();
     let controller = Controller::for_stream(job_events, job_store)
         .owns_stream(pod_events)
-        .owns(services, child_watch);
+        .owns(services, child_watch)
+        .watches_stream(node_events, move |node| {
+            jobs_woken_by(&jobs_of_nodes, &node)
+        });
     let run = controller
         .graceful_shutdown_on(shutdown_signal())
         .run(reconcile, error_policy, ctx)
@@ -226,6 +244,78 @@ fn pod_watch(
         std::future::ready(())
     }));
     rx
+}
+
+/// The node watch, driven by a task of its own like the pod watch. The cache holds every node without its image
+/// list and managedFields (the lifecycle reads readiness, taints, cordons and allocatable devices); only changes
+/// of those wake jobs (`nodes::fingerprint`), not the kubelets' heartbeats.
+fn node_watch(
+    nodes: Api<Node>,
+    writer: reflector::store::Writer<Node>,
+    cache: NodeCache,
+    synced: Arc<Synced>,
+) -> impl futures::Stream<Item = Result<Node, watcher::Error>> + Send + 'static {
+    let (tx, rx) = futures::channel::mpsc::unbounded();
+    let mut first = on_first_sync(synced);
+    let events = watcher(nodes, watcher::Config::default())
+        .default_backoff()
+        .modify(|node| {
+            node.managed_fields_mut().clear();
+            if let Some(status) = node.status.as_mut() {
+                status.images = None;
+            }
+        })
+        .reflect(writer);
+    // What each node looked like when it last woke jobs; a deleted node always wakes them.
+    let mut seen: HashMap<String, u64> = HashMap::new();
+    tokio::spawn(events.for_each(move |event| {
+        match event {
+            Ok(event) => {
+                first(&event);
+                let woken = match event {
+                    watcher::Event::InitDone => {
+                        cache.mark_synced();
+                        None
+                    }
+                    watcher::Event::Apply(node) | watcher::Event::InitApply(node) => {
+                        let print = fingerprint(&node);
+                        let name = node.name_any();
+                        (seen.insert(name, print) != Some(print)).then_some(node)
+                    }
+                    watcher::Event::Delete(node) => {
+                        seen.remove(&node.name_any());
+                        Some(node)
+                    }
+                    watcher::Event::Init => None,
+                };
+                if let Some(node) = woken {
+                    let _ = tx.unbounded_send(Ok(node));
+                }
+            }
+            Err(error) => warn!(%error, "node watch failed; retrying with backoff"),
+        }
+        std::future::ready(())
+    }));
+    rx
+}
+
+/// The jobs a change of `node` may concern: those with ranks on it, and those not running (one may wait for
+/// room).
+fn jobs_woken_by(jobs: &Store<RduJob>, node: &Node) -> Vec<ObjectRef<RduJob>> {
+    let name = node.metadata.name.as_deref().unwrap_or_default();
+    jobs.state()
+        .iter()
+        .filter(|job| {
+            let status = job.status.as_ref();
+            let on_node =
+                status.is_some_and(|s| s.ranks.iter().any(|r| r.node.as_deref() == Some(name)));
+            let waiting = status
+                .and_then(|s| s.phase)
+                .is_none_or(|p| matches!(p, JobPhase::Pending | JobPhase::Restarting));
+            on_node || waiting
+        })
+        .map(|job| ObjectRef::from_obj(job.as_ref()))
+        .collect()
 }
 
 /// The caches still waiting for their first full list; the operator is ready when none is.

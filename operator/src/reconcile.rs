@@ -27,6 +27,9 @@ use crate::step::ReconcileError;
 
 /// How often a job is looked at again when no timer or watch event asks sooner.
 pub const RESYNC: Duration = Duration::from_secs(300);
+/// How soon a job whose cached status is behind the operator's own write is looked at again (its watch event
+/// usually wakes it sooner).
+pub const WAIT_FOR_STATUS: Duration = Duration::from_secs(1);
 /// How soon a job waiting for an object to go away (an earlier job's child the garbage collector removes) is
 /// looked at again.
 pub const WAIT_FOR_LEAVING: Duration = Duration::from_secs(2);
@@ -37,6 +40,11 @@ enum Fetch {
     Current(Vec<Arc<Pod>>),
     /// The cache is behind this job's own pod writes: wait for the watch.
     Behind(crate::expectations::Behind),
+    /// The job cache is behind this operator's own status write: a pod of generation `seen` exists while the
+    /// cached status says generation `cached` (the reconcile that started a generation created its pods, and
+    /// their watch events came before the status's). Deciding from that status would take the new pods for an old
+    /// generation's; wait for the job's watch event.
+    StaleJob { cached: u32, seen: u32 },
 }
 
 /// One reconcile of one job.
@@ -84,6 +92,11 @@ async fn run_pipeline(job: &RduJob, ctx: &Context) -> Result<Requeue, ReconcileE
                    "the pod cache is behind this job's own writes; waiting for the watch");
             return Ok(Requeue::requeue(behind.expires_in));
         }
+        Fetch::StaleJob { cached, seen } => {
+            debug!(job = %job.name_any(), cached, seen,
+                   "the job cache is behind this operator's status write; waiting for the watch");
+            return Ok(Requeue::requeue(WAIT_FOR_STATUS));
+        }
     };
     let now = Timestamp::now();
     let mut waiting = None;
@@ -93,7 +106,8 @@ async fn run_pipeline(job: &RduJob, ctx: &Context) -> Result<Requeue, ReconcileE
             refuse(job, status, Refusal::InvalidSpec, &errors.to_string(), now)
         }
         Ok(valid) => {
-            let decision = decide_from(job, pods.iter().map(|p| p.as_ref()), now);
+            let cluster = ctx.nodes.view(job, &pods, &ctx.pods);
+            let decision = decide_from(job, pods.iter().map(|p| p.as_ref()), &cluster, now);
             match apply(&valid, ctx, &decision.actions).await {
                 Ok(()) => decision,
                 Err(Stop::Failed(error)) => return Err(error),
@@ -127,15 +141,34 @@ fn fetch(job: &RduJob, ctx: &Context) -> Fetch {
         Some(p) if p.metadata.deletion_timestamp.is_some() => Cached::Terminating,
         Some(_) => Cached::Live,
     };
-    match ctx.expectations.behind(&job_key(job), cached) {
-        Some(behind) => Fetch::Behind(behind),
-        None => Fetch::Current(cached_pods(
-            &ctx.pods,
-            ns,
-            builders::job_name(job),
-            job.metadata.uid.as_deref().unwrap_or_default(),
-        )),
+    if let Some(behind) = ctx.expectations.behind(&job_key(job), cached) {
+        return Fetch::Behind(behind);
     }
+    let pods = cached_pods(
+        &ctx.pods,
+        ns,
+        builders::job_name(job),
+        job.metadata.uid.as_deref().unwrap_or_default(),
+    );
+    let cached = job.status.as_ref().map_or(0, |s| s.restarts);
+    match newest_generation(&pods) {
+        Some(seen) if seen > cached => Fetch::StaleJob { cached, seen },
+        _ => Fetch::Current(pods),
+    }
+}
+
+/// The highest generation label among `pods`.
+fn newest_generation(pods: &[Arc<Pod>]) -> Option<u32> {
+    pods.iter()
+        .filter_map(|p| {
+            p.metadata
+                .labels
+                .as_ref()?
+                .get(rdu_crds::consts::LABEL_GENERATION)?
+                .parse()
+                .ok()
+        })
+        .max()
 }
 
 /// The pods of job `name` (uid `uid`) in namespace `ns` held by the cache: those labelled
@@ -257,6 +290,24 @@ mod tests {
             }]
         });
         pod
+    }
+
+    #[test]
+    fn the_newest_generation_label_among_the_pods_is_found() {
+        let at = |generation: &str| {
+            let mut p = pod("ml", "a-worker-0", Some("a"), Some("u-a"));
+            p.metadata.labels.get_or_insert_default().insert(
+                rdu_crds::consts::LABEL_GENERATION.to_string(),
+                generation.to_string(),
+            );
+            Arc::new(p)
+        };
+        assert_eq!(newest_generation(&[]), None);
+        assert_eq!(newest_generation(&[at("1"), at("3"), at("2")]), Some(3));
+        assert_eq!(
+            newest_generation(&[at("x"), Arc::new(pod("ml", "b", None, None))]),
+            None
+        );
     }
 
     #[test]

@@ -233,6 +233,7 @@ async fn a_job_above_the_operators_limit_fails_naming_the_field_the_value_and_th
         recorder: h.ctx.recorder.clone(),
         metrics: h.ctx.metrics.clone(),
         pods: h.ctx.pods.clone(),
+        nodes: Default::default(),
         expectations: Default::default(),
         pod_groups: false,
         network_policies: true,

@@ -105,8 +105,15 @@ async fn gang_restart_deletes_and_recreates_with_the_next_generation() {
         "the whole gang is deleted"
     );
     assert_eq!(phase(&fake), json!("Restarting"));
-    assert_eq!(fake.get(JOB).expect("job")["status"]["restarts"], 1);
+    // Stopping: the generation ends when no pod of it is left, and only then is the restart counted.
+    let status = fake.get(JOB).expect("job")["status"].clone();
+    assert_eq!(status["restarts"], 0);
+    assert_eq!(status["stopping"]["rank"], 1);
     reconcile_once(&fake, &h).await;
+    let status = fake.get(JOB).expect("job")["status"].clone();
+    assert_eq!(status["restarts"], 1);
+    assert_eq!(status["failureRestarts"], 1);
+    assert_eq!(status["history"][0]["action"], "RestartJob");
     for rank in 0..2 {
         assert_eq!(env(&fake, rank, "RDU_GENERATION"), json!("1"));
         assert_eq!(

@@ -104,10 +104,15 @@ pub async fn run_rank_observed(
     observers: &mut Observers,
     stop: &StopRequest,
 ) -> Result<TrainOutcome, WorkerError> {
+    // From the start a signal asks the rank to stop: a container's first process (as the worker is, with no init)
+    // ignores SIGTERM while it has no handler, so the kubelet would wait out the whole grace period to kill a
+    // rank that was still loading its data.
+    let _signals = stop.listen();
     let splits = data::load(&env.spec.data, &env.spec.model, Path::new("."))?;
     pef::check_job(&env.spec, &splits, env.world_size)?;
-    // Until here a signal's default action ends the rank; from here on it asks the rank to stop.
-    let _signals = stop.listen();
+    if let Some(signal) = stop.requested() {
+        return Err(WorkerError::Stopped { signal });
+    }
     let options = ConnectOptions {
         data_path: env.data_path,
         ..ConnectOptions::default()

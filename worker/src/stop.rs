@@ -65,8 +65,9 @@ impl StopRequest {
     }
 
     /// From now on SIGTERM and SIGINT make this request instead of killing the process, until the returned
-    /// listener is dropped (for [`StopRequest::manual`], nothing changes). Called once the rank's data is
-    /// loaded: before that the signal's default action ends the rank at once, which is as prompt as it gets.
+    /// listener is dropped (for [`StopRequest::manual`], nothing changes). Called first thing: the signal's default
+    /// action would not end the rank where it runs as a container's first process (PID 1 of its namespace
+    /// ignores signals it has no handler for).
     pub fn listen(&self) -> Option<SignalListener> {
         if !self.signals {
             return None;

@@ -54,7 +54,12 @@ fn build_and_diff(raw: &RduJob, observed: &[Pod]) -> anyhow::Result<usize> {
             changed += 1;
         }
     }
-    let decision = decide(raw, observed, jiff::Timestamp::now());
+    let decision = decide(
+        raw,
+        observed,
+        &rdu_operator::nodes::ClusterView::default(),
+        jiff::Timestamp::now(),
+    );
     Ok(changed + decision.actions.len())
 }
 

@@ -1,6 +1,7 @@
 //! Table of (observed pods -> actions, status) cases, one per lifecycle rule.
 
 use super::*;
+use crate::nodes::Loss;
 use crate::test_fixtures::job;
 use k8s_openapi::api::core::v1::{
     ContainerState, ContainerStateTerminated, ContainerStateWaiting, ContainerStatus, PodCondition,
@@ -8,16 +9,18 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use rdu_crds::RestartPolicy;
+use rdu_crds::consts::WORKER_CONTAINER;
+use rdu_crds::{EndAction, EndCause};
 
 const T0: i64 = 1_800_000_000;
 
-fn at(second: i64) -> Timestamp {
+pub(super) fn at(second: i64) -> Timestamp {
     Timestamp::from_second(T0 + second).expect("time")
 }
 
 /// A pod of rank `rank` at `generation` in `phase`, with the worker's exit code and termination message.
 #[derive(Clone)]
-struct P {
+pub(super) struct P {
     rank: u32,
     generation: u32,
     phase: &'static str,
@@ -29,9 +32,13 @@ struct P {
     waiting: Option<(&'static str, &'static str)>,
     /// PodScheduled is False, Unschedulable, with this message.
     unschedulable: Option<&'static str>,
+    /// A true DisruptionTarget condition with this reason.
+    disruption: Option<&'static str>,
+    /// The worker container ended at this second.
+    finished: Option<i64>,
 }
 
-fn p(rank: u32, generation: u32, phase: &'static str) -> P {
+pub(super) fn p(rank: u32, generation: u32, phase: &'static str) -> P {
     P {
         rank,
         generation,
@@ -42,39 +49,50 @@ fn p(rank: u32, generation: u32, phase: &'static str) -> P {
         terminating: false,
         waiting: None,
         unschedulable: None,
+        disruption: None,
+        finished: None,
     }
 }
 
 impl P {
-    fn exit(mut self, code: i32) -> P {
+    pub(super) fn exit(mut self, code: i32) -> P {
         self.exit = Some(code);
         self
     }
-    fn message(mut self, m: &'static str) -> P {
+    pub(super) fn message(mut self, m: &'static str) -> P {
         self.message = Some(m);
         self
     }
-    fn reason(mut self, r: &'static str) -> P {
+    pub(super) fn reason(mut self, r: &'static str) -> P {
         self.reason = Some(r);
         self
     }
-    fn terminating(mut self) -> P {
+    pub(super) fn terminating(mut self) -> P {
         self.terminating = true;
         self
     }
-    fn waiting(mut self, reason: &'static str, message: &'static str) -> P {
+    pub(super) fn waiting(mut self, reason: &'static str, message: &'static str) -> P {
         self.waiting = Some((reason, message));
         self
     }
-    fn unschedulable(mut self, message: &'static str) -> P {
+    pub(super) fn unschedulable(mut self, message: &'static str) -> P {
         self.unschedulable = Some(message);
         self
     }
-    fn build(&self, job: &str) -> Pod {
+    pub(super) fn disrupted(mut self, reason: &'static str) -> P {
+        self.disruption = Some(reason);
+        self
+    }
+    pub(super) fn finished(mut self, second: i64) -> P {
+        self.finished = Some(second);
+        self
+    }
+    pub(super) fn build(&self, job: &str) -> Pod {
         let terminated = self.exit.map(|code| ContainerState {
             terminated: Some(ContainerStateTerminated {
                 exit_code: code,
                 message: self.message.map(str::to_string),
+                finished_at: self.finished.map(|s| Time(at(s))),
                 ..Default::default()
             }),
             ..Default::default()
@@ -86,15 +104,24 @@ impl P {
             }),
             ..Default::default()
         });
-        let conditions = self.unschedulable.map(|message| {
-            vec![PodCondition {
+        let mut conditions: Vec<PodCondition> = self
+            .unschedulable
+            .map(|message| PodCondition {
                 type_: "PodScheduled".to_string(),
                 status: "False".to_string(),
                 reason: Some("Unschedulable".to_string()),
                 message: Some(message.to_string()),
                 ..Default::default()
-            }]
-        });
+            })
+            .into_iter()
+            .collect();
+        conditions.extend(self.disruption.map(|reason| PodCondition {
+            type_: "DisruptionTarget".to_string(),
+            status: "True".to_string(),
+            reason: Some(reason.to_string()),
+            ..Default::default()
+        }));
+        let conditions = (!conditions.is_empty()).then_some(conditions);
         Pod {
             metadata: ObjectMeta {
                 name: Some(consts::pod_name(job, self.rank)),
@@ -132,11 +159,36 @@ impl P {
     }
 }
 
-fn pods(list: &[P]) -> Vec<Pod> {
+/// The lifecycle with nothing known of the nodes (no node cache).
+pub(super) fn decide(job: &RduJob, pods: &[Pod], now: Timestamp) -> Decision {
+    super::decide(job, pods, &ClusterView::default(), now)
+}
+
+/// The lifecycle with node `node-<rank>` of each of `lost` ranks lost as `loss`.
+pub(super) fn decide_with(
+    job: &RduJob,
+    pods: &[Pod],
+    cluster: &ClusterView,
+    now: Timestamp,
+) -> Decision {
+    super::decide(job, pods, cluster, now)
+}
+
+pub(super) fn lost(ranks: &[u32], loss: Loss) -> ClusterView {
+    ClusterView {
+        lost: ranks
+            .iter()
+            .map(|r| (format!("node-{r}"), loss.clone()))
+            .collect(),
+        room: None,
+    }
+}
+
+pub(super) fn pods(list: &[P]) -> Vec<Pod> {
     list.iter().map(|p| p.build("mnist")).collect()
 }
 
-fn with_status(mut job: RduJob, phase: JobPhase, restarts: u32, seen: &[u32]) -> RduJob {
+pub(super) fn with_status(mut job: RduJob, phase: JobPhase, restarts: u32, seen: &[u32]) -> RduJob {
     job.status = Some(RduJobStatus {
         phase: Some(phase),
         restarts,
@@ -154,14 +206,14 @@ fn with_status(mut job: RduJob, phase: JobPhase, restarts: u32, seen: &[u32]) ->
     job
 }
 
-fn condition<'a>(d: &'a Decision, type_: &str) -> Option<&'a Condition> {
+pub(super) fn condition<'a>(d: &'a Decision, type_: &str) -> Option<&'a Condition> {
     d.status
         .conditions
         .iter()
         .find(|c| c.type_ == type_ && c.status == "True")
 }
 
-fn names(ranks: &[u32]) -> Vec<String> {
+pub(super) fn names(ranks: &[u32]) -> Vec<String> {
     ranks
         .iter()
         .map(|r| consts::pod_name("mnist", *r))
@@ -293,25 +345,60 @@ fn exit_75_restarts_the_gang_with_next_generation() {
         ]),
         at(5),
     );
+    // The generation is stopped first: every pod of it deleted, the culprit recorded.
     assert_eq!(
         d.actions,
         vec![Action::DeletePods {
             names: names(&[0, 1, 2])
         }]
     );
-    assert_eq!(d.status.restarts, 1);
+    assert_eq!(d.status.restarts, 0);
     assert_eq!(d.status.phase, Some(JobPhase::Restarting));
+    let stopping = d.status.stopping.as_ref().expect("stopping");
+    assert_eq!(
+        (stopping.generation, stopping.rank, stopping.exit_code),
+        (0, 1, Some(75))
+    );
+    assert_eq!(stopping.cause, EndCause::Failure);
     let c = condition(&d, condition::RESTARTING).expect("restarting");
     assert!(
         c.message.contains("rank 1 exited with code 75"),
         "{}",
         c.message
     );
-    assert!(d.status.ranks.is_empty());
     assert!(
         d.events
             .iter()
             .any(|e| e.warning && e.reason == "Restarting")
+    );
+    // Once no pod of it is left, the generation ends: the next one is created whole, the restart counted.
+    let j = after(j, &d);
+    let d = decide(&j, &[], at(6));
+    assert_eq!(
+        d.actions,
+        vec![Action::CreatePods {
+            generation: 1,
+            ranks: vec![0, 1, 2]
+        }]
+    );
+    assert_eq!(
+        (
+            d.status.restarts,
+            d.status.failure_restarts,
+            d.status.disruption_restarts
+        ),
+        (1, 1, 0)
+    );
+    assert!(d.status.stopping.is_none());
+    assert!(d.status.ranks.is_empty());
+    let end = d.status.history.last().expect("history");
+    assert_eq!((end.generation, end.rank), (0, 1));
+    assert_eq!(end.action, Some(EndAction::RestartJob));
+    assert!(
+        condition(&d, condition::RESTARTING)
+            .expect("restarting")
+            .message
+            .contains("restarting the gang as generation 1 (counted against backoffLimit: 1 of 3)")
     );
 }
 
@@ -355,13 +442,15 @@ fn stale_pods_of_an_old_generation_are_deleted() {
 fn a_vanished_pod_is_a_retryable_failure() {
     let j = with_status(job("mnist", None, 2), JobPhase::Running, 0, &[0, 1]);
     let d = decide(&j, &pods(&[p(0, 0, "Running")]), at(3));
-    assert_eq!(d.status.restarts, 1);
+    assert_eq!(d.actions, vec![Action::DeletePods { names: names(&[0]) }]);
     assert!(
         condition(&d, condition::RESTARTING)
             .expect("c")
             .message
             .contains("rank 1 was lost (PodVanished)")
     );
+    let d = decide(&after(j, &d), &[], at(4));
+    assert_eq!((d.status.restarts, d.status.failure_restarts), (1, 1));
 }
 
 #[test]
@@ -372,7 +461,10 @@ fn a_pod_deleted_by_someone_else_is_a_retryable_failure() {
         &pods(&[p(0, 0, "Running").terminating(), p(1, 0, "Running")]),
         at(3),
     );
-    assert_eq!(d.status.restarts, 1);
+    assert_eq!(
+        d.status.stopping.as_ref().map(|s| s.reason.as_str()),
+        Some("PodDeleted")
+    );
     assert_eq!(d.actions, vec![Action::DeletePods { names: names(&[1]) }]);
 }
 
@@ -384,12 +476,21 @@ fn node_lost_is_a_retryable_failure() {
         &pods(&[p(0, 0, "Running"), p(1, 0, "Unknown").reason("NodeLost")]),
         at(3),
     );
-    assert_eq!(d.status.restarts, 1);
     assert!(
         condition(&d, condition::RESTARTING)
             .expect("c")
             .message
             .contains("NodeLost")
+    );
+    let d = decide(&after(j, &d), &[], at(4));
+    assert_eq!(
+        (
+            d.status.restarts,
+            d.status.failure_restarts,
+            d.status.disruption_restarts
+        ),
+        (1, 0, 1),
+        "a node lost is not the job's failure"
     );
 }
 
@@ -444,7 +545,13 @@ fn never_fails_even_on_retryable_codes() {
 fn backoff_limit_exhausted_fails() {
     let mut j = with_status(job("mnist", None, 1), JobPhase::Running, 2, &[0]);
     j.spec.run_policy.backoff_limit = 2;
+    if let Some(s) = j.status.as_mut() {
+        s.failure_restarts = 2;
+    }
     let d = decide(&j, &pods(&[p(0, 2, "Failed").exit(75)]), at(3));
+    // Not at once: a disruption found while the generation stops would not count.
+    assert_eq!(d.status.phase, Some(JobPhase::Restarting));
+    let d = decide(&after(j, &d), &[], at(4));
     assert_eq!(d.status.phase, Some(JobPhase::Failed));
     let c = condition(&d, condition::FAILED).expect("c");
     assert_eq!(c.reason, "BackoffLimitExceeded");
@@ -520,16 +627,19 @@ fn suspend_deletes_pods_and_resume_recreates_them() {
 
     j.status = Some(d.status);
     j.spec.run_policy.suspend = false;
-    // Pods still terminating from the suspension are not failures: resume waits for their names.
+    // Pods still terminating from the suspension are not failures: resume waits for their names, and then creates
+    // the gang whole.
     let d = decide(&j, &pods(&[p(0, 0, "Running").terminating()]), at(4));
+    assert!(d.actions.is_empty(), "{:?}", d.actions);
+    assert_eq!(d.status.phase, Some(JobPhase::Pending));
+    let d = decide(&j, &[], at(5));
     assert_eq!(
         d.actions,
         vec![Action::CreatePods {
             generation: 0,
-            ranks: vec![1]
+            ranks: vec![0, 1]
         }]
     );
-    assert_eq!(d.status.phase, Some(JobPhase::Pending));
     assert!(condition(&d, condition::SUSPENDED).is_none());
     assert!(d.events.iter().any(|e| e.reason == "Resumed"));
 }
@@ -556,7 +666,7 @@ fn conditions_keep_transition_time_while_status_holds() {
 }
 
 /// The job as the next reconcile sees it: with the status `d` wrote.
-fn after(mut job: RduJob, d: &Decision) -> RduJob {
+pub(super) fn after(mut job: RduJob, d: &Decision) -> RduJob {
     job.status = Some(d.status.clone());
     job
 }

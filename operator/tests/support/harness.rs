@@ -55,6 +55,8 @@ pub fn setup(workers: u32, run_policy: Value) -> (FakeApi, Harness) {
         ),
         metrics: Arc::new(Metrics::new(job_cache)),
         pods: pod_cache,
+        // A node cache that never syncs: the lifecycle knows nothing of nodes.
+        nodes: Default::default(),
         expectations: Default::default(),
         pod_groups: false,
         network_policies: true,

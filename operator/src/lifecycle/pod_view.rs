@@ -1,0 +1,153 @@
+//! What one pod of the job is doing, read from its labels and status: its rank and generation, where it runs,
+//! whether it runs, how it ended, and whether the cluster disrupted it (its `DisruptionTarget` condition).
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use rdu_crds::consts::{self, WORKER_CONTAINER};
+use rdu_crds::policy::RankExit;
+
+use super::blocked::{self, Blocked};
+
+/// The pod condition the control plane and the kubelet set on a pod they are about to take away (drain, eviction,
+/// preemption, taint manager, pod garbage collection, node-pressure eviction).
+pub const DISRUPTION_TARGET: &str = "DisruptionTarget";
+
+/// One pod of the job.
+#[derive(Clone, Debug)]
+pub(super) struct PodView {
+    pub name: String,
+    pub rank: u32,
+    pub generation: u32,
+    pub node: Option<String>,
+    /// The tiles the device plugin published on the pod (`rdu.dev/tiles`), empty until it has.
+    pub tiles: Vec<String>,
+    pub terminating: bool,
+    pub state: PodState,
+    /// The reason of a true `DisruptionTarget` condition (`EvictionByEvictionAPI`, `PreemptionByScheduler`…).
+    pub disruption: Option<String>,
+    /// What keeps the pod from starting, if anything.
+    pub blocked: Option<Blocked>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub(super) enum PodState {
+    Pending,
+    Running { ready: bool },
+    Succeeded { message: Option<String> },
+    Failed(Failure),
+}
+
+/// Why a rank stopped: its exit code (lost when it had none), the pod's or container's short reason (`Error`,
+/// `OOMKilled`, `NodeLost`), what explains it (the worker's termination message, else that reason), and when the
+/// worker container ended (when the kubelet said).
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct Failure {
+    pub exit: RankExit,
+    pub kind: String,
+    pub reason: String,
+    pub finished: Option<Timestamp>,
+}
+
+impl PodView {
+    pub fn from_pod(pod: &Pod) -> Option<PodView> {
+        let labels = pod.metadata.labels.as_ref()?;
+        let rank = labels.get(consts::LABEL_RANK)?.parse().ok()?;
+        let generation = labels.get(consts::LABEL_GENERATION)?.parse().ok()?;
+        let status = pod.status.as_ref();
+        let phase = status.and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
+        let pod_reason = status.and_then(|s| s.reason.clone());
+        let worker = status
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.name == WORKER_CONTAINER));
+        let terminated = worker
+            .and_then(|c| c.state.as_ref())
+            .and_then(|s| s.terminated.as_ref());
+        let ready = worker.is_some_and(|c| c.ready);
+        let finished = terminated.and_then(|t| t.finished_at.as_ref()).map(|t| t.0);
+        let state = if pod_reason.as_deref() == Some("NodeLost") {
+            PodState::Failed(Failure {
+                exit: RankExit::Lost,
+                kind: "NodeLost".into(),
+                reason: "NodeLost".into(),
+                finished,
+            })
+        } else {
+            match phase {
+                "Running" => PodState::Running { ready },
+                "Succeeded" => PodState::Succeeded {
+                    message: terminated.and_then(|t| t.message.clone()),
+                },
+                "Failed" | "Unknown" => PodState::Failed(Failure {
+                    exit: terminated.map_or(RankExit::Lost, |t| RankExit::Code(t.exit_code)),
+                    kind: pod_reason
+                        .clone()
+                        .or_else(|| terminated.and_then(|t| t.reason.clone()))
+                        .unwrap_or_else(|| phase.to_string()),
+                    // The worker writes why it failed to its termination message; the kubelet's reason
+                    // (`Error`, `OOMKilled`) otherwise.
+                    reason: pod_reason
+                        .or_else(|| {
+                            terminated
+                                .and_then(|t| t.message.as_deref())
+                                .map(str::trim)
+                                .filter(|m| !m.is_empty())
+                                .map(|m| m.chars().take(512).collect())
+                        })
+                        .or_else(|| terminated.and_then(|t| t.reason.clone()))
+                        .unwrap_or_else(|| phase.to_string()),
+                    finished,
+                }),
+                _ => PodState::Pending,
+            }
+        };
+        let disruption = status
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| {
+                cs.iter()
+                    .find(|c| c.type_ == DISRUPTION_TARGET && c.status == "True")
+            })
+            .map(|c| {
+                c.reason
+                    .clone()
+                    .unwrap_or_else(|| DISRUPTION_TARGET.to_string())
+            });
+        Some(PodView {
+            name: pod.metadata.name.clone()?,
+            rank,
+            generation,
+            node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+            tiles: pod
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(consts::TILES_ANNOTATION))
+                .map(|v| {
+                    v.split(',')
+                        .map(str::trim)
+                        .filter(|t| !t.is_empty())
+                        .map(String::from)
+                        .collect()
+                })
+                .unwrap_or_default(),
+            terminating: pod.metadata.deletion_timestamp.is_some(),
+            state,
+            disruption,
+            blocked: blocked::blocked(pod),
+        })
+    }
+
+    pub fn is_active(&self) -> bool {
+        matches!(self.state, PodState::Pending | PodState::Running { .. })
+    }
+
+    /// The worker's exit code, if its container ended.
+    pub fn exit_code(&self) -> Option<i32> {
+        match &self.state {
+            PodState::Failed(Failure {
+                exit: RankExit::Code(code),
+                ..
+            }) => Some(*code),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,369 @@
+//! Ending a failed generation: what it is blamed on, stopping it, and what follows. A gang is restarted in two
+//! steps. When the first sign of trouble appears (a rank that failed, a pod deleted or evicted, a rank whose node
+//! is lost), the generation starts *stopping*: `status.stopping` records its culprit so far, every pod of it is
+//! deleted (at once, with no grace, where its node is lost: its kubelet will never confirm). Evidence keeps
+//! arriving while the pods go (a node declared unreachable after its ranks' peers timed out, a pod the drain
+//! evicted) and may blame another rank. Only when no pod of the job is left does the generation *end*: its cause
+//! (the job's own failure, or a disruption from outside it) decides whether the next generation counts against
+//! `backoffLimit` (`policy::after_end`), and the next generation is created whole, with every pod name free.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use rdu_crds::policy::{self, FailureReason, RankExit, Verdict};
+use rdu_crds::{EndAction, EndCause, GenerationEnd, JobPhase};
+
+use super::pod_view::PodState;
+use super::{Action, Step, condition};
+
+/// A rank's end as the lifecycle sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct RankFailure {
+    pub rank: u32,
+    pub exit: RankExit,
+    /// Short: `Error`, `OOMKilled`, `NodeLost`, `EvictionByEvictionAPI`, `PodDeleted`, `PodVanished`…
+    pub kind: String,
+    /// One sentence: the rank, how it ended, and what explains it (the worker's termination message, the node's
+    /// loss…).
+    pub message: String,
+    pub cause: EndCause,
+    pub node: Option<String>,
+}
+
+impl RankFailure {
+    /// `reason` explains the end (the worker's termination message, the node's loss…).
+    pub fn new(
+        rank: u32,
+        exit: RankExit,
+        kind: &str,
+        reason: &str,
+        cause: EndCause,
+        node: Option<String>,
+    ) -> Self {
+        let message = match exit {
+            RankExit::Code(code) => format!("rank {rank} exited with code {code} ({reason})"),
+            RankExit::Signal(signal) => {
+                format!("rank {rank} was killed by signal {signal} ({reason})")
+            }
+            RankExit::Lost => format!("rank {rank} was lost ({reason})"),
+        };
+        Self {
+            rank,
+            exit,
+            kind: kind.to_string(),
+            message,
+            cause,
+            node,
+        }
+    }
+
+    pub fn describe(&self) -> &str {
+        &self.message
+    }
+
+    /// Whether two records are of the same end (a record's message may have been written by an older operator).
+    fn same_end(&self, other: &RankFailure) -> bool {
+        (self.rank, self.exit, &self.kind, self.cause)
+            == (other.rank, other.exit, &other.kind, other.cause)
+    }
+
+    /// Which of two ends is more surely the cause: the surer exit (`RankExit::blame_order`), then the lower rank,
+    /// then a disruption over a failure (a pod deleted on a lost node was lost with its node).
+    fn blame_key(&self) -> (u8, u32, bool) {
+        (
+            self.exit.blame_order(),
+            self.rank,
+            self.cause == EndCause::Failure,
+        )
+    }
+
+    fn from_record(end: &GenerationEnd) -> Self {
+        Self {
+            rank: end.rank,
+            exit: end.exit_code.map_or(RankExit::Lost, RankExit::Code),
+            kind: end.reason.clone(),
+            message: end.message.clone(),
+            cause: end.cause,
+            node: end.node.clone(),
+        }
+    }
+
+    fn record(&self, generation: u32, time: Time) -> GenerationEnd {
+        GenerationEnd {
+            generation,
+            rank: self.rank,
+            exit_code: match self.exit {
+                RankExit::Lost => None,
+                exit => Some(exit.as_exit_code()),
+            },
+            reason: self.kind.clone(),
+            message: self.message.clone(),
+            node: self.node.clone(),
+            cause: self.cause,
+            action: None,
+            time,
+        }
+    }
+}
+
+impl Step<'_> {
+    /// The evidence against the current generation: every rank that failed, was lost with its node, disrupted by
+    /// the cluster, or (before stopping began) deleted or vanished. While stopping, pods the operator itself
+    /// deleted are not evidence: a rank that exits because it was told to stop is a consequence.
+    pub(super) fn evidence(&self) -> Vec<RankFailure> {
+        let stopping_since = self.status.stopping.as_ref().map(|s| s.time.0);
+        let seen_before = |rank: u32| self.status.ranks.iter().find(|r| r.rank == rank);
+        (0..self.job.spec.workers)
+            .filter_map(|rank| {
+                let pod = self.current().find(|p| p.rank == rank);
+                let Some(pod) = pod else {
+                    let seen = seen_before(rank)?;
+                    if stopping_since.is_some() {
+                        return None;
+                    }
+                    let node = seen.node.clone();
+                    return Some(match self.lost(seen.node.as_deref()) {
+                        Some(loss) => RankFailure::new(
+                            rank,
+                            RankExit::Lost,
+                            "NodeLost",
+                            &format!("NodeLost: {loss}"),
+                            EndCause::Disruption,
+                            node,
+                        ),
+                        None => RankFailure::new(
+                            rank,
+                            RankExit::Lost,
+                            "PodVanished",
+                            "PodVanished",
+                            EndCause::Failure,
+                            node,
+                        ),
+                    });
+                };
+                let node = pod.node.clone();
+                if let Some(loss) = self.lost(pod.node.as_deref()) {
+                    return Some(RankFailure::new(
+                        rank,
+                        RankExit::Lost,
+                        "NodeLost",
+                        &format!("NodeLost: {loss}"),
+                        EndCause::Disruption,
+                        node,
+                    ));
+                }
+                if let Some(kind) = &pod.disruption {
+                    return Some(RankFailure::new(
+                        rank,
+                        pod.exit_code().map_or(RankExit::Lost, RankExit::Code),
+                        kind,
+                        &format!("{kind}: the cluster took its pod away"),
+                        EndCause::Disruption,
+                        node,
+                    ));
+                }
+                if let PodState::Failed(f) = &pod.state {
+                    let ours = pod.terminating
+                        && stopping_since
+                            .is_some_and(|since| f.finished.is_none_or(|end| end > since));
+                    if ours {
+                        return None;
+                    }
+                    let cause = if f.kind == "NodeLost" {
+                        EndCause::Disruption
+                    } else {
+                        EndCause::Failure
+                    };
+                    return Some(RankFailure::new(
+                        rank, f.exit, &f.kind, &f.reason, cause, node,
+                    ));
+                }
+                (pod.terminating && stopping_since.is_none() && seen_before(rank).is_some()).then(
+                    || {
+                        RankFailure::new(
+                            rank,
+                            RankExit::Lost,
+                            "PodDeleted",
+                            "PodDeleted",
+                            EndCause::Failure,
+                            node,
+                        )
+                    },
+                )
+            })
+            .collect()
+    }
+
+    /// Why node `node`'s pods are lost, if they are.
+    fn lost(&self, node: Option<&str>) -> Option<String> {
+        let node = node?;
+        self.cluster.lost.get(node).map(|loss| loss.describe(node))
+    }
+
+    /// The surest of the evidence and what `status.stopping` already blames.
+    fn culprit(&self, evidence: Vec<RankFailure>) -> Option<RankFailure> {
+        let recorded = self.status.stopping.as_ref().map(RankFailure::from_record);
+        evidence
+            .into_iter()
+            .chain(recorded)
+            .filter(|f| !f.exit.is_success())
+            .min_by_key(RankFailure::blame_key)
+    }
+
+    /// What follows the culprit's end under the run policy.
+    fn verdict(&self, culprit: &RankFailure) -> Verdict {
+        let policy = &self.job.spec.run_policy;
+        policy::after_end(
+            policy.restart_policy,
+            policy.backoff_limit,
+            self.status.failure_restarts,
+            culprit.exit,
+            culprit.cause,
+        )
+    }
+
+    /// The first sign that the generation failed, or news about one that is stopping: records the culprit, fails
+    /// the job at once when nothing could change that (a permanent failure, `restartPolicy: Never`), else keeps
+    /// stopping the generation, and ends it when no pod is left. Returns whether the lifecycle is done for this
+    /// reconcile (the generation is still stopping, or the job failed).
+    pub(super) fn handle_trouble(&mut self) -> bool {
+        let evidence = self.evidence();
+        let Some(culprit) = self.culprit(evidence) else {
+            return false;
+        };
+        let generation = self.generation();
+        if let Verdict::Fail(reason) = self.verdict(&culprit)
+            && reason != FailureReason::BackoffLimitExceeded
+        {
+            self.end_generation(&culprit, EndAction::FailJob);
+            let message = format!(
+                "{}; restartPolicy {:?} does not restart it",
+                culprit.describe(),
+                self.job.spec.run_policy.restart_policy
+            );
+            self.finish(JobPhase::Failed, reason.as_str(), message);
+            return true;
+        }
+        let news = self
+            .status
+            .stopping
+            .as_ref()
+            .is_none_or(|s| !RankFailure::from_record(s).same_end(&culprit));
+        let since = self
+            .status
+            .stopping
+            .as_ref()
+            .map_or(Time(self.now), |s| s.time.clone());
+        if self.status.stopping.is_none() {
+            let message = format!("{}; stopping generation {generation}", culprit.describe());
+            self.status.phase = Some(JobPhase::Restarting);
+            self.set_condition(condition::RESTARTING, true, "GangRestart", message.clone());
+            self.clear_condition(condition::RUNNING, "GangRestart", &message);
+            self.clear_condition(condition::CREATED, "GangRestart", &message);
+            self.clear_condition(condition::PODS_BLOCKED, "GangRestart", &message);
+            self.event(true, "Restarting", message);
+        } else if news {
+            self.set_condition(
+                condition::RESTARTING,
+                true,
+                "GangRestart",
+                format!("{}; stopping generation {generation}", culprit.describe()),
+            );
+        }
+        if news {
+            self.status.stopping = Some(culprit.record(generation, since));
+        }
+        self.stop_generation();
+        if !self.pods.is_empty() {
+            return true;
+        }
+        // Nothing of the generation is left: it ended.
+        self.settle(culprit)
+    }
+
+    /// Deletes every pod of the current generation not yet deleted, at once (no grace) where its node is lost.
+    fn stop_generation(&mut self) {
+        let generation = self.generation();
+        let (mut graceful, mut forced) = (Vec::new(), Vec::new());
+        for pod in self.pods.iter().filter(|p| p.generation == generation) {
+            if self.lost(pod.node.as_deref()).is_some() {
+                forced.push(pod.name.clone());
+            } else if !pod.terminating {
+                graceful.push(pod.name.clone());
+            }
+        }
+        self.delete(graceful);
+        self.force_delete(forced);
+    }
+
+    /// The generation is over: restart the gang as the next one (counted or not) or fail the job.
+    fn settle(&mut self, culprit: RankFailure) -> bool {
+        let policy = &self.job.spec.run_policy;
+        let (limit, counted_so_far) = (policy.backoff_limit, self.status.failure_restarts);
+        match self.verdict(&culprit) {
+            Verdict::Fail(reason) => {
+                self.end_generation(&culprit, EndAction::FailJob);
+                let message = format!(
+                    "{}; the gang was already restarted {counted_so_far} times for failures (backoffLimit {limit})",
+                    culprit.describe()
+                );
+                self.finish(JobPhase::Failed, reason.as_str(), message);
+                true
+            }
+            Verdict::Restart { counted } => {
+                let action = if counted {
+                    self.status.failure_restarts += 1;
+                    EndAction::RestartJob
+                } else {
+                    self.status.disruption_restarts += 1;
+                    EndAction::RestartJobNotCounted
+                };
+                self.end_generation(&culprit, action);
+                self.status.restarts += 1;
+                self.status.ranks.clear();
+                let why = if counted {
+                    format!(
+                        "counted against backoffLimit: {} of {limit}",
+                        self.status.failure_restarts
+                    )
+                } else {
+                    "a disruption: not counted against backoffLimit".to_string()
+                };
+                let message = format!(
+                    "{}; restarting the gang as generation {} ({why})",
+                    culprit.describe(),
+                    self.status.restarts
+                );
+                self.set_condition(condition::RESTARTING, true, "GangRestart", message.clone());
+                self.event(culprit.cause == EndCause::Failure, "Restarted", message);
+                false
+            }
+        }
+    }
+
+    /// Moves the stopping record (or a fresh one) into the history with what followed.
+    fn end_generation(&mut self, culprit: &RankFailure, action: EndAction) {
+        let generation = self.generation();
+        let mut end = self
+            .status
+            .stopping
+            .take()
+            .unwrap_or_else(|| culprit.record(generation, Time(self.now)));
+        if !RankFailure::from_record(&end).same_end(culprit) {
+            end = culprit.record(generation, end.time);
+        }
+        end.action = Some(action);
+        self.status.history.push(end);
+        let excess = self
+            .status
+            .history
+            .len()
+            .saturating_sub(GenerationEnd::KEPT);
+        self.status.history.drain(..excess);
+    }
+
+    /// Pods to delete with no grace period: their node is lost, no kubelet will confirm a graceful deletion.
+    pub(super) fn force_delete(&mut self, names: Vec<String>) {
+        if !names.is_empty() {
+            self.actions.push(Action::ForceDeletePods { names });
+        }
+    }
+}
