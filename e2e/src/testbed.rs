@@ -207,8 +207,17 @@ impl Testbed {
             &format!("deploy/{OPERATOR_DEPLOYMENT}"),
             "--tail=40",
         ]);
+        let plugins = run(&[
+            "logs",
+            "-n",
+            SYSTEM_NAMESPACE,
+            "-l",
+            "app.kubernetes.io/component=device-plugin",
+            "--prefix",
+            "--tail=15",
+        ]);
         let mut text = format!(
-            "--- nodes\n{}\n--- pods\n{}\n--- rdujobs\n{}\n--- events\n{}\n--- operator\n{operator_logs}",
+            "--- nodes\n{}\n--- pods\n{}\n--- rdujobs\n{}\n--- events\n{}\n--- operator\n{operator_logs}\n--- device plugins\n{plugins}",
             run(&["get", "nodes", "-o", "wide"]),
             run(&["get", "pods", "-A", "-o", "wide"]),
             run(&["get", "rdujobs", "-A", "-o", "yaml"]),

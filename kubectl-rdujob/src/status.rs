@@ -1,9 +1,10 @@
-//! The `status` view, a pure function of the job and its pods: a header (phase, generation, age, progress,
-//! conditions that are true), a table of ranks (pod, node, tiles, phase, restarts) and the result.
+//! The `status` view, a pure function of the job and its pods: a header (phase, generation and its restarts by
+//! cause, age, progress, conditions that are true), a table of ranks (pod, node, tiles, phase, restarts), how the
+//! earlier generations ended, and the result.
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
-use rdu_crds::{JobResult, RduJob, TrainingProgress, consts};
+use rdu_crds::{EndAction, GenerationEnd, JobResult, RduJob, TrainingProgress, consts};
 
 /// The whole status text.
 pub fn render(job: &RduJob, pods: &[Pod], now: Timestamp) -> String {
@@ -21,8 +22,8 @@ pub fn render(job: &RduJob, pods: &[Pod], now: Timestamp) -> String {
             age_text(now.duration_since(t.0).as_secs())
         });
     let mut out = format!(
-        "Job:        {namespace}/{name}\nPhase:      {phase}\nGeneration: {} (gang restarts)\nAge:        {age}\n",
-        status.restarts
+        "Job:        {namespace}/{name}\nPhase:      {phase}\nGeneration: {} (gang restarts: {} counted against backoffLimit, {} disruptions)\nAge:        {age}\n",
+        status.restarts, status.failure_restarts, status.disruption_restarts
     );
     if let Some(p) = &status.progress {
         out.push_str(&format!("Progress:   {}\n", progress_text(p, now)));
@@ -35,8 +36,65 @@ pub fn render(job: &RduJob, pods: &[Pod], now: Timestamp) -> String {
     }
     out.push('\n');
     out.push_str(&rank_table(job, pods));
+    let ended: Vec<&GenerationEnd> = status.history.iter().chain(&status.stopping).collect();
+    if !ended.is_empty() {
+        out.push_str("\nGenerations:\n");
+        out.push_str(&history_table(&ended));
+    }
     if let Some(result) = &status.result {
         out.push_str(&format!("\nResult:     {}\n", result_text(result)));
+    }
+    out
+}
+
+/// One row per ended (or stopping) generation: when, the rank it is blamed on, its node, cause, what followed, why.
+pub fn history_table(ended: &[&GenerationEnd]) -> String {
+    let mut rows = vec![[
+        "GEN".to_string(),
+        "TIME".into(),
+        "RANK".into(),
+        "NODE".into(),
+        "CAUSE".into(),
+        "ACTION".into(),
+        "MESSAGE".into(),
+    ]];
+    for end in ended {
+        let action = match end.action {
+            Some(EndAction::RestartJob) => "RestartJob",
+            Some(EndAction::RestartJobNotCounted) => "RestartJobNotCounted",
+            Some(EndAction::FailJob) => "FailJob",
+            None => "(stopping)",
+        };
+        rows.push([
+            end.generation.to_string(),
+            end.time.0.to_string(),
+            end.rank.to_string(),
+            end.node.clone().unwrap_or_else(|| "-".into()),
+            format!("{:?}", end.cause),
+            action.to_string(),
+            end.message.clone(),
+        ]);
+    }
+    columns(&rows)
+}
+
+/// Rows as left-aligned columns two spaces apart (the last column unpadded).
+fn columns<const N: usize>(rows: &[[String; N]]) -> String {
+    let widths: Vec<usize> = (0..N)
+        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for row in rows {
+        let mut line = String::new();
+        for (i, cell) in row.iter().enumerate() {
+            if i + 1 == N {
+                line.push_str(cell);
+            } else {
+                line.push_str(&format!("{cell:<width$}  ", width = widths[i]));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
     }
     out
 }

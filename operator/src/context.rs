@@ -11,6 +11,7 @@ use kube::runtime::reflector::Store;
 use crate::expectations::Expectations;
 use crate::metrics::Metrics;
 use crate::node_cache::NodeCache;
+use crate::status_writes::StatusWrites;
 use crate::validate::Limits;
 
 /// Field manager of every write the operator makes to a job's children and status.
@@ -27,6 +28,8 @@ pub struct Context {
     pub nodes: NodeCache,
     /// Pod writes the cache has not shown yet.
     pub expectations: Expectations,
+    /// Status writes the job cache has not shown yet.
+    pub status_writes: StatusWrites,
     /// Whether scheduler-plugins' PodGroup CRD is installed (checked at start-up).
     pub pod_groups: bool,
     /// Whether every job gets a NetworkPolicy admitting only its own pods to the worker ports.

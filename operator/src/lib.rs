@@ -15,6 +15,7 @@ pub mod ownership;
 pub mod progress;
 pub mod reconcile;
 pub mod slow_start;
+pub mod status_writes;
 pub mod step;
 #[cfg(test)]
 pub(crate) mod test_fixtures;

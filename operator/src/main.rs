@@ -135,6 +135,7 @@ async fn main() -> anyhow::Result<()> {
         pods: pod_store,
         nodes: node_cache.clone(),
         expectations: Default::default(),
+        status_writes: Default::default(),
         pod_groups,
         network_policies: args.network_policy,
         progress_url: args.progress_url.clone(),

@@ -40,10 +40,10 @@ enum Fetch {
     Current(Vec<Arc<Pod>>),
     /// The cache is behind this job's own pod writes: wait for the watch.
     Behind(crate::expectations::Behind),
-    /// The job cache is behind this operator's own status write: a pod of generation `seen` exists while the
-    /// cached status says generation `cached` (the reconcile that started a generation created its pods, and
-    /// their watch events came before the status's). Deciding from that status would take the new pods for an old
-    /// generation's; wait for the job's watch event.
+    /// The job cache is behind this operator's own status write (`status_writes`), or a pod of generation `seen`
+    /// exists while the cached status says generation `cached` (the reconcile that started a generation created
+    /// its pods, and their watch events came before the status's). Deciding from that status would, for instance,
+    /// take the new pods for an old generation's; wait for the job's watch event.
     StaleJob { cached: u32, seen: u32 },
 }
 
@@ -83,6 +83,7 @@ pub fn job_key(job: &RduJob) -> String {
 async fn run_pipeline(job: &RduJob, ctx: &Context) -> Result<Requeue, ReconcileError> {
     if job.metadata.deletion_timestamp.is_some() {
         ctx.expectations.forget(&job_key(job));
+        ctx.status_writes.forget(&job_key(job));
         return Ok(Requeue::await_change());
     }
     let pods = match fetch(job, ctx) {
@@ -144,6 +145,17 @@ fn fetch(job: &RduJob, ctx: &Context) -> Fetch {
     if let Some(behind) = ctx.expectations.behind(&job_key(job), cached) {
         return Fetch::Behind(behind);
     }
+    let generation = job.status.as_ref().map_or(0, |s| s.restarts);
+    if ctx
+        .status_writes
+        .behind(&job_key(job), job.status.as_ref())
+        .is_some()
+    {
+        return Fetch::StaleJob {
+            cached: generation,
+            seen: generation,
+        };
+    }
     let pods = cached_pods(
         &ctx.pods,
         ns,
@@ -198,13 +210,17 @@ async fn write_status(
     }
     if job.status.as_ref() != Some(&decision.status) {
         let jobs: Api<RduJob> = Api::namespaced(ctx.client.clone(), builders::job_namespace(job));
-        jobs.patch_status(
-            &job.name_any(),
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(status_patch(&decision.status)),
-        )
-        .await
-        .map_err(|source| ReconcileError::Status { source })?;
+        let stored = jobs
+            .patch_status(
+                &job.name_any(),
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(status_patch(&decision.status)),
+            )
+            .await
+            .map_err(|source| ReconcileError::Status { source })?;
+        if let Some(status) = &stored.status {
+            ctx.status_writes.written(&job_key(job), status);
+        }
     }
     publish_events(job, ctx, &decision.events).await
 }

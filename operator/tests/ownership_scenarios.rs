@@ -235,6 +235,7 @@ async fn a_job_above_the_operators_limit_fails_naming_the_field_the_value_and_th
         pods: h.ctx.pods.clone(),
         nodes: Default::default(),
         expectations: Default::default(),
+        status_writes: Default::default(),
         pod_groups: false,
         network_policies: true,
         progress_url: None,

@@ -191,6 +191,7 @@ async fn deadline_fails_the_job_and_deletes_running_pods() {
     let (fake, h) = setup(1, json!({"activeDeadlineSeconds": 5}));
     reconcile_once(&fake, &h).await;
     set_phase(&fake, 0, "Running", None);
+    h.forget_status_write();
     fake.update(JOB, |j| {
         j["status"]["startTime"] = json!("2020-01-01T00:00:00Z")
     });
@@ -215,6 +216,7 @@ async fn ttl_deletes_the_finished_job() {
     set_phase(&fake, 0, "Succeeded", Some(0));
     reconcile_once(&fake, &h).await;
     assert_eq!(phase(&fake), json!("Succeeded"));
+    h.forget_status_write();
     fake.update(JOB, |j| {
         j["status"]["completionTime"] = json!("2020-01-01T00:00:00Z")
     });
@@ -345,4 +347,33 @@ async fn a_failed_pod_create_and_a_failed_status_write_are_told_apart() {
         text.contains("rdu_operator_reconcile_errors_total{step=\"status\"} 0"),
         "{text}"
     );
+}
+
+#[tokio::test]
+async fn a_reconcile_from_a_job_cache_behind_its_own_status_write_changes_nothing() {
+    let (fake, h) = setup(2, json!({}));
+    reconcile_once(&fake, &h).await;
+    set_phase(&fake, 0, "Running", None);
+    set_phase(&fake, 1, "Running", None);
+    reconcile_once(&fake, &h).await;
+    set_phase(&fake, 1, "Failed", Some(75));
+    // The job as the cache still holds it while the generation is stopped and the next one started.
+    let before_restart = job(&fake);
+    reconcile_once(&fake, &h).await;
+    reconcile_once(&fake, &h).await;
+    assert_eq!(env(&fake, 0, "RDU_GENERATION"), json!("1"));
+    let requests = fake.requests().len();
+    // A pod event wakes a reconcile before the status's watch event: it must not take generation 1's pods for
+    // leftovers of generation 0 and delete them.
+    sync_cache(&fake, &h);
+    reconcile(before_restart, h.ctx.clone())
+        .await
+        .expect("reconcile");
+    assert_eq!(
+        fake.requests().len(),
+        requests,
+        "no request from a stale job: {:?}",
+        &fake.requests()[requests..]
+    );
+    assert_eq!(env(&fake, 0, "RDU_GENERATION"), json!("1"));
 }

@@ -14,6 +14,11 @@ spec:
 status:
   phase: Running
   restarts: 1
+  disruptionRestarts: 1
+  history:
+  - {generation: 0, rank: 3, exitCode: null, reason: NodeLost, node: node-c, cause: Disruption,
+     action: RestartJobNotCounted, time: "2026-11-24T10:00:02Z",
+     message: "rank 3 was lost (NodeLost: node node-c is unreachable)"}
   ranks: [{rank: 0, pod: digits-worker-0, node: node-a, tiles: [rdu0-tile0, rdu0-tile1]}]
   conditions:
   - {type: Running, status: "True", reason: AllRanksRunning, message: every rank runs, lastTransitionTime: "2026-11-24T10:00:05Z"}
@@ -50,7 +55,7 @@ fn a_running_job_shows_progress_true_conditions_and_a_row_per_rank() {
     let expected = "\
 Job:        ml/digits
 Phase:      Running
-Generation: 1 (gang restarts)
+Generation: 1 (gang restarts: 0 counted against backoffLimit, 1 disruptions)
 Age:        3m00s
 Progress:   25% (step 120/480, epoch 2/8), ETA 1m15s, loss 0.2500, 2140.5 samples/s, reported 3s ago
 Condition:  Running (AllRanksRunning): every rank runs
@@ -58,6 +63,10 @@ Condition:  Running (AllRanksRunning): every rank runs
 RANK  POD              NODE    TILES                  PHASE    RESTARTS
 0     digits-worker-0  node-a  rdu0-tile0,rdu0-tile1  Running  0
 1     digits-worker-1  -       -                      Pending  0
+
+Generations:
+GEN  TIME                  RANK  NODE    CAUSE       ACTION                MESSAGE
+0    2026-11-24T10:00:02Z  3     node-c  Disruption  RestartJobNotCounted  rank 3 was lost (NodeLost: node node-c is unreachable)
 ";
     assert_eq!(text, expected);
 }

@@ -104,6 +104,18 @@ impl RankFailure {
     }
 }
 
+/// Whether a pod failed because its node's kubelet refused or removed it before its worker ran (no exit code, and
+/// the kubelet's reason for a pod it rejects at admission or shuts down): `UnexpectedAdmissionError` (the device
+/// plugin was not registered, or its devices unhealthy, when the pod arrived), `OutOf<resource>`, `NodeAffinity`,
+/// `NodeShutdown`, `Terminated` (graceful node shutdown), `Evicted`. The node's trouble, not the job's.
+pub(super) fn rejected_by_kubelet(exit: RankExit, reason: &str) -> bool {
+    exit == RankExit::Lost
+        && (matches!(
+            reason,
+            "UnexpectedAdmissionError" | "NodeAffinity" | "NodeShutdown" | "Terminated" | "Evicted"
+        ) || reason.starts_with("OutOf"))
+}
+
 impl Step<'_> {
     /// The evidence against the current generation: every rank that failed, was lost with its node, disrupted by
     /// the cluster, or (before stopping began) deleted or vanished. While stopping, pods the operator itself
@@ -167,7 +179,7 @@ impl Step<'_> {
                     if ours {
                         return None;
                     }
-                    let cause = if f.kind == "NodeLost" {
+                    let cause = if f.kind == "NodeLost" || rejected_by_kubelet(f.exit, &f.kind) {
                         EndCause::Disruption
                     } else {
                         EndCause::Failure

@@ -5,6 +5,7 @@ use super::tests::{after, at, condition, decide, decide_with, lost, names, p, po
 use super::*;
 use crate::nodes::{Loss, Room};
 use crate::test_fixtures::job;
+use rdu_crds::policy::RankExit;
 use rdu_crds::{EndAction, EndCause, GenerationEnd};
 use std::collections::BTreeMap;
 
@@ -311,4 +312,42 @@ fn the_history_keeps_the_last_generations() {
         history.last().map(|e| e.generation),
         Some(GenerationEnd::KEPT as u32 + 2)
     );
+}
+
+#[test]
+fn a_pod_the_kubelet_rejected_before_its_worker_ran_is_the_nodes_trouble() {
+    let cases = [
+        (RankExit::Lost, "UnexpectedAdmissionError", true),
+        (RankExit::Lost, "OutOfcpu", true),
+        (RankExit::Lost, "NodeAffinity", true),
+        (RankExit::Lost, "NodeShutdown", true),
+        (RankExit::Lost, "Evicted", true),
+        (RankExit::Lost, "Error", false),
+        // A worker that ran and failed is the job's, whatever the pod says.
+        (RankExit::Code(1), "UnexpectedAdmissionError", false),
+    ];
+    for (exit, reason, disruption) in cases {
+        assert_eq!(
+            super::teardown::rejected_by_kubelet(exit, reason),
+            disruption,
+            "{exit:?} {reason}"
+        );
+    }
+    let mut j = with_status(job("mnist", None, 2), JobPhase::Pending, 0, &[0, 1]);
+    j.spec.run_policy.backoff_limit = 0;
+    let d = decide(
+        &j,
+        &pods(&[
+            p(0, 0, "Failed").reason("UnexpectedAdmissionError"),
+            p(1, 0, "Running"),
+        ]),
+        at(2),
+    );
+    let stopping = d.status.stopping.clone().expect("stopping");
+    assert_eq!(
+        (stopping.cause, stopping.reason.as_str()),
+        (EndCause::Disruption, "UnexpectedAdmissionError")
+    );
+    let d = decide(&after(j, &d), &[], at(3));
+    assert_eq!((d.status.restarts, d.status.failure_restarts), (1, 0));
 }

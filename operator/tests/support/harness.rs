@@ -27,6 +27,14 @@ pub struct Harness {
     pub pods: Mutex<Writer<Pod>>,
 }
 
+impl Harness {
+    /// The test is about to change the job's status itself (standing in for time passing): the operator's last
+    /// status write is no longer what the next reconcile must wait to see.
+    pub fn forget_status_write(&self) {
+        self.ctx.status_writes.forget("u-1");
+    }
+}
+
 pub fn setup(workers: u32, run_policy: Value) -> (FakeApi, Harness) {
     let fake = FakeApi::default();
     fake.put(
@@ -58,6 +66,7 @@ pub fn setup(workers: u32, run_policy: Value) -> (FakeApi, Harness) {
         // A node cache that never syncs: the lifecycle knows nothing of nodes.
         nodes: Default::default(),
         expectations: Default::default(),
+        status_writes: Default::default(),
         pod_groups: false,
         network_policies: true,
         progress_url: None,
