@@ -73,6 +73,9 @@ impl Testbed {
     pub async fn start(assets: &Assets, bins: NodeBins, spec: &TestbedSpec) -> Self {
         let started = Instant::now();
         node::sweep();
+        // Interrupted, the run kills its children (above all the nodes' processes and containers) and removes the
+        // nodes' namespaces, links and rules; drops would not run.
+        crate::process::on_interrupt(interrupted);
         let images_dir = tempfile::Builder::new()
             .prefix("rdu-images-")
             .tempdir()
@@ -457,6 +460,13 @@ impl Drop for Testbed {
         self.nodes.clear();
         self.dns.take();
     }
+}
+
+/// The nodes' part of the clean-up of an interrupted run: their cgroups' processes killed, their namespaces,
+/// the bridge and the rules removed.
+fn interrupted() {
+    node::sweep();
+    network::sweep();
 }
 
 /// The machine's CPUs and memory (MiB), which the nodes share.

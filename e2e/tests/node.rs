@@ -542,7 +542,10 @@ impl Cluster {
         self.apply(&job("no-such-image", "rdu-worker:does-not-exist", 1));
         let image_seconds = self.reported("no-such-image", "ErrImageNeverPull").await;
         self.apply(&job("too-many-tiles", "rdu-worker:0.1.0", 8));
-        let unschedulable_seconds = self.reported("too-many-tiles", "Unschedulable").await;
+        // The operator sees that no node can hold the gang before it creates any pod.
+        let unschedulable_seconds = self
+            .reported("too-many-tiles", "InsufficientCapacity")
+            .await;
         (image_seconds, unschedulable_seconds)
     }
 

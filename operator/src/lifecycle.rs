@@ -452,13 +452,20 @@ impl Step<'_> {
             if let Some(room) = &self.cluster.room {
                 let workers = u64::from(self.job.spec.workers);
                 if room.ranks() < workers {
-                    let message = format!(
-                        "the gang needs {workers} rank(s) of {} {} each; the schedulable nodes have room for {} rank(s): {}",
-                        self.job.spec.tiles_per_worker,
+                    let tiles = self.job.spec.tiles_per_worker;
+                    let mut message = format!(
+                        "the gang needs {workers} rank(s) of {tiles} {} each; the schedulable nodes have room for {} rank(s): {}",
                         consts::TILE_RESOURCE,
                         room.ranks(),
                         room.describe()
                     );
+                    if u64::from(tiles) > room.largest {
+                        message.push_str(&format!(
+                            "; no schedulable node has {tiles} {} in all (the largest has {}): lower spec.tilesPerWorker or add larger nodes",
+                            consts::TILE_RESOURCE,
+                            room.largest
+                        ));
+                    }
                     let news = !self.status.conditions.iter().any(|c| {
                         c.type_ == condition::PODS_BLOCKED
                             && c.status == "True"

@@ -60,6 +60,11 @@ struct Args {
     /// networking.k8s.io networkpolicies; `--network-policy=false` where the chart grants none).
     #[arg(long, env = "RDU_NETWORK_POLICY", default_value_t = true, action = clap::ArgAction::Set)]
     network_policy: bool,
+    /// Create a job's next generation only when the schedulable nodes have room for every rank, so a gang never
+    /// starts by halves (PodsBlocked InsufficientCapacity meanwhile). Set false where an autoscaler adds nodes for
+    /// pending pods: pods held back would never make it scale.
+    #[arg(long, env = "RDU_WAIT_FOR_ROOM", default_value_t = true, action = clap::ArgAction::Set)]
+    wait_for_room: bool,
     /// This operator's base URL as rank 0's pods reach it (`http://<service>.<namespace>.svc:<port>`): rank 0
     /// reports progress there with a projected ServiceAccount token (DESIGN 4.8). Unset: no progress in status.
     #[arg(long, env = "RDU_PROGRESS_URL")]
@@ -88,7 +93,7 @@ async fn main() -> anyhow::Result<()> {
     let (pod_store, pod_writer) = reflector::store::<Pod>();
     // The controller's node cache: the lifecycle reads which nodes are lost and what room they have.
     let (node_store, node_writer) = reflector::store::<Node>();
-    let node_cache = NodeCache::new(node_store);
+    let node_cache = NodeCache::new(node_store, args.wait_for_room);
     let progress = Arc::new(ProgressService::new(
         Arc::new(ApiTokenReviewer::new(client.clone())),
         job_store.clone(),

@@ -12,25 +12,29 @@ use rdu_crds::{RduJob, consts};
 
 use crate::nodes::{ClusterView, RankNeeds, loss, room};
 
-/// The node cache and whether it is complete.
+/// The node cache, whether it is complete, and whether a new generation waits for room.
 #[derive(Clone)]
 pub struct NodeCache {
     store: Store<Node>,
     synced: Arc<AtomicBool>,
+    wait_for_room: bool,
 }
 
 impl Default for NodeCache {
     /// An empty cache that never syncs: the lifecycle learns nothing of nodes (as in tests without a node watch).
     fn default() -> Self {
-        Self::new(kube::runtime::reflector::store::<Node>().0)
+        Self::new(kube::runtime::reflector::store::<Node>().0, true)
     }
 }
 
 impl NodeCache {
-    pub fn new(store: Store<Node>) -> Self {
+    /// `wait_for_room` false: a new generation is created whatever the nodes' room (`--wait-for-room=false`, for
+    /// clusters whose autoscaler adds nodes for pending pods: pods held back would never make it scale).
+    pub fn new(store: Store<Node>, wait_for_room: bool) -> Self {
         Self {
             store,
             synced: Arc::new(AtomicBool::new(false)),
+            wait_for_room,
         }
     }
 
@@ -66,14 +70,16 @@ impl NodeCache {
                 loss(node.as_deref()).map(|l| (name.to_string(), l))
             })
             .collect();
-        let room = pods.is_empty().then(|| {
-            let (nodes, all_pods) = (self.store.state(), all_pods.state());
-            room(
-                &rank_needs(job),
-                nodes.iter().map(AsRef::as_ref),
-                all_pods.iter().map(AsRef::as_ref),
-            )
-        });
+        let room = (self.wait_for_room && pods.is_empty())
+            .then(|| {
+                let (nodes, all_pods) = (self.store.state(), all_pods.state());
+                room(
+                    &rank_needs(job),
+                    nodes.iter().map(AsRef::as_ref),
+                    all_pods.iter().map(AsRef::as_ref),
+                )
+            })
+            .filter(|room| room.offered);
         ClusterView { lost, room }
     }
 }

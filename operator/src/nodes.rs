@@ -103,6 +103,11 @@ pub struct Room {
     pub by_node: BTreeMap<String, u64>,
     /// Nodes left out, with why (not ready, cordoned, tainted, not selected).
     pub excluded: BTreeMap<String, String>,
+    /// The most devices any eligible node has in all (free or not): a rank needing more never fits.
+    pub largest: u64,
+    /// Whether any node at all (eligible or not) advertises the resource. When none does (a cluster scaling its
+    /// device nodes from zero, or without the device plugin) there is nothing to judge room by.
+    pub offered: bool,
 }
 
 impl Room {
@@ -159,17 +164,19 @@ pub fn room<'a>(
         let Some(name) = node.metadata.name.clone() else {
             continue;
         };
-        if let Some(why) = ineligible(node, needs) {
-            room.excluded.insert(name, why);
-            continue;
-        }
         let allocatable = node
             .status
             .as_ref()
             .and_then(|s| s.allocatable.as_ref())
             .and_then(|a| a.get(&needs.resource))
             .map_or(0, quantity);
+        room.offered |= allocatable > 0;
+        if let Some(why) = ineligible(node, needs) {
+            room.excluded.insert(name, why);
+            continue;
+        }
         let free = allocatable.saturating_sub(used.get(&name).copied().unwrap_or(0));
+        room.largest = room.largest.max(allocatable);
         room.by_node.insert(name, free / needs.count.max(1));
     }
     room

@@ -34,8 +34,6 @@ use sandbox::{Bind, Sandbox};
 
 /// Env var naming the directory of kubelet, kube-proxy, coredns and pause.
 pub const NODE_BIN_ENV: &str = "RDU_E2E_NODE_BIN";
-/// Env var that turns a skip into a failure (CI sets it to 1).
-pub const REQUIRE_NODE_ENV: &str = "RDU_REQUIRE_NODE";
 /// The sandbox image every node's containerd runs each pod's network namespace in.
 pub const PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.10";
 /// Node cgroups are named with this prefix (and nothing else of this machine's is).

@@ -15,6 +15,8 @@ fn room(ranks: &[(&str, u64)]) -> ClusterView {
         room: Some(Room {
             by_node: ranks.iter().map(|(n, r)| (n.to_string(), *r)).collect(),
             excluded: BTreeMap::from([("node-9".to_string(), "unreachable".to_string())]),
+            largest: 4,
+            offered: true,
         }),
     }
 }
@@ -350,4 +352,19 @@ fn a_pod_the_kubelet_rejected_before_its_worker_ran_is_the_nodes_trouble() {
     );
     let d = decide(&after(j, &d), &[], at(3));
     assert_eq!((d.status.restarts, d.status.failure_restarts), (1, 0));
+}
+
+#[test]
+fn a_rank_larger_than_any_node_says_so() {
+    let mut j = with_status(job("mnist", None, 1), JobPhase::Pending, 0, &[]);
+    j.spec.tiles_per_worker = 8;
+    let d = decide_with(&j, &[], &room(&[("node-2", 0)]), at(0));
+    let blocked = condition(&d, condition::PODS_BLOCKED).expect("blocked");
+    assert!(
+        blocked.message.ends_with(
+            "; no schedulable node has 8 rdu.dev/tile in all (the largest has 4): lower spec.tilesPerWorker or add larger nodes"
+        ),
+        "{}",
+        blocked.message
+    );
 }

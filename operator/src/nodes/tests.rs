@@ -92,6 +92,14 @@ fn room_counts_free_devices_per_eligible_node() {
         BTreeMap::from([("n1".into(), 2), ("n2".into(), 1)])
     );
     assert_eq!(room.ranks(), 3);
+    assert_eq!(room.largest, 4);
+    assert!(room.offered);
+    let bare = [node(
+        "b",
+        "True",
+        json!({"status": {"allocatable": {"rdu.dev/tile": "0"}}}),
+    )];
+    assert!(!super::room(&needs(1), &bare, &pods).offered);
     assert_eq!(
         room.excluded,
         BTreeMap::from([

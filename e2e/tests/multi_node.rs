@@ -1,0 +1,219 @@
+//! One job across three real nodes, and the faults that befall nodes under a running job (issue 21): the testbed
+//! with three nodes of 2 RDUs × 2 tiles (so an 8-rank job must span them), the chart installed with `helm
+//! install`, checkpoints on storage every node sees (a directory shared by the nodes' namespaces behind a
+//! ReadWriteMany PersistentVolume, standing in for network storage). `bash e2e/multi-node/run.sh` runs it and
+//! prints the JSON line it writes to `RDU_MULTI_NODE_BENCH_OUT`.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use rdu_e2e::logs::field_of;
+use rdu_e2e::testbed::{self, Testbed, TestbedSpec};
+use rdu_e2e::workspace_root;
+use serde_json::{Value, json};
+
+#[path = "multi_node/faults.rs"]
+mod faults;
+use faults::Faults;
+
+/// Env var naming the file the summary JSON line is written to.
+const BENCH_OUT_ENV: &str = "RDU_MULTI_NODE_BENCH_OUT";
+const NODES: u8 = 3;
+const RDUS: u32 = 2;
+const TILES_PER_RDU: u32 = 2;
+/// Ranks of the job: 8 one-tile ranks need at least two of the three 4-tile nodes, and fit on two after a loss.
+const RANKS: u32 = 8;
+const LONG: Duration = Duration::from_secs(300);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root, Debian's containerd and the Go-built binaries: bash e2e/multi-node/run.sh"]
+async fn one_job_spans_three_nodes_and_survives_their_faults() {
+    let (assets, bins) = testbed::require("multi_node");
+    let bed = Testbed::start(&assets, bins, &TestbedSpec { nodes: NODES }).await;
+    let mut summary = serde_json::Map::new();
+    summary.insert("bench".into(), json!("multi_node"));
+    summary.insert("nodes".into(), json!(NODES));
+    summary.insert("ranks".into(), json!(RANKS));
+    summary.insert(
+        "nodes_ready_seconds".into(),
+        json!(bed.started.elapsed().as_secs_f64()),
+    );
+    let shared = tempfile::Builder::new()
+        .prefix("rdu-shared-storage-")
+        .tempdir()
+        .expect("shared storage");
+    set_mode(shared.path(), 0o777);
+    let installed = Instant::now();
+    bed.helm_install(&[
+        format!("devicePlugin.rdusPerNode={RDUS}"),
+        format!("devicePlugin.tilesPerRdu={TILES_PER_RDU}"),
+    ]);
+    for node in &bed.nodes {
+        bed.wait_tiles(&node.name, RDUS * TILES_PER_RDU, "after helm install", LONG)
+            .await;
+    }
+    summary.insert(
+        "helm_install_to_tiles_seconds".into(),
+        json!(installed.elapsed().as_secs_f64()),
+    );
+
+    let (spread, steps_per_second) = spans_the_nodes(&bed, shared.path()).await;
+    summary.extend(spread);
+    let mut faults = Faults {
+        bed,
+        shared: shared.path().to_path_buf(),
+        steps_per_second,
+    };
+    summary.extend(faults.kubelet_restart_then_drain().await);
+    summary.extend(faults.crash_then_too_little_capacity().await);
+    summary.extend(faults.partition().await);
+
+    let line = Value::Object(summary).to_string();
+    println!("{line}");
+    if let Some(path) = std::env::var_os(BENCH_OUT_ENV) {
+        std::fs::write(path, format!("{line}\n")).expect("write the summary");
+    }
+}
+
+/// The digits example with 8 ranks spread over the nodes, hierarchical all-reduce, checkpoints on the shared
+/// claim; `epochs` and `interval` set how long it runs and how often rank 0 checkpoints.
+fn spread_job(name: &str, epochs: u64, interval: u64) -> Value {
+    let yaml = std::fs::read_to_string(workspace_root().join("examples/digits-checkpointed.yaml"))
+        .expect("examples/digits-checkpointed.yaml");
+    let mut job: Value = serde_yaml_ng::from_str(&yaml).expect("example YAML");
+    job["metadata"]["name"] = json!(name);
+    job["metadata"]["namespace"] = json!("default");
+    let spec = &mut job["spec"];
+    spec["workers"] = json!(RANKS);
+    spec["training"]["epochs"] = json!(epochs);
+    spec["dataParallel"]["algorithm"] = json!("hierarchical");
+    spec["checkpoint"]["intervalSteps"] = json!(interval);
+    spec["checkpoint"]["volumeClaimTemplate"]["accessModes"] = json!(["ReadWriteMany"]);
+    spec["template"] = json!({
+        "metadata": {"labels": {"rdu.dev/test": name}},
+        "spec": {"topologySpreadConstraints": [{
+            "maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": {"rdu.dev/job-name": name}},
+        }]}
+    });
+    job
+}
+
+/// Stage 1: an 8-rank job lands on all three nodes and trains to Succeeded over the pod network; every rank ends
+/// with the same parameter checksum, and the accuracy matches local mode's within half a point.
+async fn spans_the_nodes(bed: &Testbed, shared: &Path) -> (serde_json::Map<String, Value>, f64) {
+    let name = "spread";
+    let job = spread_job(name, 30, 1000);
+    shared_volume(bed, shared, name);
+    let applied = Instant::now();
+    bed.apply(&job.to_string());
+    let done = bed.wait_phase(name, "Succeeded", LONG).await;
+    let succeeded = applied.elapsed().as_secs_f64();
+    let ranks = done["status"]["ranks"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(ranks.len(), RANKS as usize, "status.ranks: {ranks:?}");
+    let nodes: BTreeSet<String> = ranks
+        .iter()
+        .filter_map(|r| r["node"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(nodes.len(), usize::from(NODES), "ranks on {nodes:?}");
+    let mut checksums = BTreeSet::new();
+    for rank in 0..RANKS {
+        let pod = format!("{name}-worker-{rank}");
+        let log = bed.kubectl(&["logs", &pod, "-n", "default"]);
+        let checksum = log
+            .lines()
+            .find(|l| l.contains("parameter checksum"))
+            .and_then(|l| field_of(l, "checksum"))
+            .unwrap_or_else(|| panic!("{pod}: no parameter checksum\n{log}"));
+        checksums.insert(checksum);
+    }
+    assert_eq!(checksums.len(), 1, "ranks disagree: {checksums:?}");
+    let result = &done["status"]["result"];
+    let accuracy = result["testAccuracy"].as_f64().expect("testAccuracy");
+    let steps_per_second = result["globalSteps"].as_f64().expect("globalSteps")
+        / result["trainSeconds"].as_f64().expect("trainSeconds");
+    let local = local_accuracy(&job);
+    assert!(
+        (accuracy - local).abs() <= 0.005,
+        "accuracy {accuracy} on the cluster, {local} in local mode"
+    );
+    bed.kubectl(&["delete", "rdujob", name, "-n", "default", "--wait=true"]);
+    let mut out = serde_json::Map::new();
+    out.insert("apply_to_succeeded_seconds".into(), json!(succeeded));
+    out.insert("ranks_per_node".into(), json!(ranks_per_node(&ranks)));
+    out.insert("test_accuracy".into(), json!(accuracy));
+    out.insert("local_test_accuracy".into(), json!(local));
+    out.insert("spread_steps_per_second".into(), json!(steps_per_second));
+    (out, steps_per_second)
+}
+
+/// How many ranks each node ran.
+fn ranks_per_node(ranks: &[Value]) -> Value {
+    let mut counts = serde_json::Map::new();
+    for rank in ranks {
+        let node = rank["node"].as_str().unwrap_or("?").to_string();
+        let count = counts.get(&node).and_then(Value::as_u64).unwrap_or(0);
+        counts.insert(node, json!(count + 1));
+    }
+    Value::Object(counts)
+}
+
+/// The same job's test accuracy in local mode (`rdujob run`, built beside the test binaries), as a user
+/// compares a cluster run with a laptop run.
+fn local_accuracy(job: &Value) -> f64 {
+    let mut local = job.clone();
+    // Local mode ignores the claim; its checkpoints go to its scratch directory.
+    local["spec"]
+        .as_object_mut()
+        .expect("spec")
+        .remove("template");
+    let dir = workspace_root().join("examples");
+    let file = tempfile::Builder::new()
+        .suffix(".yaml")
+        .tempfile_in(&dir)
+        .expect("job file beside the example data");
+    std::fs::write(file.path(), serde_yaml_ng::to_string(&local).expect("YAML")).expect("write");
+    let exe = std::env::current_exe().expect("test binary");
+    let target = exe.parent().and_then(|d| d.parent()).expect("target dir");
+    let out = std::process::Command::new(target.join("rdujob"))
+        .arg("run")
+        .arg(file.path())
+        .output()
+        .expect("rdujob runs (cargo build -p rdujob)");
+    assert!(
+        out.status.success(),
+        "rdujob run: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let result: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("rdujob's last line is not its result ({e}): {stdout}"));
+    result["testAccuracy"].as_f64().expect("testAccuracy")
+}
+
+/// A ReadWriteMany PersistentVolume for job `job`'s checkpoint claim, on `<shared>/<job>`, a directory every
+/// node's namespaces see (no provisioner runs here); returns the directory.
+fn shared_volume(bed: &Testbed, shared: &Path, job: &str) -> std::path::PathBuf {
+    let dir = shared.join(job);
+    std::fs::create_dir_all(&dir).expect("job's shared directory");
+    set_mode(&dir, 0o777);
+    let claim = rdu_crds::consts::checkpoint_claim_name(job);
+    bed.apply(&format!(
+        "apiVersion: v1\nkind: PersistentVolume\nmetadata: {{name: {job}-shared}}\nspec:\n  capacity: {{storage: 1Gi}}\n  \
+         accessModes: [ReadWriteMany]\n  persistentVolumeReclaimPolicy: Retain\n  \
+         claimRef: {{namespace: default, name: {claim}}}\n  hostPath: {{path: {}, type: Directory}}\n",
+        dir.display()
+    ));
+    dir
+}
+
+fn set_mode(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
