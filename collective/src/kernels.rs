@@ -1,5 +1,5 @@
-//! The arithmetic of a collective: f32 <-> little-endian bytes, elementwise add and copy.
-//! Plain loops over fixed-size arrays so the compiler vectorizes them; no per-element
+//! The arithmetic of a collective: what a received chunk does to the values it lands on
+//! ([`Apply`]), f32 <-> little-endian bytes, elementwise add and copy. Plain loops over fixed-size arrays so the compiler vectorizes them; no per-element
 //! allocation, and send buffers are recycled through a small pool so the hot path neither
 //! calls the allocator for fresh pages nor zero-fills.
 
@@ -7,6 +7,15 @@ use std::borrow::Cow;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+
+/// What a received chunk does to the values it lands on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Apply {
+    /// `dst[i] += received[i]` (reduce).
+    Add,
+    /// `dst[i] = received[i]` (gather, broadcast).
+    Copy,
+}
 
 /// Recycles the byte buffers chunks are encoded into; a buffer returns when the transport
 /// drops the last reference to its `Bytes`.

@@ -2,8 +2,9 @@
 //! ranks.
 
 use crate::error::CollectiveError;
+use crate::kernels::Apply;
 use crate::segments::ChunkGrid;
-use crate::transport::inbox::{Apply, Inbox};
+use crate::transport::Inbox;
 
 use super::{Exchange, PHASE_DOUBLING, Wire, position};
 

@@ -2,7 +2,7 @@
 //! leaders, broadcast back within each node; for ranks that share nodes.
 
 use crate::error::CollectiveError;
-use crate::transport::inbox::Inbox;
+use crate::transport::Inbox;
 
 use super::Wire;
 use super::choice::NodeGroups;

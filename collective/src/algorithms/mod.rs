@@ -25,9 +25,9 @@ use tokio::time::Instant;
 
 use crate::error::CollectiveError;
 use crate::fault::FailState;
+use crate::kernels::Apply;
 use crate::segments::ChunkGrid;
-use crate::transport::inbox::{Apply, Inbox, InboxError, ReceiveMode};
-use crate::transport::{ChunkId, Link};
+use crate::transport::{ChunkId, Inbox, InboxError, Link, ReceiveMode};
 
 use self::choice::{ChosenAlgorithm, NodeGroups};
 

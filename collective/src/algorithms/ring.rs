@@ -2,8 +2,9 @@
 //! steps; the bandwidth-optimal algorithm for large buffers.
 
 use crate::error::CollectiveError;
+use crate::kernels::Apply;
 use crate::segments::ChunkGrid;
-use crate::transport::inbox::{Apply, Inbox};
+use crate::transport::Inbox;
 
 use super::{PHASE_RING, Progress, Wire, position};
 

@@ -3,8 +3,9 @@
 //! algorithm, of `broadcast` and of `barrier`.
 
 use crate::error::CollectiveError;
+use crate::kernels::Apply;
 use crate::segments::ChunkGrid;
-use crate::transport::inbox::{Apply, Inbox};
+use crate::transport::Inbox;
 
 use super::{Exchange, PHASE_BCAST, PHASE_GATHER, Wire, position};
 

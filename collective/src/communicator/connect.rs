@@ -26,11 +26,9 @@ use crate::proto::collective_server::CollectiveServer;
 use crate::proto::rendezvous_server::RendezvousServer;
 use crate::rendezvous::{self, RendezvousService, RendezvousTable};
 use crate::spin::Spin;
-use crate::transport::Link;
-use crate::transport::grpc::{CollectiveService, GrpcLink};
-use crate::transport::router::InboundRouter;
-use crate::transport::shm;
-use crate::transport::tcp::{self, DataPort, RingChoice};
+use crate::transport::{
+    self, CollectiveService, DataPort, GrpcLink, InboundRouter, Link, RingChoice,
+};
 
 /// Idle send buffers kept for reuse (about what is in flight: link queues plus windows).
 const POOLED_BUFFERS: usize = 32;
@@ -159,11 +157,11 @@ impl Communicator {
             router.clone(),
             RequireToken::new(&cfg.identity.token),
             cfg.timeout,
-            shm::shm_dir().map(Path::to_path_buf),
+            transport::shm_dir().map(Path::to_path_buf),
         );
         let connections = {
             let _entered = self.span.enter();
-            tcp::demux(listener, data_port, self.shutdown.subscribe())
+            transport::demux(listener, data_port, self.shutdown.subscribe())
         };
         let service = CollectiveServer::new(CollectiveService(router))
             .max_decoding_message_size(max_message(cfg))
@@ -263,10 +261,10 @@ impl Communicator {
                 // Rings only to peers on this rank's node (NODE_NAME): others cannot share.
                 let same_node = peer.node == cfg.node;
                 let ring = RingChoice {
-                    dir: shm::shm_dir().filter(|_| data_path == DataPath::Auto && same_node),
+                    dir: transport::shm_dir().filter(|_| data_path == DataPath::Auto && same_node),
                     spin: self.spin,
                 };
-                tcp::open_link(
+                transport::open_link(
                     cfg.rank,
                     peer.rank,
                     cfg.identity.generation,

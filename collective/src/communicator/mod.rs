@@ -24,8 +24,7 @@ use crate::fault::FailState;
 use crate::kernels::BufferPool;
 use crate::proto;
 use crate::proto::collective_client::CollectiveClient;
-use crate::transport::Link;
-use crate::transport::inbox::{Inbox, ReceiveMode};
+use crate::transport::{Inbox, Link, ReceiveMode};
 
 /// Longest a shutdown waits for streams to flush and servers to stop.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);

@@ -4,7 +4,7 @@
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
-use crate::transport::inbox::Apply;
+use crate::kernels::Apply;
 
 /// Values converted at a time through the stack: small enough to stay in L1.
 const BLOCK: usize = 512;

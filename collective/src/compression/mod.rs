@@ -6,6 +6,7 @@
 //! before sending them: what it keeps is exactly what its peers decode (16-bit to f32 is exact),
 //! so both ends of every exchange hold the same numbers, and rounding again is a no-op.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::str::FromStr;
 
@@ -14,8 +15,7 @@ mod codec;
 mod x86;
 
 use crate::error::CollectiveError;
-use crate::kernels::{add_from_le, copy_from_le};
-use crate::transport::inbox::Apply;
+use crate::kernels::{Apply, add_from_le, copy_from_le, le_bytes};
 
 /// How an all-reduce's values travel between ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -64,6 +64,23 @@ impl Compression {
                     return unsafe { x86::fp16_encode(words, values) };
                 }
                 codec::fp16_encode(words, values)
+            }
+        }
+    }
+
+    /// The wire bytes of `values`: their own memory for f32 (no copy on a little-endian
+    /// machine), else rounded in place and encoded into `scratch`.
+    pub(crate) fn wire_bytes<'a>(
+        self,
+        values: &'a mut [f32],
+        scratch: &'a mut Vec<u8>,
+    ) -> Cow<'a, [u8]> {
+        match self {
+            Compression::None => le_bytes(values),
+            _ => {
+                scratch.clear();
+                self.round_and_encode(values, scratch);
+                Cow::Borrowed(&scratch[..])
             }
         }
     }

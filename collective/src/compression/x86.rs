@@ -11,7 +11,7 @@ use std::arch::x86_64::{
 };
 
 use super::codec;
-use crate::transport::inbox::Apply;
+use crate::kernels::Apply;
 
 /// Whether this CPU converts halves in hardware.
 pub(super) fn has_f16c() -> bool {

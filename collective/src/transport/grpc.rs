@@ -1,6 +1,6 @@
-//! The gRPC transport: the `Collective` service every rank serves (aborts, and `Send` streams of
-//! chunks handed to inboxes) and, with [`DataPath::Grpc`](crate::DataPath::Grpc), the sending
-//! side of chunks as `Send` streams.
+//! The gRPC transport: with [`DataPath::Grpc`](crate::DataPath::Grpc) chunks travel as
+//! `Send` streams of the `Collective` service (`service` serves them), one per directed pair of
+//! ranks: `GrpcLink` sends, `GrpcSource` receives.
 //!
 //! Why chunks can still travel on gRPC although the raw TCP path (`tcp`) is faster: every rank
 //! serves `Send` anyway (it is part of the wire protocol, `proto/collective/v1`, and lets ranks on
@@ -13,22 +13,19 @@
 
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::metadata::MetadataMap;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Request, Streaming};
 use tracing::Instrument;
 
 use crate::auth::AttachToken;
 use crate::compression::Compression;
 use crate::error::CollectiveError;
-use crate::kernels::BufferPool;
+use crate::kernels::{Apply, BufferPool};
 use crate::proto;
 use crate::proto::collective_client::CollectiveClient;
-use crate::transport::ChunkId;
-use crate::transport::inbox::{Apply, Handoff, InboxError, check, ended};
-use crate::transport::router::ChunkReceiver;
+use crate::transport::frame::{ChunkId, InboxError, check, ended};
 
 /// Chunks queued per gRPC link before the sender waits (on top of the HTTP/2 window).
 const LINK_QUEUE: usize = 4;
@@ -37,49 +34,6 @@ const LINK_QUEUE: usize = 4;
 pub const FROM_RANK: &str = "x-rdu-from-rank";
 /// Metadata key naming the generation of a `Send` stream.
 pub const GENERATION: &str = "x-rdu-generation";
-
-fn metadata_u64(metadata: &MetadataMap, key: &str) -> Result<u64, Status> {
-    metadata
-        .get(key)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok())
-        .ok_or_else(|| Status::invalid_argument(format!("missing or non-numeric {key} metadata")))
-}
-
-/// tonic adapter of a [`ChunkReceiver`].
-pub(crate) struct CollectiveService<R>(pub(crate) Arc<R>);
-
-#[tonic::async_trait]
-impl<R: ChunkReceiver> proto::collective_server::Collective for CollectiveService<R> {
-    async fn send(
-        &self,
-        request: Request<Streaming<proto::Chunk>>,
-    ) -> Result<Response<proto::SendSummary>, Status> {
-        let from = metadata_u64(request.metadata(), FROM_RANK)?;
-        let from =
-            u32::try_from(from).map_err(|_| Status::invalid_argument("from rank too large"))?;
-        let generation = metadata_u64(request.metadata(), GENERATION)?;
-        let slot = self.0.open(from, generation)?;
-        let (done_tx, done_rx) = oneshot::channel();
-        let handoff = Handoff::grpc(GrpcSource::new(request.into_inner()), done_tx);
-        if slot.send(handoff).is_err() {
-            return Err(Status::unavailable("rank is shutting down"));
-        }
-        let mut shutdown = self.0.shutdown_signal();
-        tokio::select! {
-            received = done_rx => Ok(Response::new(proto::SendSummary { chunks: received.unwrap_or_default() })),
-            _ = shutdown.wait_for(|down| *down) => Err(Status::unavailable("rank is shutting down")),
-        }
-    }
-
-    async fn abort(
-        &self,
-        request: Request<proto::AbortRequest>,
-    ) -> Result<Response<proto::AbortResponse>, Status> {
-        self.0.abort(request.into_inner())?;
-        Ok(Response::new(proto::AbortResponse {}))
-    }
-}
 
 /// This rank's `Send` stream to one peer: encoded chunks queued for a task that streams them.
 pub(crate) struct GrpcLink {

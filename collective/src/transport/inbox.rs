@@ -1,46 +1,17 @@
 //! Receiving one peer's chunks, whichever transport they come on: the peer's stream, handed over
 //! by the router once admitted, and read by the collective that expects the next chunk, straight
-//! into the values it updates. Each received chunk must be exactly the expected one: same
-//! operation, phase, segment, chunk and length.
-
-use std::time::Duration;
+//! into the values it updates (the checks are `frame`'s).
 
 use tokio::sync::oneshot;
 
-use crate::compression::Compression;
-use crate::transport::ChunkId;
+use crate::kernels::Apply;
+use crate::transport::frame::{ChunkId, InboxError, ReceiveMode};
 use crate::transport::grpc::GrpcSource;
+use crate::transport::shm::ShmSource;
 use crate::transport::tcp::TcpSource;
-use crate::transport::tcp::framing::{ChunkHeader, HEADER_LEN};
-
-/// What a received chunk does to the values it lands on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Apply {
-    /// `dst[i] += received[i]` (reduce).
-    Add,
-    /// `dst[i] = received[i]` (gather, broadcast).
-    Copy,
-}
-
-/// How a collective receives: the encoding its values travel in, and how long a small frame is
-/// polled for before the task parks (see `spin`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct ReceiveMode {
-    pub(crate) compression: Compression,
-    pub(crate) spin: Option<Duration>,
-}
-
-/// Why reading from a peer failed.
-#[derive(Debug)]
-pub(crate) enum InboxError {
-    /// The stream broke or ended (peer gone).
-    Lost(String),
-    /// The peer sent something it must not.
-    Violation(String),
-}
 
 /// A peer's incoming stream, handed by a server to the receiving side. Dropping it lets the
-/// gRPC server answer the call, or closes the TCP data stream.
+/// gRPC server answer the call, or closes the data stream.
 pub(crate) struct Handoff {
     source: Source,
     received: u64,
@@ -53,24 +24,31 @@ enum Source {
     Grpc(GrpcSource),
     /// An admitted raw TCP data stream.
     Tcp(TcpSource),
+    /// A shared-memory ring, beside the data stream that admitted it.
+    Shm(ShmSource),
 }
 
 impl Handoff {
     /// An admitted TCP data stream (its hello is done).
     pub(crate) fn tcp(source: TcpSource) -> Self {
-        Handoff {
-            source: Source::Tcp(source),
-            received: 0,
-            done: None,
-        }
+        Handoff::of(Source::Tcp(source), None)
+    }
+
+    /// An admitted data stream whose frames come through a ring.
+    pub(crate) fn shm(source: ShmSource) -> Self {
+        Handoff::of(Source::Shm(source), None)
     }
 
     /// A gRPC `Send` stream; `done` learns how many chunks were taken when this is dropped.
     pub(crate) fn grpc(source: GrpcSource, done: oneshot::Sender<u64>) -> Self {
+        Handoff::of(Source::Grpc(source), Some(done))
+    }
+
+    fn of(source: Source, done: Option<oneshot::Sender<u64>>) -> Self {
         Handoff {
-            source: Source::Grpc(source),
+            source,
             received: 0,
-            done: Some(done),
+            done,
         }
     }
 
@@ -89,6 +67,7 @@ impl Handoff {
                     .await?
             }
             Source::Tcp(stream) => stream.receive(expected, dst, apply, mode).await?,
+            Source::Shm(ring) => ring.receive(expected, dst, apply, mode).await?,
         }
         self.received += 1;
         Ok(())
@@ -101,51 +80,6 @@ impl Drop for Handoff {
             let _ = done.send(self.received);
         }
     }
-}
-
-/// The peer's stream ended where a chunk was expected.
-pub(super) fn ended() -> InboxError {
-    InboxError::Lost("its stream to this rank ended".into())
-}
-
-/// The frame's header must name `expected` with `payload` bytes.
-pub(super) fn check_header(
-    header: &[u8; HEADER_LEN],
-    expected: ChunkId,
-    payload: usize,
-) -> Result<(), InboxError> {
-    let header = ChunkHeader::decode(header);
-    let got = ChunkId {
-        op_id: header.op_id,
-        phase: header.phase,
-        segment: header.segment,
-        chunk: header.chunk,
-    };
-    check(expected, got, header.len as usize, payload)
-}
-
-/// The chunk that arrived must be the one expected, with `expected_bytes` of payload (one
-/// encoded value per destination slot).
-pub(super) fn check(
-    expected: ChunkId,
-    got: ChunkId,
-    bytes: usize,
-    expected_bytes: usize,
-) -> Result<(), InboxError> {
-    if got != expected {
-        let tuple = |id: ChunkId| (id.op_id, id.phase, id.segment, id.chunk);
-        return Err(InboxError::Violation(format!(
-            "expected (op, phase, segment, chunk) {:?}, got {:?}; ranks disagree on the sequence of collectives",
-            tuple(expected),
-            tuple(got)
-        )));
-    }
-    if bytes != expected_bytes {
-        return Err(InboxError::Violation(format!(
-            "chunk of {bytes} bytes where {expected_bytes} were expected; ranks disagree on the buffer length or on the compression"
-        )));
-    }
-    Ok(())
 }
 
 /// The receiving end of one peer's stream: waiting for the peer to open it, then open.
@@ -190,5 +124,92 @@ impl Inbox {
             InboxError::Violation(_) => "it broke the protocol".into(),
         });
         Err(error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::{TcpListener, TcpStream};
+
+    use super::*;
+    use crate::transport::frame::ChunkHeader;
+
+    const GENERATION: u64 = 3;
+
+    fn id(chunk: u32) -> ChunkId {
+        ChunkId {
+            op_id: 9,
+            phase: 16,
+            segment: 1,
+            chunk,
+        }
+    }
+
+    /// An open inbox reading a TCP stream, and the peer's end of that stream.
+    async fn connected() -> (Inbox, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let peer = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (mine, _) = listener.accept().await.unwrap();
+        let handoff = Handoff::tcp(TcpSource::new(mine));
+        (Inbox::Open(Box::new(handoff)), peer)
+    }
+
+    async fn take(inbox: &mut Inbox, chunk: u32, values: &mut [f32]) -> Result<(), InboxError> {
+        inbox
+            .receive(
+                GENERATION,
+                id(chunk),
+                values,
+                Apply::Add,
+                ReceiveMode::default(),
+            )
+            .await
+    }
+
+    /// Chunk `chunk`'s frame of one f32.
+    fn frame(chunk: u32) -> Vec<u8> {
+        let header = ChunkHeader::of(id(chunk), 4).unwrap().encode();
+        header.into_iter().chain(1.5f32.to_le_bytes()).collect()
+    }
+
+    #[tokio::test]
+    async fn a_lost_stream_stays_closed_for_the_same_reason() {
+        let (mut inbox, mut peer) = connected().await;
+        let whole = frame(0);
+        peer.write_all(&whole[..whole.len() - 2]).await.unwrap();
+        drop(peer);
+        let mut values = [0f32];
+        let error = take(&mut inbox, 0, &mut values).await;
+        assert!(matches!(error, Err(InboxError::Lost(r)) if r.contains("inside a chunk")));
+        let again = take(&mut inbox, 0, &mut values).await;
+        assert!(matches!(again, Err(InboxError::Lost(r)) if r.contains("inside a chunk")));
+    }
+
+    #[tokio::test]
+    async fn a_violation_closes_the_inbox_though_the_next_frame_would_fit() {
+        let (mut inbox, mut peer) = connected().await;
+        peer.write_all(&frame(5)).await.unwrap();
+        peer.write_all(&frame(5)).await.unwrap();
+        let mut values = [0f32];
+        let error = take(&mut inbox, 4, &mut values).await;
+        assert!(
+            matches!(error, Err(InboxError::Violation(ref r)) if r.contains("sequence of collectives")),
+            "{error:?}"
+        );
+        let again = take(&mut inbox, 5, &mut values).await;
+        assert!(matches!(again, Err(InboxError::Lost(r)) if r.contains("broke the protocol")));
+        assert_eq!(values, [0.0]);
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_never_opens_is_lost_once_its_server_stops() {
+        let (handoff, waiting) = oneshot::channel::<Handoff>();
+        let mut inbox = Inbox::Waiting(waiting);
+        drop(handoff);
+        let error = take(&mut inbox, 0, &mut [0f32]).await;
+        assert!(matches!(error, Err(InboxError::Lost(r)) if r.contains("server stopped")));
     }
 }

@@ -1,41 +1,55 @@
-//! How chunks travel between ranks. A rank sends to each peer on one [`Link`] and reads each
-//! peer's stream from that peer's `inbox`; one long-lived stream per directed pair of ranks, so a
-//! peer's chunks arrive in the order it sent them. The `router` hands each incoming stream to its
-//! inbox. Two transports implement both ends, on the same collective port:
+//! How chunks travel between ranks, laid out as Gloo's transports: one interface here ([`Link`]
+//! to send to a peer, `Inbox` to receive from one), each implementation beside the others.
+//! One long-lived stream per directed pair of ranks, so a peer's chunks arrive in the order it
+//! sent them.
 //!
-//! - `tcp`: the default data path, raw TCP frames written from and read into the caller's values,
-//!   or, between ranks on one host, through a shared-memory ring (`shm`) the TCP stream wakes;
-//! - `grpc`: the `Collective` service (aborts; `Send` streams of chunks, see its docs for why
-//!   they are kept).
+//! - `frame`: the chunk frame and its checks, which every transport shares;
+//! - `tcp`: the default data path, raw TCP frames written from and read into the caller's values;
+//! - `shm`: shared-memory rings between ranks on one host, woken through their data stream;
+//! - `grpc`: chunks as `Send` streams of the `Collective` service (see its docs for why they are
+//!   kept);
+//! - `hello` and `dial`: how a data stream starts, and which link (TCP or ring) it becomes;
+//! - `port` and `service`: the receiving side of the collective port (data streams, and the
+//!   gRPC service with aborts), which `router` hands to each peer's `inbox`.
 
-pub(crate) mod grpc;
-pub(crate) mod inbox;
-pub(crate) mod router;
-pub(crate) mod shm;
-pub(crate) mod tcp;
+mod dial;
+mod frame;
+mod grpc;
+mod hello;
+mod inbox;
+mod port;
+mod router;
+mod service;
+mod shm;
+mod stream;
+mod tcp;
+#[cfg(test)]
+mod tests;
 
 pub use grpc::{FROM_RANK, GENERATION};
+
+pub(crate) use dial::{RingChoice, open_link};
+pub(crate) use frame::{ChunkId, InboxError, ReceiveMode};
+pub(crate) use grpc::GrpcLink;
+pub(crate) use inbox::Inbox;
+pub(crate) use port::{DataPort, demux};
+pub(crate) use router::InboundRouter;
+pub(crate) use service::CollectiveService;
+pub(crate) use shm::shm_dir;
 
 use tokio::task::JoinHandle;
 
 use crate::compression::Compression;
 use crate::error::CollectiveError;
-use grpc::GrpcLink;
+use shm::ShmLink;
 use tcp::TcpLink;
-
-/// Which chunk a message carries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct ChunkId {
-    pub(crate) op_id: u64,
-    pub(crate) phase: u32,
-    pub(crate) segment: u32,
-    pub(crate) chunk: u32,
-}
 
 /// This rank's outgoing stream to one peer.
 pub(crate) enum Link {
     /// A TCP data stream written directly from the caller's buffer.
     Tcp(TcpLink),
+    /// A shared-memory ring, beside the data stream that admitted it.
+    Shm(ShmLink),
     /// A gRPC `Send` stream fed through a queue.
     Grpc(GrpcLink),
 }
@@ -52,16 +66,14 @@ impl Link {
     ) -> Result<(), CollectiveError> {
         match self {
             Link::Tcp(link) => link.send(id, values, compression).await,
+            Link::Shm(link) => link.send(id, values, compression).await,
             Link::Grpc(link) => link.send(id, values, compression).await,
         }
     }
 
     /// Whether chunks go through a shared-memory ring (see `shm`).
     pub(crate) fn shares_memory(&self) -> bool {
-        match self {
-            Link::Tcp(link) => link.shares_memory(),
-            Link::Grpc(_) => false,
-        }
+        matches!(self, Link::Shm(_))
     }
 
     /// Ends the stream after everything sent; the handle finishes when the peer has taken it
@@ -69,6 +81,7 @@ impl Link {
     pub(crate) fn close(self) -> JoinHandle<()> {
         match self {
             Link::Tcp(link) => link.close(),
+            Link::Shm(link) => link.close(),
             Link::Grpc(link) => link.close(),
         }
     }

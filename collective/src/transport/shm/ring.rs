@@ -16,9 +16,8 @@ use std::time::{Duration, Instant};
 
 use super::bell::{Bell, Wake};
 use super::segment::Segment;
-use crate::transport::ChunkId;
-use crate::transport::inbox::{Apply, InboxError, ReceiveMode, check_header, ended};
-use crate::transport::tcp::framing::HEADER_LEN;
+use crate::kernels::Apply;
+use crate::transport::frame::{ChunkId, HEADER_LEN, InboxError, ReceiveMode, check_header, ended};
 
 /// Bytes copied in or reduced out before the counter moves: the other end starts on a frame
 /// while the rest of it is still being copied.
@@ -290,8 +289,8 @@ mod tests {
 
     use super::*;
     use crate::compression::Compression;
+    use crate::transport::frame::ChunkHeader;
     use crate::transport::shm::bell::LinkBell;
-    use crate::transport::tcp::framing::ChunkHeader;
 
     const RING: usize = 4096;
 
@@ -308,14 +307,7 @@ mod tests {
                 read: &self.link.0,
                 write: &self.link.1,
             };
-            let header = ChunkHeader {
-                op_id: id(chunk).op_id,
-                phase: id(chunk).phase,
-                segment: id(chunk).segment,
-                chunk,
-                len: payload.len() as u32,
-            }
-            .encode();
+            let header = ChunkHeader::of(id(chunk), payload.len()).unwrap().encode();
             self.writer.write_frame(&bell, &header, payload).await
         }
 
@@ -483,15 +475,7 @@ mod tests {
         } = pair(None).await;
         // A whole frame, then the first bytes of the next (header and 16 of its 64 bytes).
         send.frame(0, &[0u8; 64]).await.unwrap();
-        let mut next = ChunkHeader {
-            op_id: 2,
-            phase: 16,
-            segment: 0,
-            chunk: 1,
-            len: 64,
-        }
-        .encode()
-        .to_vec();
+        let mut next = ChunkHeader::of(id(1), 64).unwrap().encode().to_vec();
         next.extend_from_slice(&[0u8; 16]);
         send.put(&next).await;
         drop(send);

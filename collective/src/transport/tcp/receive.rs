@@ -1,38 +1,31 @@
 //! Reading chunks from an admitted TCP data stream: each frame's header is checked against the
-//! chunk expected next, then its payload is read straight into the values it updates. When the
-//! stream's sender shares a ring with this rank, frames come from the ring instead and the
-//! stream only wakes this rank and tells it when the sender is gone.
+//! chunk expected next, then its payload is read straight into the values it updates.
 
 use std::io::{ErrorKind, Read};
 
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
-use super::framing::HEADER_LEN;
+use crate::kernels::Apply;
 use crate::spin::SPIN_MAX_FRAME_BYTES;
-use crate::transport::ChunkId;
-use crate::transport::inbox::{Apply, InboxError, ReceiveMode, check_header, ended};
-use crate::transport::shm::RingReader;
+use crate::transport::frame::{ChunkId, HEADER_LEN, InboxError, ReceiveMode, check_header, ended};
 
 /// Bytes of a TCP chunk read at a time before they are added: small enough to stay in cache
 /// between the kernel's copy and the add, large enough to keep system calls few.
 const ADD_PIECE: usize = 256 << 10;
 
-/// An admitted raw TCP data stream (see `port`), the buffer chunks to be added go through, and
-/// the ring frames come in instead when the sender shares one.
+/// An admitted raw TCP data stream (see `port`), and the buffer chunks to be added go through.
 pub(crate) struct TcpSource {
     stream: TcpStream,
     scratch: Vec<u8>,
-    ring: Option<RingReader>,
 }
 
 impl TcpSource {
-    /// A data stream whose hello is done, with the ring its sender offered if this rank took it.
-    pub(crate) fn new(stream: TcpStream, ring: Option<RingReader>) -> Self {
+    /// A data stream whose hello is done.
+    pub(crate) fn new(stream: TcpStream) -> Self {
         TcpSource {
             stream,
             scratch: Vec::new(),
-            ring,
         }
     }
 
@@ -45,9 +38,6 @@ impl TcpSource {
         apply: Apply,
         mode: ReceiveMode,
     ) -> Result<(), InboxError> {
-        if let Some(ring) = &mut self.ring {
-            return ring.receive(&self.stream, expected, dst, apply, mode).await;
-        }
         let payload = dst.len() * mode.compression.bytes_per_value();
         if payload <= SPIN_MAX_FRAME_BYTES {
             return self.receive_small(expected, dst, apply, mode).await;
@@ -171,10 +161,7 @@ mod tests {
 
     use super::*;
     use crate::compression::Compression;
-    use crate::transport::inbox::{Handoff, Inbox};
-    use crate::transport::tcp::framing::ChunkHeader;
-
-    const GENERATION: u64 = 3;
+    use crate::transport::frame::ChunkHeader;
 
     fn id(chunk: u32) -> ChunkId {
         ChunkId {
@@ -185,45 +172,37 @@ mod tests {
         }
     }
 
+    /// Chunk `id`'s frame of f32 `values`.
     fn frame(id: ChunkId, values: &[f32]) -> Vec<u8> {
-        let header = ChunkHeader {
-            op_id: id.op_id,
-            phase: id.phase,
-            segment: id.segment,
-            chunk: id.chunk,
-            len: (values.len() * 4) as u32,
-        };
+        let header = ChunkHeader::of(id, values.len() * 4).unwrap();
         let payload = values.iter().flat_map(|v| v.to_le_bytes());
         header.encode().into_iter().chain(payload).collect()
     }
 
     async fn take(
-        inbox: &mut Inbox,
+        source: &mut TcpSource,
         expected: ChunkId,
         values: &mut [f32],
         apply: Apply,
     ) -> Result<(), InboxError> {
-        inbox
-            .receive(GENERATION, expected, values, apply, ReceiveMode::default())
+        source
+            .receive(expected, values, apply, ReceiveMode::default())
             .await
     }
 
-    /// An open inbox reading a TCP stream, and the peer's end of that stream.
-    async fn connected() -> (Inbox, TcpStream) {
+    /// A source reading one end of a loopback TCP stream, and the peer's end.
+    async fn connected() -> (TcpSource, TcpStream) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let peer = TcpStream::connect(listener.local_addr().unwrap())
             .await
             .unwrap();
         let (mine, _) = listener.accept().await.unwrap();
-        (
-            Inbox::Open(Box::new(Handoff::tcp(TcpSource::new(mine, None)))),
-            peer,
-        )
+        (TcpSource::new(mine), peer)
     }
 
     #[tokio::test]
     async fn chunks_longer_than_a_piece_are_added_and_copied_whole() {
-        let (mut inbox, mut peer) = connected().await;
+        let (mut source, mut peer) = connected().await;
         // Not a multiple of the piece, so the last piece is short.
         let len = ADD_PIECE / 4 * 2 + 1001;
         let sent: Vec<f32> = (0..len).map(|i| i as f32 * 0.5).collect();
@@ -233,7 +212,7 @@ mod tests {
             peer
         });
         let mut values = vec![1.0f32; len];
-        take(&mut inbox, id(0), &mut values, Apply::Add)
+        take(&mut source, id(0), &mut values, Apply::Add)
             .await
             .unwrap();
         assert!(
@@ -242,12 +221,12 @@ mod tests {
                 .enumerate()
                 .all(|(i, v)| *v == i as f32 * 0.5 + 1.0)
         );
-        take(&mut inbox, id(1), &mut values, Apply::Copy)
+        take(&mut source, id(1), &mut values, Apply::Copy)
             .await
             .unwrap();
         assert!(values.iter().enumerate().all(|(i, v)| *v == i as f32 * 0.5));
         drop(writer.await.unwrap());
-        let error = take(&mut inbox, id(2), &mut values, Apply::Add).await;
+        let error = take(&mut source, id(2), &mut values, Apply::Add).await;
         assert!(
             matches!(error, Err(InboxError::Lost(r)) if r.contains("stream to this rank ended"))
         );
@@ -262,7 +241,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn small_frames_split_across_writes_arrive_whole_polled_or_parked() {
-        let (mut inbox, mut peer) = connected().await;
+        let (mut source, mut peer) = connected().await;
         let sent: Vec<f32> = (0..1000).map(|i| i as f32 - 300.5).collect();
         let modes = [
             polling(1_000_000, Compression::None),
@@ -285,8 +264,8 @@ mod tests {
         });
         for (k, mode) in modes.into_iter().enumerate() {
             let mut values = vec![1.0f32; sent.len()];
-            inbox
-                .receive(GENERATION, id(k as u32), &mut values, Apply::Add, mode)
+            source
+                .receive(id(k as u32), &mut values, Apply::Add, mode)
                 .await
                 .unwrap();
             let expected: Vec<f32> = sent.iter().map(|v| v + 1.0).collect();
@@ -294,9 +273,8 @@ mod tests {
         }
         drop(writer.await.unwrap());
         let mut values = vec![0f32; sent.len()];
-        let error = inbox
+        let error = source
             .receive(
-                GENERATION,
                 id(9),
                 &mut values,
                 Apply::Add,
@@ -310,7 +288,7 @@ mod tests {
 
     #[tokio::test]
     async fn sixteen_bit_frames_small_and_large_decode_onto_the_values() {
-        let (mut inbox, mut peer) = connected().await;
+        let (mut source, mut peer) = connected().await;
         // Exactly representable in both bf16 and fp16.
         let wire: Vec<f32> = (0..ADD_PIECE).map(|i| (i % 64) as f32 * 0.25).collect();
         for (k, (compression, len)) in [
@@ -324,13 +302,7 @@ mod tests {
         {
             let mut encoded = Vec::new();
             compression.round_and_encode(&mut wire[..len].to_vec(), &mut encoded);
-            let header = ChunkHeader {
-                op_id: 9,
-                phase: 16,
-                segment: 1,
-                chunk: k as u32,
-                len: encoded.len() as u32,
-            };
+            let header = ChunkHeader::of(id(k as u32), encoded.len()).unwrap();
             peer.write_all(&header.encode()).await.unwrap();
             let writer = peer.write_all(&encoded);
             let mut values = vec![0.5f32; len];
@@ -340,7 +312,7 @@ mod tests {
             };
             let (written, received) = tokio::join!(
                 writer,
-                inbox.receive(GENERATION, id(k as u32), &mut values, Apply::Add, mode)
+                source.receive(id(k as u32), &mut values, Apply::Add, mode)
             );
             written.unwrap();
             received.unwrap();
@@ -350,41 +322,37 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_stream_ending_inside_a_chunk_is_lost_and_stays_closed() {
-        let (mut inbox, mut peer) = connected().await;
+    async fn a_stream_ending_inside_a_chunk_is_lost() {
+        let (mut source, mut peer) = connected().await;
         let whole = frame(id(0), &[1.0, 2.0]);
         peer.write_all(&whole[..whole.len() - 2]).await.unwrap();
         drop(peer);
         let mut values = [0f32; 2];
-        let error = take(&mut inbox, id(0), &mut values, Apply::Copy).await;
+        let error = take(&mut source, id(0), &mut values, Apply::Copy).await;
         assert!(matches!(error, Err(InboxError::Lost(r)) if r.contains("inside a chunk")));
-        let again = take(&mut inbox, id(0), &mut values, Apply::Copy).await;
-        assert!(matches!(again, Err(InboxError::Lost(r)) if r.contains("inside a chunk")));
     }
 
     #[tokio::test]
-    async fn an_unexpected_chunk_is_a_violation_that_closes_the_inbox() {
-        let (mut inbox, mut peer) = connected().await;
+    async fn an_unexpected_chunk_is_a_violation_that_changes_no_value() {
+        let (mut source, mut peer) = connected().await;
         peer.write_all(&frame(id(5), &[1.0])).await.unwrap();
         let mut values = [0f32];
-        let error = take(&mut inbox, id(4), &mut values, Apply::Add).await;
+        let error = take(&mut source, id(4), &mut values, Apply::Add).await;
         assert!(
             matches!(error, Err(InboxError::Violation(ref r)) if r.contains("sequence of collectives")),
             "{error:?}"
         );
         assert_eq!(values, [0.0]);
-        let again = take(&mut inbox, id(5), &mut values, Apply::Add).await;
-        assert!(matches!(again, Err(InboxError::Lost(r)) if r.contains("broke the protocol")));
     }
 
     #[tokio::test]
     async fn a_chunk_of_the_wrong_length_is_refused_before_its_payload_is_read() {
-        let (mut inbox, mut peer) = connected().await;
+        let (mut source, mut peer) = connected().await;
         let mut huge = frame(id(0), &[]);
         huge[20..24].copy_from_slice(&u32::MAX.to_le_bytes());
         peer.write_all(&huge).await.unwrap();
         let mut values = [0f32; 4];
-        let error = take(&mut inbox, id(0), &mut values, Apply::Copy).await;
+        let error = take(&mut source, id(0), &mut values, Apply::Copy).await;
         assert!(
             matches!(error, Err(InboxError::Violation(ref r)) if r.contains("4294967295 bytes where 16")),
             "{error:?}"

@@ -1,8 +1,7 @@
-//! Byte format of the raw TCP data path: a hello naming the sending rank, its generation and
-//! the job token, and perhaps offering a shared-memory ring (see `shm`); the receiver's one-line
-//! reply, which says whether it took the ring; then chunk frames, each a fixed little-endian
-//! header followed by the payload, on the stream or in the ring. Pure encoding and decoding, no
-//! I/O.
+//! How a data stream starts, on the collective port: a hello naming the sending rank, its
+//! generation and the job token, and perhaps offering a shared-memory ring (see `shm`); then the
+//! receiver's one-line reply, which says whether it took the ring. Chunk frames follow (`frame`),
+//! on the stream or in the ring. Pure encoding and decoding, no I/O.
 
 use crate::transport::shm::Offer;
 
@@ -18,12 +17,10 @@ pub(crate) const HELLO_FIXED: usize = 8 + 4 + 8 + 2 + 1;
 /// Reply bytes before its message: status (u8, a gRPC code), whether the receiver took the
 /// offered ring (u8, 0 or 1), message length (u16).
 pub(crate) const REPLY_FIXED: usize = 4;
-/// Chunk header: op_id (u64), phase, segment, chunk, payload length (u32 each).
-pub(crate) const HEADER_LEN: usize = 24;
 
-/// Why bytes from a peer are not a valid hello, reply or header.
+/// Why bytes from a peer are not a valid hello or reply.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub(crate) enum FrameError {
+pub(crate) enum HelloError {
     #[error("stream does not start with the data-path magic {MAGIC:?}")]
     BadMagic,
     #[error("token of {0} bytes is longer than {MAX_TOKEN}")]
@@ -50,11 +47,11 @@ pub(crate) fn encode_hello(
     generation: u64,
     token: &str,
     ring: Option<&Offer>,
-) -> Result<Vec<u8>, FrameError> {
+) -> Result<Vec<u8>, HelloError> {
     let token_len =
-        u16::try_from(token.len()).map_err(|_| FrameError::TokenTooLong(token.len()))?;
+        u16::try_from(token.len()).map_err(|_| HelloError::TokenTooLong(token.len()))?;
     if usize::from(token_len) > MAX_TOKEN {
-        return Err(FrameError::TokenTooLong(token.len()));
+        return Err(HelloError::TokenTooLong(token.len()));
     }
     let mut out = Vec::with_capacity(HELLO_FIXED + token.len());
     out.extend_from_slice(MAGIC);
@@ -70,13 +67,13 @@ pub(crate) fn encode_hello(
 }
 
 /// Reads the fixed part of a hello; the token (`token_len` bytes) and perhaps an offer follow it.
-pub(crate) fn decode_hello(bytes: &[u8; HELLO_FIXED]) -> Result<HelloFixed, FrameError> {
+pub(crate) fn decode_hello(bytes: &[u8; HELLO_FIXED]) -> Result<HelloFixed, HelloError> {
     if &bytes[..8] != MAGIC {
-        return Err(FrameError::BadMagic);
+        return Err(HelloError::BadMagic);
     }
     let token_len = usize::from(u16::from_le_bytes([bytes[20], bytes[21]]));
     if token_len > MAX_TOKEN {
-        return Err(FrameError::TokenTooLong(token_len));
+        return Err(HelloError::TokenTooLong(token_len));
     }
     Ok(HelloFixed {
         from_rank: u32::from_le_bytes(array(&bytes[8..12])),
@@ -108,10 +105,10 @@ pub(crate) struct Reply {
 }
 
 /// Status, ring answer and message length of a reply; the message follows.
-pub(crate) fn decode_reply(bytes: &[u8; REPLY_FIXED]) -> Result<Reply, FrameError> {
+pub(crate) fn decode_reply(bytes: &[u8; REPLY_FIXED]) -> Result<Reply, HelloError> {
     let code = bytes[0];
     if code > tonic::Code::Unauthenticated as u8 {
-        return Err(FrameError::BadStatus(code));
+        return Err(HelloError::BadStatus(code));
     }
     Ok(Reply {
         code: tonic::Code::from(i32::from(code)),
@@ -120,43 +117,11 @@ pub(crate) fn decode_reply(bytes: &[u8; REPLY_FIXED]) -> Result<Reply, FrameErro
     })
 }
 
-fn flag(byte: u8) -> Result<bool, FrameError> {
+fn flag(byte: u8) -> Result<bool, HelloError> {
     match byte {
         0 => Ok(false),
         1 => Ok(true),
-        other => Err(FrameError::BadFlag(other)),
-    }
-}
-
-/// Where a chunk belongs and how many payload bytes follow the header.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct ChunkHeader {
-    pub(crate) op_id: u64,
-    pub(crate) phase: u32,
-    pub(crate) segment: u32,
-    pub(crate) chunk: u32,
-    pub(crate) len: u32,
-}
-
-impl ChunkHeader {
-    pub(crate) fn encode(&self) -> [u8; HEADER_LEN] {
-        let mut out = [0u8; HEADER_LEN];
-        out[..8].copy_from_slice(&self.op_id.to_le_bytes());
-        out[8..12].copy_from_slice(&self.phase.to_le_bytes());
-        out[12..16].copy_from_slice(&self.segment.to_le_bytes());
-        out[16..20].copy_from_slice(&self.chunk.to_le_bytes());
-        out[20..24].copy_from_slice(&self.len.to_le_bytes());
-        out
-    }
-
-    pub(crate) fn decode(bytes: &[u8; HEADER_LEN]) -> Self {
-        ChunkHeader {
-            op_id: u64::from_le_bytes(array(&bytes[..8])),
-            phase: u32::from_le_bytes(array(&bytes[8..12])),
-            segment: u32::from_le_bytes(array(&bytes[12..16])),
-            chunk: u32::from_le_bytes(array(&bytes[16..20])),
-            len: u32::from_le_bytes(array(&bytes[20..24])),
-        }
+        other => Err(HelloError::BadFlag(other)),
     }
 }
 
@@ -209,19 +174,19 @@ mod tests {
         hello[0] = b'X';
         assert_eq!(
             decode_hello(hello[..HELLO_FIXED].try_into().unwrap()),
-            Err(FrameError::BadMagic)
+            Err(HelloError::BadMagic)
         );
         let mut long = encode_hello(0, 1, "t", None).unwrap();
         long[20..22].copy_from_slice(&u16::MAX.to_le_bytes());
         assert_eq!(
             decode_hello(long[..HELLO_FIXED].try_into().unwrap()),
-            Err(FrameError::TokenTooLong(usize::from(u16::MAX)))
+            Err(HelloError::TokenTooLong(usize::from(u16::MAX)))
         );
         let mut flagged = encode_hello(0, 1, "t", None).unwrap();
         flagged[22] = 7;
         assert_eq!(
             decode_hello(flagged[..HELLO_FIXED].try_into().unwrap()),
-            Err(FrameError::BadFlag(7))
+            Err(HelloError::BadFlag(7))
         );
         assert!(encode_hello(0, 1, &"x".repeat(MAX_TOKEN + 1), None).is_err());
     }
@@ -247,20 +212,8 @@ mod tests {
         );
         assert_eq!(
             decode_reply(&[200, 0, 0, 0]),
-            Err(FrameError::BadStatus(200))
+            Err(HelloError::BadStatus(200))
         );
-        assert_eq!(decode_reply(&[0, 2, 0, 0]), Err(FrameError::BadFlag(2)));
-    }
-
-    #[test]
-    fn chunk_headers_round_trip() {
-        let header = ChunkHeader {
-            op_id: u64::MAX - 1,
-            phase: 17,
-            segment: 2,
-            chunk: 40_000,
-            len: 1 << 20,
-        };
-        assert_eq!(ChunkHeader::decode(&header.encode()), header);
+        assert_eq!(decode_reply(&[0, 2, 0, 0]), Err(HelloError::BadFlag(2)));
     }
 }

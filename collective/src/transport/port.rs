@@ -1,7 +1,7 @@
-//! The receiving side of the TCP data path: the collective port's accept loop, which tells data
+//! The receiving side of data streams: the collective port's accept loop, which tells data
 //! streams from gRPC connections by their first byte, and the data port, which checks a data
 //! stream's hello, takes the shared-memory ring it offers when it can open it, and hands the
-//! stream (and ring) to the sender's inbox.
+//! stream (with its ring, if taken) to the sender's inbox.
 
 use std::io;
 use std::path::PathBuf;
@@ -15,12 +15,12 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Status};
 use tracing::Instrument;
 
-use super::framing::{self, HELLO_FIXED};
-use super::receive::TcpSource;
 use crate::auth::RequireToken;
+use crate::transport::hello::{self, HELLO_FIXED};
 use crate::transport::inbox::Handoff;
 use crate::transport::router::{ChunkReceiver, InboundRouter};
-use crate::transport::shm::{Offer, RingReader, Segment};
+use crate::transport::shm::{Offer, RingReader, Segment, ShmSource};
+use crate::transport::tcp::TcpSource;
 
 /// gRPC connections waiting for tonic to take them.
 const GRPC_BACKLOG: usize = 16;
@@ -60,11 +60,11 @@ impl DataPort {
         let incomplete = |e: io::Error| Status::invalid_argument(format!("incomplete hello: {e}"));
         let mut fixed = [0u8; HELLO_FIXED];
         stream.read_exact(&mut fixed).await.map_err(incomplete)?;
-        let hello =
-            framing::decode_hello(&fixed).map_err(|e| Status::invalid_argument(e.to_string()))?;
-        let mut token = vec![0u8; hello.token_len];
+        let greeting =
+            hello::decode_hello(&fixed).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let mut token = vec![0u8; greeting.token_len];
         stream.read_exact(&mut token).await.map_err(incomplete)?;
-        let offer = if hello.offers_ring {
+        let offer = if greeting.offers_ring {
             let mut offer = [0u8; Offer::LEN];
             stream.read_exact(&mut offer).await.map_err(incomplete)?;
             Some(Offer::decode(&offer))
@@ -74,7 +74,7 @@ impl DataPort {
         if !self.token.accepts(&token) {
             return Err(Status::unauthenticated("wrong job token"));
         }
-        let slot = self.router.open(hello.from_rank, hello.generation)?;
+        let slot = self.router.open(greeting.from_rank, greeting.generation)?;
         Ok(Admitted { slot, offer })
     }
 
@@ -97,7 +97,7 @@ impl DataPort {
             Ok(Ok(admitted)) => admitted,
             Ok(Err(refusal)) => {
                 tracing::warn!(code = ?refusal.code(), reason = refusal.message(), "data stream refused");
-                let reply = framing::encode_reply(refusal.code(), false, refusal.message());
+                let reply = hello::encode_reply(refusal.code(), false, refusal.message());
                 let _ = stream.write_all(&reply).await;
                 return;
             }
@@ -107,12 +107,16 @@ impl DataPort {
             }
         };
         let ring = self.take_ring(offer);
-        let reply = framing::encode_reply(Code::Ok, ring.is_some(), "");
+        let reply = hello::encode_reply(Code::Ok, ring.is_some(), "");
         if stream.write_all(&reply).await.is_err() {
             return;
         }
         // The collective reads its chunks from here on; the inbox closes it when dropped.
-        let _ = slot.send(Handoff::tcp(TcpSource::new(stream, ring)));
+        let handoff = match ring {
+            Some(ring) => Handoff::shm(ShmSource::new(stream, ring)),
+            None => Handoff::tcp(TcpSource::new(stream)),
+        };
+        let _ = slot.send(handoff);
     }
 }
 
@@ -157,7 +161,7 @@ async fn route(stream: TcpStream, port: Arc<DataPort>, grpc: mpsc::Sender<io::Re
     let _ = stream.set_nodelay(true);
     let mut first = [0u8; 1];
     match tokio::time::timeout(port.handshake_timeout, stream.peek(&mut first)).await {
-        Ok(Ok(1)) if first[0] == framing::MAGIC[0] => port.serve(stream).await,
+        Ok(Ok(1)) if first[0] == hello::MAGIC[0] => port.serve(stream).await,
         Ok(Ok(_)) => {
             let _ = grpc.send(Ok(stream)).await;
         }
