@@ -12,6 +12,8 @@ use crate::error::CollectiveError;
 pub const DEFAULT_CHUNK_BYTES: usize = 1 << 20;
 /// Upper bound for `chunk_bytes`; also bounds every message a peer may send us.
 pub const MAX_CHUNK_BYTES: usize = 16 << 20;
+/// Longest job token: it travels in every data stream's hello.
+pub(crate) const MAX_TOKEN_BYTES: usize = 4096;
 
 /// How chunks travel between ranks. Rendezvous and aborts always use gRPC, and every rank
 /// accepts every kind of stream on its collective port, so ranks may even differ.
@@ -111,6 +113,15 @@ impl CommConfig {
             return Err(bad(
                 "identity.token",
                 "must not be empty (set the job token)",
+            ));
+        }
+        if self.identity.token.len() > MAX_TOKEN_BYTES {
+            return Err(bad(
+                "identity.token",
+                format!(
+                    "is {} bytes; use a token of at most {MAX_TOKEN_BYTES}",
+                    self.identity.token.len()
+                ),
             ));
         }
         if self.world_size == 0 {
@@ -278,6 +289,10 @@ mod tests {
             ("rank", Box::new(|c| c.rank = 2)),
             ("world_size", Box::new(|c| c.world_size = 0)),
             ("identity.token", Box::new(|c| c.identity.token.clear())),
+            (
+                "identity.token",
+                Box::new(|c| c.identity.token = "t".repeat(MAX_TOKEN_BYTES + 1)),
+            ),
             ("identity.job_uid", Box::new(|c| c.identity.job_uid.clear())),
             ("timeout", Box::new(|c| c.timeout = Duration::ZERO)),
             ("chunk_bytes", Box::new(|c| c.chunk_bytes = 2)),

@@ -1,5 +1,8 @@
 //! The one error type of the crate, and which failures a restart of the job generation can fix.
+//! It is `Clone` (a communicator's first failure is handed to every operation that follows), so
+//! the errors it keeps as its source are shared behind an `Arc`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Everything a rendezvous or a collective can fail with.
@@ -7,13 +10,23 @@ use std::time::Duration;
 pub enum CollectiveError {
     /// A configuration value is unusable; restarting with the same config fails again.
     #[error("invalid collective config: {field}: {reason}")]
-    InvalidConfig { field: &'static str, reason: String },
+    InvalidConfig {
+        field: &'static str,
+        reason: String,
+        /// The error that showed the value unusable, if one did.
+        #[source]
+        source: Option<Arc<dyn std::error::Error + Send + Sync>>,
+    },
     /// An argument of one call is unusable (e.g. a broadcast root outside the world).
     #[error("invalid argument {field}: {reason}")]
     InvalidArgument { field: &'static str, reason: String },
     /// A listening socket could not be opened.
-    #[error("cannot listen on {addr}: {reason}")]
-    Bind { addr: String, reason: String },
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: String,
+        #[source]
+        source: Arc<std::io::Error>,
+    },
     /// Rank 0 could not be reached, or not every rank joined in time.
     #[error("rendezvous with {master} failed: {reason}")]
     RendezvousFailed { master: String, reason: String },
@@ -72,6 +85,28 @@ impl CollectiveError {
         CollectiveError::InvalidConfig {
             field,
             reason: reason.into(),
+            source: None,
+        }
+    }
+
+    /// An unusable `field`, shown so by `source`.
+    pub(crate) fn invalid_config_from(
+        field: &'static str,
+        reason: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        CollectiveError::InvalidConfig {
+            field,
+            reason: reason.into(),
+            source: Some(Arc::new(source)),
+        }
+    }
+
+    /// `addr` could not be listened on.
+    pub(crate) fn bind(addr: impl Into<String>, source: std::io::Error) -> Self {
+        CollectiveError::Bind {
+            addr: addr.into(),
+            source: Arc::new(source),
         }
     }
 }
@@ -131,5 +166,29 @@ mod tests {
         for e in fatal {
             assert!(!e.is_retryable(), "{e}");
         }
+    }
+
+    #[test]
+    fn an_error_that_came_from_another_keeps_it_as_its_source() {
+        use std::error::Error;
+        let refused = std::io::Error::new(std::io::ErrorKind::AddrInUse, "in use");
+        let bind = CollectiveError::bind("127.0.0.1:1", refused);
+        assert_eq!(bind.to_string(), "cannot listen on 127.0.0.1:1: in use");
+        let source = bind.source().expect("the io error");
+        assert_eq!(source.to_string(), "in use");
+        let cloned = bind.clone();
+        assert!(cloned.source().is_some(), "a clone keeps it too");
+        let config =
+            CollectiveError::invalid_config_from("identity.token", "too long", refused_again());
+        assert_eq!(config.source().map(ToString::to_string), Some("why".into()));
+        assert!(
+            CollectiveError::invalid_config("rank", "x")
+                .source()
+                .is_none()
+        );
+    }
+
+    fn refused_again() -> std::io::Error {
+        std::io::Error::other("why")
     }
 }

@@ -24,10 +24,7 @@ pub(crate) async fn bind(ip: IpAddr, port: u16) -> Result<TcpListener, Collectiv
     let addr = SocketAddr::new(ip, port);
     TcpListener::bind(addr)
         .await
-        .map_err(|e| CollectiveError::Bind {
-            addr: addr.to_string(),
-            reason: e.to_string(),
-        })
+        .map_err(|e| CollectiveError::bind(addr.to_string(), e))
 }
 
 /// A server builder with the throughput settings.

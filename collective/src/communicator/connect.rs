@@ -140,10 +140,7 @@ impl Communicator {
         let listener = net::bind(listen_ip_for(&cfg.advertise_host), cfg.collective_port).await?;
         let port = listener
             .local_addr()
-            .map_err(|e| CollectiveError::Bind {
-                addr: format!("port {}", cfg.collective_port),
-                reason: e.to_string(),
-            })?
+            .map_err(|e| CollectiveError::bind(format!("port {}", cfg.collective_port), e))?
             .port();
         let (router, inboxes) = InboundRouter::new(
             cfg.rank,

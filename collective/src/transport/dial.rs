@@ -48,7 +48,7 @@ pub(crate) async fn open_link(
             }
         });
     let hello = hello::encode_hello(me, generation, token, offered.as_ref().map(|o| &o.1))
-        .map_err(|e| CollectiveError::invalid_config("identity.token", e.to_string()))?;
+        .map_err(|e| CollectiveError::invalid_config_from("identity.token", e.to_string(), e))?;
     let mut stream = connect_until(address, deadline).await.map_err(lost)?;
     let handshake = async {
         stream.write_all(&hello).await?;

@@ -9,8 +9,8 @@ use crate::transport::shm::Offer;
 /// starts with `PRI * HTTP/2.0`, so the first byte alone tells the two apart on the shared
 /// collective port.
 pub(crate) const MAGIC: &[u8; 8] = b"RDUCHNK2";
-/// Longest job token a hello may carry.
-pub(crate) const MAX_TOKEN: usize = 4096;
+/// Longest job token a hello may carry (`CommConfig::validate` refuses longer ones).
+pub(crate) const MAX_TOKEN: usize = crate::config::MAX_TOKEN_BYTES;
 /// Hello bytes before the token: magic, from_rank (u32), generation (u64), token length (u16),
 /// whether a ring offer (`Offer::LEN` bytes) follows the token (u8, 0 or 1).
 pub(crate) const HELLO_FIXED: usize = 8 + 4 + 8 + 2 + 1;
