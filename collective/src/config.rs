@@ -58,6 +58,70 @@ impl FromStr for DataPath {
     }
 }
 
+/// The variable that caps a rank's shared-memory rings ([`RingMemory::FromEnv`]).
+pub const RING_MEMORY_ENV: &str = "RDU_SHM_MAX_BYTES";
+/// A rank's ring cap when [`RING_MEMORY_ENV`] is not set: 32 rings of 2 MiB, enough for the
+/// root of a star over 33 ranks, and every rank of a ring or doubling job far beyond.
+pub const DEFAULT_RING_MEMORY: u64 = 64 << 20;
+
+/// How much memory one rank's shared-memory rings may hold at once. Whatever the cap, a ring is
+/// made only if the host keeps a quarter of its memory available after it; a ring that does
+/// not fit leaves its link on TCP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RingMemory {
+    /// [`RING_MEMORY_ENV`] if set (bytes, or a number with a `KiB`, `MiB` or `GiB` suffix), else
+    /// [`DEFAULT_RING_MEMORY`].
+    #[default]
+    FromEnv,
+    /// At most this many bytes (0: no rings).
+    Bytes(u64),
+}
+
+impl RingMemory {
+    /// The cap in bytes; a malformed [`RING_MEMORY_ENV`] is an error naming it.
+    pub fn resolve(self) -> Result<u64, CollectiveError> {
+        match self {
+            RingMemory::Bytes(bytes) => Ok(bytes),
+            RingMemory::FromEnv => {
+                let value = std::env::var(RING_MEMORY_ENV).ok();
+                RingMemory::parse(value.as_deref())
+            }
+        }
+    }
+
+    /// The cap that `value` of [`RING_MEMORY_ENV`] sets (`None`: unset).
+    pub fn parse(value: Option<&str>) -> Result<u64, CollectiveError> {
+        let Some(text) = value.map(str::trim) else {
+            return Ok(DEFAULT_RING_MEMORY);
+        };
+        let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+            Some(at) => text.split_at(at),
+            None => (text, ""),
+        };
+        let scale: u64 = match unit.trim() {
+            "" => 1,
+            "KiB" => 1 << 10,
+            "MiB" => 1 << 20,
+            "GiB" => 1 << 30,
+            _ => 0,
+        };
+        number
+            .parse::<u64>()
+            .ok()
+            .filter(|_| scale > 0)
+            .and_then(|n| n.checked_mul(scale))
+            .ok_or_else(|| {
+                CollectiveError::invalid_config(
+                    RING_MEMORY_ENV,
+                    format!(
+                        "{text:?} is not a size: use bytes, or a number with KiB, MiB or GiB                          (such as 64MiB), or unset it for {} MiB",
+                        DEFAULT_RING_MEMORY >> 20
+                    ),
+                )
+            })
+    }
+}
+
 /// Who this job is: every rank of one generation shares all three values.
 #[derive(Clone, PartialEq, Eq)]
 pub struct JobIdentity {
@@ -333,6 +397,28 @@ mod tests {
         assert_eq!(listen_ip_for("10.1.2.3"), IpAddr::V4(Ipv4Addr::UNSPECIFIED));
         assert_eq!(host_port("::1", 5), "[::1]:5");
         assert_eq!(host_port("a", 5), "a:5");
+    }
+
+    #[test]
+    fn ring_memory_caps_parse_from_the_variable_or_name_it() {
+        assert_eq!(RingMemory::parse(None).unwrap(), DEFAULT_RING_MEMORY);
+        assert_eq!(RingMemory::parse(Some("0")).unwrap(), 0);
+        assert_eq!(RingMemory::parse(Some(" 4096 ")).unwrap(), 4096);
+        assert_eq!(RingMemory::parse(Some("64MiB")).unwrap(), 64 << 20);
+        assert_eq!(RingMemory::parse(Some("2 GiB")).unwrap(), 2 << 30);
+        assert_eq!(RingMemory::parse(Some("8KiB")).unwrap(), 8 << 10);
+        for bad in [
+            "",
+            "lots",
+            "64MB",
+            "-1",
+            "1.5GiB",
+            "99999999999999999999GiB",
+        ] {
+            let error = RingMemory::parse(Some(bad)).unwrap_err().to_string();
+            assert!(error.contains(RING_MEMORY_ENV), "{bad}: {error}");
+        }
+        assert_eq!(RingMemory::Bytes(7).resolve().unwrap(), 7);
     }
 
     #[test]

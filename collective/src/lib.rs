@@ -31,10 +31,11 @@ pub use auth::{AUTHORIZATION, AttachToken, RequireToken};
 pub use communicator::{Communicator, ConnectOptions, ReduceOptions};
 pub use compression::Compression;
 pub use config::{
-    Algorithm, CommConfig, DEFAULT_CHUNK_BYTES, DataPath, JobIdentity, MAX_CHUNK_BYTES, PeerInfo,
+    Algorithm, CommConfig, DEFAULT_CHUNK_BYTES, DEFAULT_RING_MEMORY, DataPath, JobIdentity,
+    MAX_CHUNK_BYTES, PeerInfo, RING_MEMORY_ENV, RingMemory,
 };
 pub use error::CollectiveError;
 pub use rendezvous::{RendezvousHandler, RendezvousService, RendezvousTable};
 pub use segments::{chunk_count, segment_range, segment_ranges};
 pub use spin::{DEFAULT_SPIN, SPIN_MAX_FRAME_BYTES, Spin};
-pub use transport::{FROM_RANK, GENERATION};
+pub use transport::{FROM_RANK, GENERATION, RING_SEGMENT_BYTES, RingMemoryUse};

@@ -7,9 +7,12 @@ use std::time::Duration;
 
 use common::{
     assert_bitwise_identical, data, reduce_in_place, reference_sum, world, world_on, world_polling,
+    world_with_rings,
 };
 use futures::future::join_all;
-use rdu_collective::{Algorithm, CollectiveError, Communicator, DataPath, Spin};
+use rdu_collective::{
+    Algorithm, CollectiveError, Communicator, DataPath, RING_SEGMENT_BYTES, RingMemory, Spin,
+};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 const SIZES: [usize; 4] = [1, 7, 1000, 1_000_003];
@@ -39,7 +42,14 @@ async fn check_world(n: u32, node_of: impl Fn(u32) -> String) {
 }
 
 async fn check_comms(comms: Vec<Communicator>) {
+    run_every_algorithm(&comms).await;
+    join_all(comms.into_iter().map(Communicator::shutdown)).await;
+}
+
+/// Every algorithm on every size, then a barrier; the results of all of them, in order.
+async fn run_every_algorithm(comms: &[Communicator]) -> Vec<Vec<Vec<f32>>> {
     let n = comms.len();
+    let mut results = Vec::new();
     for algorithm in [
         Algorithm::Ring,
         Algorithm::Star,
@@ -47,12 +57,13 @@ async fn check_comms(comms: Vec<Communicator>) {
         Algorithm::Auto,
     ] {
         for len in SIZES {
-            let bufs = all_reduce(&comms, len, algorithm).await;
+            let bufs = all_reduce(comms, len, algorithm).await;
             assert_sum_and_identical(&bufs, len, &format!("{n} ranks {algorithm} len {len}"));
+            results.push(bufs);
         }
     }
     join_all(comms.iter().map(Communicator::barrier)).await;
-    join_all(comms.into_iter().map(Communicator::shutdown)).await;
+    results
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -63,27 +74,79 @@ async fn grpc_data_path_gives_the_same_results() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ranks_on_one_host_send_through_shared_memory_rings() {
-    // The default data path: every pair of these ranks on one node shares a ring.
+    // The default data path: ranks of one node send through rings, made when first used.
     let comms = world(3, |_| "node0".into(), TIMEOUT).await;
+    assert!(comms.iter().all(|c| c.linked_peers().is_empty()));
+    run_every_algorithm(&comms).await;
+    // Links, and rings, only to the peers the algorithms sent to: the ring's right-hand
+    // neighbour (0 -> 1 -> 2 -> 0) and, for the star and the barrier, rank 0 to every rank and
+    // every rank to rank 0. Rank 2 never sends to rank 1.
+    let linked: Vec<Vec<u32>> = comms.iter().map(Communicator::linked_peers).collect();
+    assert_eq!(linked, [vec![1, 2], vec![0, 2], vec![0]]);
     for comm in &comms {
-        let others: Vec<u32> = (0..3).filter(|&r| r != comm.rank()).collect();
-        assert_eq!(comm.shared_memory_peers(), others, "rank {}", comm.rank());
+        assert_eq!(comm.shared_memory_peers(), comm.linked_peers());
+        let rings = comm.linked_peers().len() as u64 * RING_SEGMENT_BYTES as u64;
+        let memory = comm.ring_memory();
+        assert_eq!((memory.bytes, memory.peak_bytes), (rings, rings));
     }
-    check_comms(comms).await;
+    join_all(comms.into_iter().map(Communicator::shutdown)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rings_over_the_budget_fall_back_to_tcp_with_identical_bits() {
+    // One ring's worth of budget: each rank rings its first peer and sends to the others on
+    // TCP; no budget at all: everything on TCP. The bits are those of the unbounded rings.
+    let rings = world_with_rings(3, TIMEOUT, RingMemory::Bytes(64 << 20)).await;
+    let one = world_with_rings(3, TIMEOUT, RingMemory::Bytes(RING_SEGMENT_BYTES as u64)).await;
+    let none = world_with_rings(3, TIMEOUT, RingMemory::Bytes(0)).await;
+    let want = run_every_algorithm(&rings).await;
+    assert_eq!(rings[0].shared_memory_peers(), [1, 2]);
+    for (comms, most) in [(&one, 1), (&none, 0)] {
+        let got = run_every_algorithm(comms).await;
+        for (g, w) in got.iter().zip(&want) {
+            let bits = |b: &Vec<Vec<f32>>| -> Vec<Vec<u32>> {
+                b.iter()
+                    .map(|v| v.iter().map(|x| x.to_bits()).collect())
+                    .collect()
+            };
+            assert_eq!(bits(g), bits(w), "budget of {most} ring(s)");
+        }
+        for comm in comms.iter() {
+            assert!(
+                comm.shared_memory_peers().len() <= most,
+                "rank {}",
+                comm.rank()
+            );
+            assert!(comm.ring_memory().peak_bytes <= most as u64 * RING_SEGMENT_BYTES as u64);
+        }
+    }
+    assert_eq!(
+        one[0].shared_memory_peers().len(),
+        1,
+        "rank 0 links to two peers, one ring"
+    );
+    assert_eq!(one[0].linked_peers(), [1, 2]);
+    for comms in [rings, one, none] {
+        join_all(comms.into_iter().map(Communicator::shutdown)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ranks_on_other_nodes_get_no_ring() {
     let comms = world(3, |r| format!("node{r}"), TIMEOUT).await;
+    run_every_algorithm(&comms).await;
+    assert!(comms.iter().all(|c| !c.linked_peers().is_empty()));
     assert!(comms.iter().all(|c| c.shared_memory_peers().is_empty()));
+    assert!(comms.iter().all(|c| c.ring_memory().peak_bytes == 0));
     join_all(comms.into_iter().map(Communicator::shutdown)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frames_on_tcp_give_the_same_results() {
     let comms = world_on(3, |r| format!("node{}", r % 2), TIMEOUT, |_| DataPath::Tcp).await;
+    run_every_algorithm(&comms).await;
     assert!(comms.iter().all(|c| c.shared_memory_peers().is_empty()));
-    check_comms(comms).await;
+    join_all(comms.into_iter().map(Communicator::shutdown)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -96,11 +159,15 @@ async fn ranks_on_different_data_paths_still_agree() {
         _ => DataPath::Grpc,
     };
     let comms = world_on(5, |r| format!("node{}", r / 3), TIMEOUT, path_of).await;
-    // Rank 0 (auto) shares rings with ranks 1 and 2 on its node, not with 3 and 4 on the other.
+    run_every_algorithm(&comms).await;
+    // Rank 0 (auto) shares rings with ranks 1 and 2 on its node, not with 3 and 4 on the
+    // other; rank 3 (auto) with rank 4; rank 1 (tcp) with nobody, though it sent to rank 0.
+    assert_eq!(comms[0].linked_peers(), vec![1, 2, 3, 4]);
     assert_eq!(comms[0].shared_memory_peers(), vec![1, 2]);
     assert_eq!(comms[3].shared_memory_peers(), vec![4]);
+    assert!(comms[1].linked_peers().contains(&0));
     assert!(comms[1].shared_memory_peers().is_empty());
-    check_comms(comms).await;
+    join_all(comms.into_iter().map(Communicator::shutdown)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -180,7 +180,11 @@ async fn collective_calls_need_the_token_and_the_generation() {
     let status = client.send(request).await.expect_err("stale stream");
     assert_eq!(status.code(), Code::FailedPrecondition);
 
-    // A second stream from a rank that already streams is refused.
+    // A second stream from a rank that already streams is refused (rank 0 opens its stream to
+    // rank 1 the first time it sends to it: in this barrier).
+    let results = futures::future::join_all(comms.iter().map(Communicator::barrier)).await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    assert_eq!(comms[0].linked_peers(), [1]);
     let mut request = with_token(tokio_stream::iter(Vec::<Chunk>::new()), Some(TOKEN));
     request.metadata_mut().insert(FROM_RANK, 0u32.into());
     request

@@ -1,7 +1,9 @@
 //! `allreduce-bench`: all-reduce bus bandwidth of N local ranks (one process each, loopback),
 //! beside a raw TCP stream between two processes measured in the same run. Chunks travel on
 //! the TCP data path, through shared-memory rings between these same-host ranks unless
-//! `--data-path tcp` (or `grpc`); `shared_memory_peers` on each line says how many rank 0 has.
+//! `--data-path tcp` (or `grpc`). Links open when first used: `linked_peers` on each line says
+//! how many peers rank 0 has sent to so far, `shared_memory_peers` through how many rings, and
+//! `ring_memory_peak_bytes` the most memory each rank's own rings held at once (by rank).
 //!
 //! Prints one JSON line per size with nccl-tests' definitions: algbw = bytes / time,
 //! busbw = algbw * 2 (n - 1) / n; bandwidths in GB/s where 1 GB = 1e9 bytes; and `busbw_vs_tcp`, busbw over the
@@ -23,6 +25,16 @@ use rdu_collective::{
     Algorithm, CommConfig, Communicator, Compression, ConnectOptions, DEFAULT_CHUNK_BYTES,
     DataPath, JobIdentity, ReduceOptions, Spin,
 };
+
+/// Every rank's peak ring memory, gathered to all: each rank puts its own in its slot of a
+/// vector the ranks sum. Byte counts of rings are multiples of 4 KiB, exact in f32 up to 2^36.
+/// The star is what barriers use, so it opens no link the timed runs did not.
+async fn ring_memory_peaks(comm: &Communicator) -> Result<Vec<u64>> {
+    let mut peaks = vec![0f32; comm.world_size() as usize];
+    peaks[comm.rank() as usize] = comm.ring_memory().peak_bytes as f32;
+    comm.all_reduce_sum(&mut peaks, Algorithm::Star).await?;
+    Ok(peaks.into_iter().map(|b| b as u64).collect())
+}
 
 #[derive(Parser, Debug)]
 #[command(
@@ -384,7 +396,6 @@ fn run_rank(
             ..ConnectOptions::default()
         };
         let comm = Communicator::connect_with(cfg, options).await?;
-        let shared_memory_peers = comm.shared_memory_peers().len();
         for &bytes in &args.sizes {
             let elems = bytes / 4;
             let mut buf = vec![(rank + 1) as f32; elems];
@@ -401,6 +412,9 @@ fn run_rank(
             }
             let secs = start.elapsed().as_secs_f64() / f64::from(iters);
             comm.barrier().await?;
+            let (linked_peers, shared_memory_peers) =
+                (comm.linked_peers().len(), comm.shared_memory_peers().len());
+            let ring_memory_peak_bytes = ring_memory_peaks(&comm).await?;
             if rank == 0 {
                 let n = f64::from(args.ranks);
                 let algbw = bytes as f64 / secs / 1e9;
@@ -414,7 +428,9 @@ fn run_rank(
                         "compression": reduce.compression.to_string(),
                         "spin": spin.to_string(),
                         "data_path": data_path.to_string(),
+                        "linked_peers": linked_peers,
                         "shared_memory_peers": shared_memory_peers,
+                        "ring_memory_peak_bytes": ring_memory_peak_bytes,
                         "ranks_per_node": ranks_per_node(args),
                         "iters": iters,
                         "malloc": malloc_label(),

@@ -21,9 +21,22 @@ fn the_bench_prints_a_line_per_size_and_the_tcp_baseline() {
     for (line, bytes) in lines.iter().zip([4096, 65540]) {
         assert_eq!(line["ranks"], 3);
         assert_eq!(line["bytes"], bytes);
-        // Rank processes on one host share memory rings with both peers.
+        // Rank processes on one host share memory rings with the peers they sent to: rank 0
+        // with both (its ring neighbour, and both for the barriers' star).
         assert_eq!(line["data_path"], "auto");
+        assert_eq!(line["linked_peers"], 2, "{line}");
         assert_eq!(line["shared_memory_peers"], 2, "{line}");
+        // Each rank's own rings: rank 0's to both peers; rank 1's to rank 2 (its ring
+        // neighbour) and rank 0; rank 2's to rank 0 only (the ring's neighbour and the star's
+        // root are the same rank).
+        let ring = rdu_collective::RING_SEGMENT_BYTES as u64;
+        let peaks: Vec<u64> = line["ring_memory_peak_bytes"]
+            .as_array()
+            .expect("one per rank")
+            .iter()
+            .map(|v| v.as_u64().expect("bytes"))
+            .collect();
+        assert_eq!(peaks, [2 * ring, 2 * ring, ring], "{line}");
         assert!(line["time_us"].as_f64().is_some_and(|v| v > 0.0), "{line}");
         for field in [
             "algbw_gbps",
@@ -95,7 +108,9 @@ fn frames_stay_on_tcp_when_asked() {
     let line: serde_json::Value =
         serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().next().unwrap()).unwrap();
     assert_eq!(line["data_path"], "tcp");
+    assert_eq!(line["linked_peers"], 1, "{line}");
     assert_eq!(line["shared_memory_peers"], 0, "{line}");
+    assert_eq!(line["ring_memory_peak_bytes"], serde_json::json!([0, 0]));
 }
 
 #[test]

@@ -27,7 +27,7 @@ use crate::error::CollectiveError;
 use crate::fault::FailState;
 use crate::kernels::Apply;
 use crate::segments::ChunkGrid;
-use crate::transport::{ChunkId, Inbox, InboxError, Link, ReceiveMode};
+use crate::transport::{ChunkId, Inbox, InboxError, Links, ReceiveMode};
 
 use self::choice::{ChosenAlgorithm, NodeGroups};
 
@@ -71,7 +71,8 @@ pub(crate) struct Wire<'a> {
     /// The values' wire encoding and how long small frames are polled for.
     pub(crate) mode: ReceiveMode,
     pub(crate) fail: &'a FailState,
-    pub(crate) links: &'a [Option<Link>],
+    /// This rank's links, each dialled the first time it is used.
+    pub(crate) links: &'a Links,
 }
 
 impl Wire<'_> {
@@ -100,19 +101,14 @@ impl Wire<'_> {
         }
     }
 
-    /// Sends `values` to `dst`; compressed values are rounded in place first, so this rank
-    /// keeps what `dst` receives.
+    /// Sends `values` to `dst` (dialling it first if this rank never sent to it); compressed
+    /// values are rounded in place first, so this rank keeps what `dst` receives.
     async fn send(&self, dst: u32, id: ChunkId, values: &mut [f32]) -> Result<(), CollectiveError> {
-        let link = self
-            .links
-            .get(dst as usize)
-            .and_then(Option::as_ref)
-            .ok_or_else(|| CollectiveError::PeerLost {
-                rank: dst,
-                reason: "no link to this rank".into(),
-            })?;
-        self.bounded(link.send(id, values, self.mode.compression))
-            .await
+        self.bounded(async {
+            let link = self.links.to(dst, self.deadline).await?;
+            link.send(id, values, self.mode.compression).await
+        })
+        .await
     }
 
     /// Receives the next chunk from `src`, which must be exactly the expected one with

@@ -1,22 +1,21 @@
 //! Connecting one rank, in three steps: `serve` (this rank's `Collective` server with the TCP
 //! data port on the same listener, and on rank 0 the `Rendezvous` server), `join` (the rendezvous,
-//! which returns the peer table) and `dial` (a link and an abort client to every peer).
+//! which returns the peer table) and `dial` (each peer's link, opened when a collective first
+//! sends to it, and an abort client to every peer, which connects when first used).
 
 use std::future::Future;
-use std::path::Path;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use tokio::sync::{Mutex, watch};
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
 use tonic::service::interceptor::InterceptedService;
 use tracing::Instrument;
 
 use super::{ABORT_GRACE, Communicator, OpState};
 use crate::algorithms::choice::NodeGroups;
 use crate::auth::{AttachToken, RequireToken};
-use crate::config::{CommConfig, DataPath, PeerInfo, host_port, listen_ip_for};
+use crate::config::{CommConfig, DataPath, PeerInfo, RingMemory, host_port, listen_ip_for};
 use crate::error::CollectiveError;
 use crate::fault::FailState;
 use crate::kernels::BufferPool;
@@ -27,7 +26,7 @@ use crate::proto::rendezvous_server::RendezvousServer;
 use crate::rendezvous::{self, RendezvousService, RendezvousTable};
 use crate::spin::Spin;
 use crate::transport::{
-    self, CollectiveService, DataPort, GrpcLink, InboundRouter, Link, RingChoice,
+    CollectiveService, DataPort, InboundRouter, LinkSettings, Links, RingMaker, demux,
 };
 
 /// Idle send buffers kept for reuse (about what is in flight: link queues plus windows).
@@ -43,6 +42,8 @@ pub struct ConnectOptions {
     pub rendezvous_listener: Option<TcpListener>,
     /// Whether waits poll before parking (small TCP frames; every wait on a shared-memory ring).
     pub spin: Spin,
+    /// How much memory this rank's shared-memory rings may hold (`DataPath::Auto`).
+    pub ring_memory: RingMemory,
 }
 
 impl Communicator {
@@ -76,6 +77,7 @@ impl Communicator {
             data_path,
             rendezvous_listener,
             spin,
+            ring_memory,
         } = options;
         if rendezvous_listener.is_some() && cfg.rank != 0 {
             return Err(CollectiveError::invalid_config(
@@ -84,8 +86,8 @@ impl Communicator {
             ));
         }
         cfg.validate()?;
+        let ring_bytes = ring_memory.resolve()?;
         let token = AttachToken::new(&cfg.identity.token)?;
-        let deadline = Instant::now() + cfg.timeout;
         let mut comm = Communicator::unconnected(cfg);
         if comm.cfg.world_size == 1 {
             let cfg = &comm.cfg;
@@ -103,7 +105,7 @@ impl Communicator {
         }
         let peers = comm.join(&address).await?;
         comm.spin = spin.duration();
-        comm.dial(peers, data_path, &token, deadline).await?;
+        comm.dial(peers, data_path, ring_bytes, token)?;
         Ok(comm)
     }
 
@@ -117,7 +119,7 @@ impl Communicator {
                 node_group: vec![cfg.rank],
                 leaders: vec![cfg.rank],
             },
-            links: Vec::new(),
+            links: None,
             abort_clients: Vec::new(),
             fail: Arc::new(FailState::new()),
             spin: None,
@@ -150,15 +152,16 @@ impl Communicator {
             self.shutdown.subscribe(),
         );
         let router = Arc::new(router);
+        // Every rank takes the rings offered to it, whatever its own data path.
         let data_port = DataPort::new(
             router.clone(),
             RequireToken::new(&cfg.identity.token),
             cfg.timeout,
-            transport::shm_dir().map(Path::to_path_buf),
+            true,
         );
         let connections = {
             let _entered = self.span.enter();
-            transport::demux(listener, data_port, self.shutdown.subscribe())
+            demux(listener, data_port, self.shutdown.subscribe())
         };
         let service = CollectiveServer::new(CollectiveService(router))
             .max_decoding_message_size(max_message(cfg))
@@ -206,92 +209,65 @@ impl Communicator {
         Ok(peers)
     }
 
-    /// Step 3: opens a link on `data_path` to every peer concurrently and an abort client to
-    /// each, and groups the ranks into nodes.
-    async fn dial(
+    /// Step 3: this rank's links on `data_path`, each dialled when a collective first sends to
+    /// its peer (with a ring socket to hand out rings, under `ring_bytes`, on `DataPath::Auto`),
+    /// an abort client to every peer, and the node groups.
+    fn dial(
         &mut self,
         peers: Vec<PeerInfo>,
         data_path: DataPath,
-        token: &AttachToken,
-        deadline: Instant,
+        ring_bytes: u64,
+        token: AttachToken,
     ) -> Result<(), CollectiveError> {
-        let this = &*self;
-        let opens = peers
-            .iter()
-            .filter(|p| p.rank != this.cfg.rank)
-            .map(|p| async move {
-                let link = this.open_link(p, data_path, token, deadline).await?;
-                Ok::<_, CollectiveError>((p.rank, link))
-            });
-        let opened = futures::future::try_join_all(opens).await?;
-        let mut links: Vec<Option<Link>> = (0..self.cfg.world_size).map(|_| None).collect();
+        let cfg = &self.cfg;
         let mut abort_clients = Vec::new();
-        for (rank, link) in opened {
-            links[rank as usize] = Some(link);
-            let address = &peers[rank as usize].address;
-            let abort_channel = net::lazy_channel(address, ABORT_GRACE.min(self.cfg.timeout))
-                .map_err(|reason| CollectiveError::PeerLost { rank, reason })?;
+        for peer in peers.iter().filter(|p| p.rank != cfg.rank) {
+            let abort_channel = net::lazy_channel(&peer.address, ABORT_GRACE.min(cfg.timeout))
+                .map_err(|reason| CollectiveError::PeerLost {
+                    rank: peer.rank,
+                    reason,
+                })?;
             abort_clients.push(CollectiveClient::with_interceptor(
                 abort_channel,
                 token.clone(),
             ));
         }
-        self.node_groups = NodeGroups::new(&peers, self.cfg.rank);
-        self.peers = peers;
-        self.links = links;
-        self.abort_clients = abort_clients;
-        tracing::info!(parent: &self.span, %data_path, shared_memory_with = ?self.shared_memory_peers(), "links open");
-        Ok(())
-    }
-
-    /// This rank's link to `peer` on `data_path`, connected by `deadline`.
-    async fn open_link(
-        &self,
-        peer: &PeerInfo,
-        data_path: DataPath,
-        token: &AttachToken,
-        deadline: Instant,
-    ) -> Result<Link, CollectiveError> {
-        let cfg = &self.cfg;
-        match data_path {
-            DataPath::Auto | DataPath::Tcp => {
-                // Rings only to peers on this rank's node (NODE_NAME): others cannot share.
-                let same_node = peer.node == cfg.node;
-                let ring = RingChoice {
-                    dir: transport::shm_dir().filter(|_| data_path == DataPath::Auto && same_node),
-                    spin: self.spin,
-                };
-                transport::open_link(
-                    cfg.rank,
-                    peer.rank,
-                    cfg.identity.generation,
-                    &peer.address,
-                    &cfg.identity.token,
-                    deadline,
-                    ring,
-                )
-                .instrument(self.span.clone())
-                .await
-            }
-            DataPath::Grpc => {
-                let channel = net::dial_until(&peer.address, deadline, cfg.timeout)
-                    .await
-                    .map_err(|reason| CollectiveError::PeerLost {
-                        rank: peer.rank,
-                        reason,
-                    })?;
+        let rings = match data_path {
+            DataPath::Auto => {
                 let _entered = self.span.enter();
-                Ok(Link::Grpc(GrpcLink::open(
-                    cfg.rank,
-                    peer.rank,
-                    cfg.identity.generation,
-                    channel,
-                    token,
-                    max_message(cfg),
-                    self.pool.clone(),
-                )))
+                match RingMaker::start(ring_bytes) {
+                    Ok(maker) => Some(maker),
+                    Err(error) => {
+                        tracing::warn!(%error, "no socket to hand out shared-memory rings; frames go on TCP");
+                        None
+                    }
+                }
             }
-        }
+            DataPath::Tcp | DataPath::Grpc => None,
+        };
+        let settings = LinkSettings {
+            me: cfg.rank,
+            generation: cfg.identity.generation,
+            token: cfg.identity.token.clone(),
+            attach: token,
+            data_path,
+            node: cfg.node.clone(),
+            spin: self.spin,
+            max_message: max_message(cfg),
+            timeout: cfg.timeout,
+            span: self.span.clone(),
+        };
+        self.node_groups = NodeGroups::new(&peers, cfg.rank);
+        self.links = Some(Links::new(
+            settings,
+            peers.clone(),
+            rings,
+            self.pool.clone(),
+        ));
+        self.peers = peers;
+        self.abort_clients = abort_clients;
+        tracing::info!(parent: &self.span, %data_path, ring_bytes, "peers known; links open when first used");
+        Ok(())
     }
 
     /// Resolves once this communicator shuts down or is dropped (a server's shutdown signal).

@@ -24,7 +24,7 @@ use crate::fault::FailState;
 use crate::kernels::BufferPool;
 use crate::proto;
 use crate::proto::collective_client::CollectiveClient;
-use crate::transport::{Inbox, Link, ReceiveMode};
+use crate::transport::{Inbox, Links, ReceiveMode, RingMemoryUse};
 
 /// Longest a shutdown waits for streams to flush and servers to stop.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -64,7 +64,8 @@ pub struct Communicator {
     peers: Vec<PeerInfo>,
     all_ranks: Vec<u32>,
     node_groups: NodeGroups,
-    links: Vec<Option<Link>>,
+    /// Each peer's link, dialled when first used; `None` until the rendezvous completed.
+    links: Option<Links>,
     abort_clients: Vec<AbortClient>,
     fail: Arc<FailState>,
     /// How long receives of small frames poll before parking (resolved from `Spin`).
@@ -90,15 +91,31 @@ impl Communicator {
         &self.peers
     }
 
-    /// The ranks this rank sends to through a shared-memory ring (same host, see
+    /// The peers this rank has sent to so far, ascending: links open at first use, so these are
+    /// the peers the collectives it ran exchange with.
+    pub fn linked_peers(&self) -> Vec<u32> {
+        self.links
+            .as_ref()
+            .map(Links::open_peers)
+            .unwrap_or_default()
+    }
+
+    /// The peers this rank sends to through a shared-memory ring (same host, see
     /// [`DataPath::Auto`](crate::DataPath::Auto)), ascending; TCP or gRPC carries the rest.
     pub fn shared_memory_peers(&self) -> Vec<u32> {
         self.links
-            .iter()
-            .enumerate()
-            .filter(|(_, link)| link.as_ref().is_some_and(Link::shares_memory))
-            .map(|(rank, _)| rank as u32)
-            .collect()
+            .as_ref()
+            .map(Links::shared_memory_peers)
+            .unwrap_or_default()
+    }
+
+    /// The shared memory this rank's rings hold now, and the most they held at once (the rings
+    /// this rank made; the ones it reads from are its peers').
+    pub fn ring_memory(&self) -> RingMemoryUse {
+        self.links
+            .as_ref()
+            .map(Links::ring_memory)
+            .unwrap_or_default()
     }
 
     /// In-place average over all ranks; bitwise identical on every rank afterwards.
@@ -219,11 +236,7 @@ impl Communicator {
         // Stop receiving first: peers' streams to this rank complete, so their shutdowns,
         // which wait for their streams to be taken in full, do not wait on ours.
         self.ops.get_mut().inboxes.clear();
-        let flushing: Vec<JoinHandle<()>> = std::mem::take(&mut self.links)
-            .into_iter()
-            .flatten()
-            .map(Link::close)
-            .collect();
+        let flushing: Vec<JoinHandle<()>> = self.links.take().map(Links::close).unwrap_or_default();
         for task in flushing {
             if tokio::time::timeout(grace, task).await.is_err() {
                 tracing::debug!(parent: &self.span, "a link did not close in time");
@@ -275,6 +288,11 @@ impl Communicator {
         if self.cfg.world_size == 1 {
             return Ok(());
         }
+        let Some(links) = &self.links else {
+            return Err(CollectiveError::Aborted {
+                reason: "communicator is not connected".into(),
+            });
+        };
         let mut state = self.ops.lock().await;
         let op_id = state.next_op_id;
         state.next_op_id += 1;
@@ -291,7 +309,7 @@ impl Communicator {
                 spin: self.spin,
             },
             fail: &self.fail,
-            links: &self.links,
+            links,
         };
         let result = body(self, &wire, &mut state.inboxes, buf)
             .instrument(tracing::debug_span!(parent: &self.span, "op", op, op_id))

@@ -1,9 +1,8 @@
 //! Opening this rank's data stream to one peer: dialling the peer's collective port, the hello
-//! (offering a shared-memory ring when this rank can make one, see `shm`), and the link the
+//! (offering a shared-memory ring when this rank may make one, see `shm`), and the link the
 //! reply decides: the ring if the peer took it, else frames on the TCP stream.
 
 use std::io;
-use std::path::Path;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -14,20 +13,21 @@ use tonic::Code;
 use crate::error::CollectiveError;
 use crate::transport::Link;
 use crate::transport::hello::{self, REPLY_FIXED};
-use crate::transport::shm::{RING_BYTES, RingWriter, Segment, ShmLink};
+use crate::transport::shm::{RingMaker, ShmLink};
 use crate::transport::tcp::TcpLink;
 
-/// Where and how a link may share memory with its peer.
-#[derive(Debug, Clone, Copy)]
+/// Whether and how a link may share memory with its peer.
+#[derive(Clone, Copy)]
 pub(crate) struct RingChoice<'a> {
-    /// Directory rings are made in; `None` keeps frames on TCP.
-    pub(crate) dir: Option<&'a Path>,
+    /// What makes this rank's rings; `None` keeps frames on TCP.
+    pub(crate) maker: Option<&'a RingMaker>,
     /// How long a full ring is polled before the sender sleeps.
     pub(crate) spin: Option<Duration>,
 }
 
-/// Connects to `peer`'s data port at `address` and introduces this rank, offering a ring in
-/// `ring.dir`; the link then streams chunks until closed, through the ring if the peer took it.
+/// Connects to `peer`'s data port at `address` and introduces this rank, offering a ring made
+/// by `ring.maker` if its budget has room; the link then streams chunks until closed, through
+/// the ring if the peer took it.
 pub(crate) async fn open_link(
     me: u32,
     peer: u32,
@@ -38,16 +38,8 @@ pub(crate) async fn open_link(
     ring: RingChoice<'_>,
 ) -> Result<Link, CollectiveError> {
     let lost = |reason: String| CollectiveError::PeerLost { rank: peer, reason };
-    let offered = ring
-        .dir
-        .and_then(|dir| match Segment::create(dir, RING_BYTES) {
-            Ok(made) => Some(made),
-            Err(error) => {
-                tracing::debug!(%error, "no ring to offer; frames stay on TCP");
-                None
-            }
-        });
-    let hello = hello::encode_hello(me, generation, token, offered.as_ref().map(|o| &o.1))
+    let offered = ring.maker.and_then(|maker| maker.offer(peer));
+    let hello = hello::encode_hello(me, generation, token, offered.as_ref().map(|o| &o.offer))
         .map_err(|e| CollectiveError::invalid_config_from("identity.token", e.to_string(), e))?;
     let mut stream = connect_until(address, deadline).await.map_err(lost)?;
     let handshake = async {
@@ -68,13 +60,14 @@ pub(crate) async fn open_link(
             ))
         })?
         .map_err(|e| lost(format!("data-stream hello to {address} failed: {e}")))?;
-    // The peer has mapped the segment or never will: its file goes (dropped with `offered`).
+    // The peer has mapped the segment or never will: the offer is withdrawn (with `offered`),
+    // and a ring not taken gives its memory back.
     let code = reply.code;
     match code {
         Code::Ok => match (reply.took_ring, offered) {
             (false, _) => Ok(Link::Tcp(TcpLink::new(peer, stream))),
-            (true, Some((segment, _, _file))) => {
-                let writer = RingWriter::new(segment, ring.spin);
+            (true, Some(offering)) => {
+                let writer = offering.taken(ring.spin);
                 Ok(Link::Shm(ShmLink::new(peer, stream, writer)))
             }
             (true, None) => Err(CollectiveError::Protocol {

@@ -8,7 +8,7 @@ use crate::transport::shm::Offer;
 /// First bytes of a data stream (the digit is the format's version). An HTTP/2 connection
 /// starts with `PRI * HTTP/2.0`, so the first byte alone tells the two apart on the shared
 /// collective port.
-pub(crate) const MAGIC: &[u8; 8] = b"RDUCHNK2";
+pub(crate) const MAGIC: &[u8; 8] = b"RDUCHNK3";
 /// Longest job token a hello may carry (`CommConfig::validate` refuses longer ones).
 pub(crate) const MAX_TOKEN: usize = crate::config::MAX_TOKEN_BYTES;
 /// Hello bytes before the token: magic, from_rank (u32), generation (u64), token length (u16),
@@ -157,7 +157,7 @@ mod tests {
     #[test]
     fn a_ring_offer_follows_the_token() {
         let offer = Offer {
-            id: [1; 16],
+            server: [1; 16],
             nonce: [2; 16],
         };
         let hello = encode_hello(0, 1, "tok", Some(&offer)).unwrap();

@@ -9,6 +9,7 @@
 //! - `grpc`: chunks as `Send` streams of the `Collective` service (see its docs for why they are
 //!   kept);
 //! - `hello` and `dial`: how a data stream starts, and which link (TCP or ring) it becomes;
+//!   `links`: each peer's link, dialled when first used;
 //! - `port` and `service`: the receiving side of the collective port (data streams, and the
 //!   gRPC service with aborts), which `router` hands to each peer's `inbox`.
 
@@ -17,6 +18,7 @@ mod frame;
 mod grpc;
 mod hello;
 mod inbox;
+mod links;
 mod port;
 mod router;
 mod service;
@@ -28,19 +30,22 @@ mod tests;
 
 pub use grpc::{FROM_RANK, GENERATION};
 
-pub(crate) use dial::{RingChoice, open_link};
+pub use links::RingMemoryUse;
+pub use shm::SEGMENT_BYTES as RING_SEGMENT_BYTES;
+
 pub(crate) use frame::{ChunkId, InboxError, ReceiveMode};
-pub(crate) use grpc::GrpcLink;
 pub(crate) use inbox::Inbox;
+pub(crate) use links::{LinkSettings, Links};
 pub(crate) use port::{DataPort, demux};
 pub(crate) use router::InboundRouter;
 pub(crate) use service::CollectiveService;
-pub(crate) use shm::shm_dir;
+pub(crate) use shm::RingMaker;
 
 use tokio::task::JoinHandle;
 
 use crate::compression::Compression;
 use crate::error::CollectiveError;
+use grpc::GrpcLink;
 use shm::ShmLink;
 use tcp::TcpLink;
 

@@ -4,7 +4,6 @@
 //! stream (with its ring, if taken) to the sender's inbox.
 
 use std::io;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,7 +18,7 @@ use crate::auth::RequireToken;
 use crate::transport::hello::{self, HELLO_FIXED};
 use crate::transport::inbox::Handoff;
 use crate::transport::router::{ChunkReceiver, InboundRouter};
-use crate::transport::shm::{Offer, RingReader, Segment, ShmSource};
+use crate::transport::shm::{self, Offer, RingReader, ShmSource};
 use crate::transport::tcp::TcpSource;
 
 /// gRPC connections waiting for tonic to take them.
@@ -30,8 +29,8 @@ pub(crate) struct DataPort {
     router: Arc<InboundRouter>,
     token: RequireToken,
     handshake_timeout: Duration,
-    /// Where offered rings are looked for; `None` keeps every stream's frames on TCP.
-    shm_dir: Option<PathBuf>,
+    /// Whether offered rings are taken; if not, every stream's frames stay on TCP.
+    take_rings: bool,
 }
 
 /// An admitted stream's inbox slot, and the ring it offered, if any.
@@ -45,13 +44,13 @@ impl DataPort {
         router: Arc<InboundRouter>,
         token: RequireToken,
         handshake_timeout: Duration,
-        shm_dir: Option<PathBuf>,
+        take_rings: bool,
     ) -> Arc<Self> {
         Arc::new(DataPort {
             router,
             token,
             handshake_timeout,
-            shm_dir,
+            take_rings,
         })
     }
 
@@ -78,13 +77,17 @@ impl DataPort {
         Ok(Admitted { slot, offer })
     }
 
-    /// The offered ring, if this rank can open the very segment offered.
-    fn take_ring(&self, offer: Option<Offer>) -> Option<RingReader> {
-        let (dir, offer) = (self.shm_dir.as_deref()?, offer?);
-        match Segment::attach(dir, &offer) {
-            Ok(segment) => Some(RingReader::new(segment)),
-            Err(error) => {
-                tracing::debug!(%error, "offered ring not shared; frames stay on TCP");
+    /// The offered ring, if this rank can fetch and check the very segment offered.
+    async fn take_ring(&self, offer: Option<Offer>) -> Option<RingReader> {
+        let offer = offer.filter(|_| self.take_rings)?;
+        match tokio::time::timeout(self.handshake_timeout, shm::take(&offer)).await {
+            Ok(Ok(ring)) => Some(ring),
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "offered ring not taken; frames stay on TCP");
+                None
+            }
+            Err(_) => {
+                tracing::debug!("offered ring not fetched in time; frames stay on TCP");
                 None
             }
         }
@@ -106,7 +109,7 @@ impl DataPort {
                 return;
             }
         };
-        let ring = self.take_ring(offer);
+        let ring = self.take_ring(offer).await;
         let reply = hello::encode_reply(Code::Ok, ring.is_some(), "");
         if stream.write_all(&reply).await.is_err() {
             return;

@@ -2,7 +2,6 @@
 //! admitted or refused, streams routed to inboxes, rings taken or declined.
 
 use std::io;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,14 +25,16 @@ use crate::transport::hello::{self, REPLY_FIXED};
 use crate::transport::inbox::Inbox;
 use crate::transport::port::{DataPort, demux};
 use crate::transport::router::InboundRouter;
-use crate::transport::shm::RING_BYTES;
+use crate::transport::shm::{RING_BYTES, RingMaker, SEGMENT_BYTES};
 
 const TOKEN: &str = "secret";
 const GENERATION: u64 = 7;
 const NO_RING: RingChoice<'static> = RingChoice {
-    dir: None,
+    maker: None,
     spin: None,
 };
+/// A ring cap with room for a few rings.
+const ROOM: u64 = 8 << 20;
 
 /// Rank 1 of 3 with its data port listening.
 struct Harness {
@@ -44,11 +45,11 @@ struct Harness {
 }
 
 async fn harness() -> Harness {
-    harness_sharing(None).await
+    harness_sharing(true).await
 }
 
-/// Rank 1 of 3, taking offered rings in `shm_dir`.
-async fn harness_sharing(shm_dir: Option<&Path>) -> Harness {
+/// Rank 1 of 3, taking offered rings or not.
+async fn harness_sharing(take_rings: bool) -> Harness {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap().to_string();
     let (shutdown, rx) = watch::channel(false);
@@ -58,7 +59,7 @@ async fn harness_sharing(shm_dir: Option<&Path>) -> Harness {
         Arc::new(router),
         RequireToken::new(TOKEN),
         Duration::from_secs(10),
-        shm_dir.map(Path::to_path_buf),
+        take_rings,
     );
     Harness {
         address,
@@ -242,40 +243,67 @@ async fn stream_chunks(h: &mut Harness, link: &Link, chunks: u32, len: usize) {
 }
 
 #[tokio::test]
-async fn links_share_a_ring_when_the_receiver_can_open_it_and_remove_its_file() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut h = harness_sharing(Some(dir.path())).await;
+async fn links_share_a_ring_when_the_receiver_takes_it_and_give_its_memory_back() {
+    let mut h = harness().await;
     let deadline = Instant::now() + Duration::from_secs(10);
+    let maker = RingMaker::start(ROOM).unwrap();
     let ring = RingChoice {
-        dir: Some(dir.path()),
+        maker: Some(&maker),
         spin: None,
     };
     let link = open_link(0, 1, GENERATION, &h.address, TOKEN, deadline, ring)
         .await
         .unwrap();
     assert!(link.shares_memory());
-    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    assert_eq!(maker.held_bytes(), SEGMENT_BYTES as u64);
     // Odd lengths (frames padded), and chunks larger than the ring (it wraps many times).
     stream_chunks(&mut h, &link, 20, 3).await;
     stream_chunks(&mut h, &link, 3, RING_BYTES / 4 * 2 + 5).await;
     let closing = link.close();
     h.inboxes.clear();
     closing.await.unwrap();
+    assert_eq!(
+        maker.held_bytes(),
+        0,
+        "the ring's memory went with its link"
+    );
+    assert_eq!(maker.peak_bytes(), SEGMENT_BYTES as u64);
 }
 
 #[tokio::test]
-async fn a_ring_the_receiver_cannot_open_is_declined_and_frames_stay_on_tcp() {
-    let (theirs, mine) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let mut h = harness_sharing(Some(theirs.path())).await;
+async fn a_ring_the_receiver_does_not_take_is_declined_and_frames_stay_on_tcp() {
+    let mut h = harness_sharing(false).await;
     let deadline = Instant::now() + Duration::from_secs(10);
+    let maker = RingMaker::start(ROOM).unwrap();
     let ring = RingChoice {
-        dir: Some(mine.path()),
+        maker: Some(&maker),
         spin: None,
     };
     let link = open_link(0, 1, GENERATION, &h.address, TOKEN, deadline, ring)
         .await
         .unwrap();
     assert!(!link.shares_memory());
-    assert_eq!(std::fs::read_dir(mine.path()).unwrap().count(), 0);
+    assert_eq!(
+        maker.held_bytes(),
+        0,
+        "the declined ring's memory is given back"
+    );
+    stream_chunks(&mut h, &link, 4, 1000).await;
+}
+
+#[tokio::test]
+async fn a_ring_over_the_budget_is_never_made_and_frames_stay_on_tcp() {
+    let mut h = harness().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let maker = RingMaker::start(SEGMENT_BYTES as u64 - 1).unwrap();
+    let ring = RingChoice {
+        maker: Some(&maker),
+        spin: None,
+    };
+    let link = open_link(0, 1, GENERATION, &h.address, TOKEN, deadline, ring)
+        .await
+        .unwrap();
+    assert!(!link.shares_memory());
+    assert_eq!(maker.peak_bytes(), 0);
     stream_chunks(&mut h, &link, 4, 1000).await;
 }

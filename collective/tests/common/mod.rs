@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use rdu_collective::{
-    CommConfig, Communicator, ConnectOptions, DataPath, JobIdentity, ReduceOptions, Spin,
+    CommConfig, Communicator, ConnectOptions, DEFAULT_RING_MEMORY, DataPath, JobIdentity,
+    ReduceOptions, RingMemory, Spin,
 };
 
 pub const TOKEN: &str = "test-token";
@@ -76,6 +77,36 @@ pub async fn world_polling(
     path_of: impl Fn(u32) -> DataPath,
     spin: Spin,
 ) -> Vec<Communicator> {
+    let ring_memory = RingMemory::Bytes(DEFAULT_RING_MEMORY);
+    world_with(world, node_of, timeout, path_of, spin, ring_memory).await
+}
+
+/// [`world`] on one node, every rank's rings capped at `ring_memory`.
+pub async fn world_with_rings(
+    world: u32,
+    timeout: Duration,
+    ring_memory: RingMemory,
+) -> Vec<Communicator> {
+    let node = |_| "node0".to_string();
+    world_with(
+        world,
+        node,
+        timeout,
+        |_| DataPath::Auto,
+        Spin::Auto,
+        ring_memory,
+    )
+    .await
+}
+
+async fn world_with(
+    world: u32,
+    node_of: impl Fn(u32) -> String,
+    timeout: Duration,
+    path_of: impl Fn(u32) -> DataPath,
+    spin: Spin,
+    ring_memory: RingMemory,
+) -> Vec<Communicator> {
     let (listener, port) = rendezvous_listener().await;
     let mut listener = Some(listener);
     let connects = (0..world).map(|rank| {
@@ -84,6 +115,7 @@ pub async fn world_polling(
             data_path: path_of(rank),
             rendezvous_listener: if rank == 0 { listener.take() } else { None },
             spin,
+            ring_memory,
         };
         Communicator::connect_with(cfg, options)
     });

@@ -356,14 +356,13 @@ mod tests {
         receive: ReceiveEnd,
         /// A third mapping of the segment, to watch it.
         observer: Segment,
-        _dir: tempfile::TempDir,
     }
 
     async fn pair(spin: Option<Duration>) -> Pair {
-        let dir = tempfile::tempdir().unwrap();
-        let (segment, offer, _file) = Segment::create(dir.path(), RING).unwrap();
-        let attached = Segment::attach(dir.path(), &offer).unwrap();
-        let observer = Segment::attach(dir.path(), &offer).unwrap();
+        let made = Segment::create(RING, None).unwrap();
+        let attach = || Segment::attach(made.fd.try_clone().unwrap(), &made.nonce).unwrap();
+        let (attached, observer) = (attach(), attach());
+        let segment = made.segment;
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let link = TcpStream::connect(listener.local_addr().unwrap())
             .await
@@ -379,7 +378,6 @@ mod tests {
                 inbox,
             },
             observer,
-            _dir: dir,
         }
     }
 
@@ -449,7 +447,6 @@ mod tests {
             mut send,
             receive,
             observer,
-            _dir,
         } = pair(None).await;
         let payload = vec![0u8; RING * 3];
         let closing = async {

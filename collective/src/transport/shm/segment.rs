@@ -1,20 +1,26 @@
-//! One shared-memory segment: a file in a directory both ranks see (`/dev/shm` on one host),
-//! created and filled in by the sending rank and attached by the receiving one, which proves it
-//! mapped the very same memory by finding the nonce the sender told it over the authenticated
-//! data stream. Layout: a 4 KiB header (magic, ring capacity, nonce, and the ring's counters on
-//! cache lines of their own), then the ring's bytes.
+//! One shared-memory segment: anonymous memory (a memfd) that the sending rank creates, sizes,
+//! commits and seals before anyone else sees it, and hands to the receiving rank as a file
+//! descriptor (`pass`). Nothing is ever named in a filesystem: the memory lives exactly as long as
+//! some process maps it or holds its descriptor, so a rank killed at any moment leaves nothing
+//! behind. The seals (`F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL`) mean no process can truncate
+//! it under a reader, which would kill that reader with SIGBUS; the receiver checks them, and
+//! everything else it can, before mapping a descriptor it was given, and that the segment holds
+//! the nonce the sender told it over the authenticated data stream. Layout: a 4 KiB header
+//! (magic, ring capacity, nonce, and the ring's counters on cache lines of their own), then the
+//! ring's bytes.
 
-use std::fs::{File, OpenOptions};
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::fs::File;
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
 use memmap2::{MmapOptions, MmapRaw};
+use rustix::fs::{FallocateFlags, FileType, MemfdFlags, SealFlags};
+
+use super::budget::Reservation;
 
 /// Bytes before the ring.
-const HEADER_BYTES: usize = 4096;
-const MAGIC: [u8; 8] = *b"RDURING1";
+pub(crate) const HEADER_BYTES: usize = 4096;
+const MAGIC: [u8; 8] = *b"RDURING2";
 const AT_MAGIC: usize = 0;
 const AT_CAPACITY: usize = 8;
 const AT_NONCE: usize = 16;
@@ -27,215 +33,161 @@ const AT_READER_PARKED: usize = 136;
 /// Smallest and largest ring a receiver accepts.
 pub(crate) const MIN_RING_BYTES: usize = 4096;
 pub(crate) const MAX_RING_BYTES: usize = 64 << 20;
+/// The seals a segment must carry: its size is fixed, and so are its seals.
+const SEALS: SealFlags = SealFlags::SHRINK
+    .union(SealFlags::GROW)
+    .union(SealFlags::SEAL);
+/// The name memfds get (shown in `/proc/PID/maps` as `/memfd:rdu-ring (deleted)`).
+pub(crate) const MEMFD_NAME: &str = "rdu-ring";
+
+/// A random number the sender puts in a segment and tells the receiver over the data stream.
+pub(crate) type Nonce = [u8; 16];
 
 /// Why a segment could not be created or attached.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum SegmentError {
-    #[error("{what} {path}: {source}")]
+    #[error("cannot {what} a ring segment: {source}")]
     Io {
         what: &'static str,
-        path: PathBuf,
+        #[source]
         source: std::io::Error,
     },
-    #[error("{path} is not the offered segment: {reason}")]
-    NotTheSegment { path: PathBuf, reason: String },
-    #[error("no randomness for a segment name: {0}")]
-    Random(getrandom::Error),
+    #[error("the descriptor offered is not a ring segment: {0}")]
+    NotTheSegment(String),
+    #[error("no randomness for a segment nonce: {0}")]
+    Random(#[source] getrandom::Error),
 }
 
-/// What a sender tells its receiver in the hello: which file, and the nonce inside it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Offer {
-    pub(crate) id: [u8; 16],
-    pub(crate) nonce: [u8; 16],
-}
-
-impl Offer {
-    /// Bytes of an encoded offer.
-    pub(crate) const LEN: usize = 32;
-
-    pub(crate) fn encode(&self) -> [u8; Self::LEN] {
-        let mut out = [0u8; Self::LEN];
-        out[..16].copy_from_slice(&self.id);
-        out[16..].copy_from_slice(&self.nonce);
-        out
-    }
-
-    pub(crate) fn decode(bytes: &[u8; Self::LEN]) -> Offer {
-        let mut offer = Offer {
-            id: [0; 16],
-            nonce: [0; 16],
-        };
-        offer.id.copy_from_slice(&bytes[..16]);
-        offer.nonce.copy_from_slice(&bytes[16..]);
-        offer
-    }
-
-    /// The segment's file in `dir`: derived from random bytes only, so a peer can never name
-    /// a file of its choosing.
-    pub(crate) fn path_in(&self, dir: &Path) -> PathBuf {
-        let hex: String = self.id.iter().map(|b| format!("{b:02x}")).collect();
-        dir.join(format!("rdu-ring-{hex}"))
+fn io(what: &'static str) -> impl FnOnce(rustix::io::Errno) -> SegmentError {
+    move |errno| SegmentError::Io {
+        what,
+        source: errno.into(),
     }
 }
 
-/// A segment's file, removed when this is dropped.
-#[derive(Debug)]
-pub(crate) struct SegmentFile(PathBuf);
-
-impl SegmentFile {
-    #[cfg(test)]
-    pub(crate) fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for SegmentFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-/// A mapped segment.
+/// A mapped segment, and the ring memory it holds in its creator's budget.
 pub(crate) struct Segment {
     map: MmapRaw,
     capacity: usize,
+    /// Given back when the mapping goes (declared after `map`, so dropped after it).
+    _reservation: Option<Reservation>,
+}
+
+/// A segment just made, and what its creator hands over.
+pub(crate) struct Created {
+    pub(crate) segment: Segment,
+    /// The memory's descriptor, to give to the peer.
+    pub(crate) fd: OwnedFd,
+    pub(crate) nonce: Nonce,
 }
 
 impl Segment {
-    /// Creates a segment with a ring of `capacity` bytes (a multiple of 4096) in `dir`, its
-    /// memory reserved up front (a full tmpfs fails here, not with SIGBUS on a later write).
-    /// Returns it, the offer naming it and its file, removed when dropped: once the receiver
-    /// has answered, the mappings are all that is needed.
+    /// Creates a sealed segment with a ring of `capacity` bytes (a multiple of 4096), its memory
+    /// committed up front (a host out of memory fails here, not with a fault on a later write),
+    /// paid for by `reservation`.
     pub(crate) fn create(
-        dir: &Path,
         capacity: usize,
-    ) -> Result<(Segment, Offer, SegmentFile), SegmentError> {
+        reservation: Option<Reservation>,
+    ) -> Result<Created, SegmentError> {
         debug_assert!(capacity.is_multiple_of(4096) && capacity <= MAX_RING_BYTES);
-        let mut random = [0u8; 32];
-        getrandom::fill(&mut random).map_err(SegmentError::Random)?;
-        let offer = Offer::decode(&random);
-        let path = offer.path_in(dir);
-        let io = |what, source| SegmentError::Io {
-            what,
-            path: path.clone(),
-            source,
-        };
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&path)
-            .map_err(|e| io("cannot create", e))?;
-        let made = (|| {
-            let len = HEADER_BYTES + capacity;
-            // SAFETY: a plain system call on a file descriptor this function owns.
-            let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len as libc::off_t) };
-            if rc != 0 {
-                return Err(io(
-                    "cannot reserve memory for",
-                    std::io::Error::from_raw_os_error(rc),
-                ));
-            }
-            let segment = Segment::map(&file, &path, len, capacity)?;
-            // SAFETY: the mapping is `len` bytes long and nobody else knows the file yet.
-            unsafe {
-                let base = segment.map.as_mut_ptr();
-                base.add(AT_MAGIC)
-                    .copy_from_nonoverlapping(MAGIC.as_ptr(), 8);
-                base.add(AT_CAPACITY)
-                    .copy_from_nonoverlapping((capacity as u64).to_le_bytes().as_ptr(), 8);
-                base.add(AT_NONCE)
-                    .copy_from_nonoverlapping(offer.nonce.as_ptr(), 16);
-            }
-            Ok(segment)
-        })();
-        match made {
-            Ok(segment) => Ok((segment, offer, SegmentFile(path))),
-            Err(e) => {
-                let _ = std::fs::remove_file(&path);
-                Err(e)
-            }
+        let mut nonce = [0u8; 16];
+        getrandom::fill(&mut nonce).map_err(SegmentError::Random)?;
+        let len = (HEADER_BYTES + capacity) as u64;
+        let fd =
+            rustix::fs::memfd_create(MEMFD_NAME, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+                .map_err(io("create"))?;
+        rustix::fs::ftruncate(&fd, len).map_err(io("size"))?;
+        rustix::fs::fallocate(&fd, FallocateFlags::empty(), 0, len)
+            .map_err(io("commit memory for"))?;
+        rustix::fs::fcntl_add_seals(&fd, SEALS).map_err(io("seal"))?;
+        let mut segment = Segment::map(&fd, HEADER_BYTES + capacity, capacity)?;
+        segment._reservation = reservation;
+        // SAFETY: the mapping is `len` bytes long and no other process has the memory yet.
+        unsafe {
+            let base = segment.map.as_mut_ptr();
+            base.add(AT_MAGIC)
+                .copy_from_nonoverlapping(MAGIC.as_ptr(), 8);
+            base.add(AT_CAPACITY)
+                .copy_from_nonoverlapping((capacity as u64).to_le_bytes().as_ptr(), 8);
+            base.add(AT_NONCE)
+                .copy_from_nonoverlapping(nonce.as_ptr(), 16);
         }
+        Ok(Created { segment, fd, nonce })
     }
 
-    /// Attaches the segment `offer` names in `dir`, checking that it is one (regular file,
-    /// magic, a capacity in range that matches its size) and that it holds the offer's nonce.
-    pub(crate) fn attach(dir: &Path, offer: &Offer) -> Result<Segment, SegmentError> {
-        let path = offer.path_in(dir);
-        let not = |reason: String| SegmentError::NotTheSegment {
-            path: path.clone(),
-            reason,
-        };
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&path)
-            .map_err(|source| SegmentError::Io {
-                what: "cannot open",
-                path: path.clone(),
-                source,
-            })?;
-        let meta = file.metadata().map_err(|source| SegmentError::Io {
-            what: "cannot inspect",
-            path: path.clone(),
-            source,
-        })?;
-        if !meta.is_file() {
+    /// Attaches the segment behind `fd`, a descriptor another process handed over, after
+    /// checking that it is one: a regular file of this user, sealed against any change of size,
+    /// of a size in range, with the magic, a capacity that matches its size, and `nonce`.
+    pub(crate) fn attach(fd: OwnedFd, nonce: &Nonce) -> Result<Segment, SegmentError> {
+        let not = |reason: String| SegmentError::NotTheSegment(reason);
+        let stat = rustix::fs::fstat(&fd).map_err(io("inspect"))?;
+        if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
             return Err(not("not a regular file".into()));
         }
-        let len = usize::try_from(meta.len()).map_err(|_| not("too large".into()))?;
+        let me = rustix::process::geteuid().as_raw();
+        if stat.st_uid != me {
+            return Err(not(format!(
+                "owned by user {}, not this rank's user {me}",
+                stat.st_uid
+            )));
+        }
+        let seals = rustix::fs::fcntl_get_seals(&fd)
+            .map_err(|e| not(format!("its seals cannot be read ({e}): not a memfd")))?;
+        if !seals.contains(SEALS) {
+            return Err(not(format!(
+                "sealed {seals:?}, not against shrinking, growing and resealing: a truncation \
+                 could fault this rank"
+            )));
+        }
+        let len = usize::try_from(stat.st_size).map_err(|_| not("negative size".into()))?;
         if !(HEADER_BYTES + MIN_RING_BYTES..=HEADER_BYTES + MAX_RING_BYTES).contains(&len) {
             return Err(not(format!("{len} bytes is not a segment's size")));
         }
         let capacity = len - HEADER_BYTES;
-        let segment = Segment::map(&file, &path, len, capacity)?;
-        let (magic, declared, nonce) = {
-            let header = segment.header_bytes();
-            let declared = u64::from_le_bytes(
-                header[AT_CAPACITY..AT_CAPACITY + 8]
-                    .try_into()
-                    .expect("8 bytes"),
-            );
-            (
-                header[AT_MAGIC..AT_MAGIC + 8].to_vec(),
-                declared,
-                header[AT_NONCE..AT_NONCE + 16].to_vec(),
-            )
-        };
-        if magic != MAGIC {
+        let segment = Segment::map(&fd, len, capacity)?;
+        let header = segment.header_bytes();
+        let declared = u64::from_le_bytes(
+            header[AT_CAPACITY..AT_CAPACITY + 8]
+                .try_into()
+                .expect("8 bytes"),
+        );
+        if header[AT_MAGIC..AT_MAGIC + 8] != MAGIC {
             return Err(not("wrong magic".into()));
         }
         if declared != capacity as u64 || !capacity.is_multiple_of(4096) {
             return Err(not(format!(
-                "declares a ring of {declared} bytes in a file of {len}"
+                "declares a ring of {declared} bytes in {len} bytes"
             )));
         }
-        if nonce != offer.nonce {
+        if header[AT_NONCE..AT_NONCE + 16] != nonce[..] {
             return Err(not("holds another nonce".into()));
         }
         Ok(segment)
     }
 
-    fn map(file: &File, path: &Path, len: usize, capacity: usize) -> Result<Segment, SegmentError> {
+    fn map(fd: &OwnedFd, len: usize, capacity: usize) -> Result<Segment, SegmentError> {
+        let file = File::from(fd.try_clone().map_err(|source| SegmentError::Io {
+            what: "duplicate the descriptor of",
+            source,
+        })?);
         let map = MmapOptions::new()
             .len(len)
-            .map_raw(file)
+            .map_raw(&file)
             .map_err(|source| SegmentError::Io {
-                what: "cannot map",
-                path: path.to_path_buf(),
+                what: "map",
                 source,
             })?;
-        Ok(Segment { map, capacity })
+        Ok(Segment {
+            map,
+            capacity,
+            _reservation: None,
+        })
     }
 
-    /// The magic, capacity and nonce, written once before the segment is offered.
+    /// The magic, capacity and nonce, written once before the segment is handed over.
     fn header_bytes(&self) -> &[u8] {
         // SAFETY: the mapping is at least HEADER_BYTES long; these bytes are written only
-        // by `create`, before any other process knows the file.
+        // by `create`, before any other process has the memory.
         unsafe { std::slice::from_raw_parts(self.map.as_ptr(), AT_NONCE + 16) }
     }
 
@@ -289,88 +241,85 @@ mod tests {
 
     use super::*;
 
+    fn clone(fd: &OwnedFd) -> OwnedFd {
+        fd.try_clone().unwrap()
+    }
+
     #[test]
-    fn a_created_segment_attaches_and_shares_its_memory() {
-        let dir = tempfile::tempdir().unwrap();
-        let (created, offer, file) = Segment::create(dir.path(), 8192).unwrap();
-        assert!(file.path().starts_with(dir.path()));
-        let attached = Segment::attach(dir.path(), &offer).unwrap();
+    fn a_created_segment_attaches_through_its_descriptor_and_shares_its_memory() {
+        let made = Segment::create(8192, None).unwrap();
+        let attached = Segment::attach(clone(&made.fd), &made.nonce).unwrap();
         assert_eq!(attached.capacity(), 8192);
-        created.head().store(40, Ordering::SeqCst);
+        made.segment.head().store(40, Ordering::SeqCst);
         assert_eq!(attached.head().load(Ordering::SeqCst), 40);
-        // SAFETY: both rings are 8192 bytes of the same file.
+        // SAFETY: both rings are 8192 bytes of the same memory.
         unsafe {
-            created.ring().add(8191).write(7);
+            made.segment.ring().add(8191).write(7);
             assert_eq!(attached.ring().add(8191).read(), 7);
         }
-        // Removing the file leaves both mappings working.
-        let path = file.path().to_path_buf();
-        drop(file);
-        assert!(!path.exists());
+        // The descriptors can go: the mappings are all that is needed.
+        drop(made.fd);
         attached.tail().store(8, Ordering::SeqCst);
-        assert_eq!(created.tail().load(Ordering::SeqCst), 8);
+        assert_eq!(made.segment.tail().load(Ordering::SeqCst), 8);
     }
 
     #[test]
-    fn a_wrong_nonce_a_missing_file_or_a_foreign_file_are_refused() {
+    fn nobody_can_change_a_segments_size_or_its_seals() {
+        let made = Segment::create(4096, None).unwrap();
+        let len = (HEADER_BYTES + 4096) as u64;
+        for (what, attempt) in [
+            ("shrink", rustix::fs::ftruncate(&made.fd, 4096)),
+            ("grow", rustix::fs::ftruncate(&made.fd, len * 2)),
+            (
+                "unseal",
+                rustix::fs::fcntl_add_seals(&made.fd, SealFlags::FUTURE_WRITE),
+            ),
+        ] {
+            assert_eq!(attempt, Err(rustix::io::Errno::PERM), "{what}");
+        }
+        assert_eq!(rustix::fs::fstat(&made.fd).unwrap().st_size as u64, len);
+    }
+
+    #[test]
+    fn a_wrong_nonce_an_unsealed_memfd_or_a_file_are_refused() {
+        let made = Segment::create(4096, None).unwrap();
+        let mut wrong = made.nonce;
+        wrong[0] ^= 1;
+        let error = Segment::attach(clone(&made.fd), &wrong).err().unwrap();
+        assert!(error.to_string().contains("another nonce"), "{error}");
+
+        // Right size, magic and nonce, but nothing stops its owner from truncating it.
+        let unsealed = rustix::fs::memfd_create("x", MemfdFlags::ALLOW_SEALING).unwrap();
+        rustix::fs::ftruncate(&unsealed, (HEADER_BYTES + 4096) as u64).unwrap();
+        let mut header = vec![0u8; HEADER_BYTES];
+        header[..8].copy_from_slice(&MAGIC);
+        header[8..16].copy_from_slice(&4096u64.to_le_bytes());
+        header[16..32].copy_from_slice(&made.nonce);
+        rustix::io::write(&unsealed, &header).unwrap();
+        let error = Segment::attach(unsealed, &made.nonce).err().unwrap();
+        assert!(error.to_string().contains("a truncation"), "{error}");
+
         let dir = tempfile::tempdir().unwrap();
-        let (_segment, offer, _file) = Segment::create(dir.path(), 4096).unwrap();
-        let mut wrong = offer;
-        wrong.nonce[0] ^= 1;
-        let error = Segment::attach(dir.path(), &wrong)
-            .err()
-            .unwrap()
-            .to_string();
-        assert!(error.contains("another nonce"), "{error}");
-        let mut missing = offer;
-        missing.id[0] ^= 1;
-        let error = Segment::attach(dir.path(), &missing)
-            .err()
-            .unwrap()
-            .to_string();
-        assert!(error.contains("cannot open"), "{error}");
-        // A file of the right name that is not a segment.
-        let mut foreign = offer;
-        foreign.id[1] ^= 1;
-        std::fs::write(foreign.path_in(dir.path()), vec![0u8; HEADER_BYTES + 4096]).unwrap();
-        let error = Segment::attach(dir.path(), &foreign)
-            .err()
-            .unwrap()
-            .to_string();
-        assert!(error.contains("wrong magic"), "{error}");
-        std::fs::write(foreign.path_in(dir.path()), b"short").unwrap();
-        let error = Segment::attach(dir.path(), &foreign)
-            .err()
-            .unwrap()
-            .to_string();
-        assert!(error.contains("not a segment's size"), "{error}");
+        let path = dir.path().join("segment");
+        std::fs::write(&path, vec![0u8; HEADER_BYTES + 4096]).unwrap();
+        let file = OwnedFd::from(File::open(&path).unwrap());
+        let error = Segment::attach(file, &made.nonce).err().unwrap();
+        assert!(error.to_string().contains("not a memfd"), "{error}");
     }
 
     #[test]
-    fn a_symlink_is_not_followed() {
-        let dir = tempfile::tempdir().unwrap();
-        let (_segment, offer, file) = Segment::create(dir.path(), 4096).unwrap();
-        let mut link = offer;
-        link.id[0] ^= 0xff;
-        std::os::unix::fs::symlink(file.path(), link.path_in(dir.path())).unwrap();
-        let error = Segment::attach(dir.path(), &link)
-            .err()
-            .unwrap()
-            .to_string();
-        assert!(error.contains("cannot open"), "{error}");
-    }
-
-    #[test]
-    fn offers_round_trip_and_name_files_only_by_their_random_id() {
-        let offer = Offer {
-            id: [0xab; 16],
-            nonce: [3; 16],
-        };
-        assert_eq!(Offer::decode(&offer.encode()), offer);
-        let path = offer.path_in(Path::new("/dev/shm"));
-        assert_eq!(
-            path,
-            Path::new("/dev/shm/rdu-ring-abababababababababababababababab")
-        );
+    fn a_sealed_memfd_of_the_wrong_size_or_magic_is_refused() {
+        let nonce = [3u8; 16];
+        for (len, magic, expected) in [
+            (HEADER_BYTES + 100, MAGIC, "not a segment's size"),
+            (HEADER_BYTES + 4096, *b"RDURING1", "wrong magic"),
+        ] {
+            let fd = rustix::fs::memfd_create("x", MemfdFlags::ALLOW_SEALING).unwrap();
+            rustix::fs::ftruncate(&fd, len as u64).unwrap();
+            rustix::io::write(&fd, &magic).unwrap();
+            rustix::fs::fcntl_add_seals(&fd, SEALS).unwrap();
+            let error = Segment::attach(fd, &nonce).err().unwrap();
+            assert!(error.to_string().contains(expected), "{error}");
+        }
     }
 }
