@@ -11,20 +11,13 @@ use rdu_module_cycles::{CrateCircle, check};
 const KNOWN: &[(&str, &[&str])] = &[
     (
         "rdu-operator (lib)",
-        &["crate::builders", "crate::validate"],
-    ),
-    (
-        "rdu-operator (lib)",
         &["crate::builders::checkpoint", "crate::builders::children"],
     ),
     (
         "rdu-operator (lib)",
         &["crate::builders::progress", "crate::builders::tensorboard"],
     ),
-    (
-        "rdu-operator (lib)",
-        &["crate::metrics", "crate::reconcile"],
-    ),
+    ("rdu-worker (lib)", &["crate::checkpoint", "crate::error"]),
     (
         "rdu-worker (lib)",
         &[
