@@ -23,6 +23,12 @@ pub enum CliError {
     Spawn { rank: u32, reason: String },
     #[error("{what}: {reason}")]
     Io { what: String, reason: String },
+    /// The job's ranks do not fit this machine (memory, open files): the message says which.
+    #[error("{0}")]
+    Capacity(String),
+    /// A setting of this process's environment is unusable.
+    #[error(transparent)]
+    Environment(#[from] rdu_collective::CollectiveError),
 }
 
 impl CliError {
@@ -32,7 +38,9 @@ impl CliError {
             CliError::ReadManifest { .. }
             | CliError::Manifest { .. }
             | CliError::Invalid { .. }
-            | CliError::Tiles(_) => exit_code::BAD_CONFIG,
+            | CliError::Tiles(_)
+            | CliError::Capacity(_)
+            | CliError::Environment(_) => exit_code::BAD_CONFIG,
             CliError::Spawn { .. } | CliError::Io { .. } | CliError::Token(_) => 1,
         }
     }

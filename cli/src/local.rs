@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
+use rdu_collective::RingMemory;
 use rdu_crds::consts::exit_code;
 use rdu_crds::policy::{self, Verdict};
 use rdu_crds::rank_env::SuppliedValues;
@@ -15,6 +16,7 @@ use rdu_tiles::simulated::SimulatedNode;
 
 use std::sync::Arc;
 
+use crate::capacity::{self, Machine};
 use crate::console::Console;
 use crate::error::CliError;
 use crate::gang::{self, GangOptions};
@@ -49,6 +51,7 @@ pub struct RunOptions {
 /// Runs the job in `path` to its end; returns the process exit code.
 pub async fn run(path: &Path, options: RunOptions) -> Result<i32, CliError> {
     let LocalJob { mut job, dir } = manifest::load(path, options.workers, options.mode)?;
+    check_capacity(&job, &dir, options.workers.is_some())?;
     let console = Arc::new(Console::new(options.verbose));
     let name = job.metadata.name.clone().unwrap_or_default();
     if job.metadata.uid.is_none() {
@@ -201,6 +204,35 @@ pub async fn run(path: &Path, options: RunOptions) -> Result<i32, CliError> {
         }
     }
     unreachable_generation()
+}
+
+/// Refuses a job whose ranks do not fit this machine, before anything is started (see
+/// `capacity`); `from_flag`: the world size came from `--workers`.
+fn check_capacity(job: &RduJob, dir: &Path, from_flag: bool) -> Result<(), CliError> {
+    let Some(machine) = Machine::read() else {
+        return Ok(());
+    };
+    // The ranks inherit this process's environment: the same ring cap, the same data path.
+    let rings_off = std::env::var(rdu_crds::consts::env::DATA_PATH)
+        .is_ok_and(|path| !path.trim().eq_ignore_ascii_case("auto"));
+    let ring_cap = if rings_off {
+        0
+    } else {
+        RingMemory::FromEnv.resolve()?
+    };
+    let need_of = |ranks| capacity::need(&job.spec, ranks, dir, ring_cap);
+    let flag = if from_flag {
+        "--workers"
+    } else {
+        "spec.workers"
+    };
+    let workers = job.spec.workers;
+    if capacity::refusal(&need_of(workers), &machine, flag, None).is_none() {
+        return Ok(());
+    }
+    let fits = capacity::most_that_fit(workers, &machine, need_of);
+    let text = capacity::refusal(&need_of(workers), &machine, flag, fits).unwrap_or_default();
+    Err(CliError::Capacity(text))
 }
 
 /// The run's scratch directory: removed at the end, unless it holds files the user reads afterwards.

@@ -1,6 +1,7 @@
 //! The rdujob command line: `run` an RduJob locally (like `mpirun -np N`), `tilestat` a node.
 
 mod bench;
+mod capacity;
 mod cluster_cli;
 mod console;
 mod error;
