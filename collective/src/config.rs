@@ -19,13 +19,14 @@ pub(crate) const MAX_TOKEN_BYTES: usize = 4096;
 /// accepts every kind of stream on its collective port, so ranks may even differ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DataPath {
-    /// One token-authenticated raw TCP stream per directed pair of ranks, whose frames go
-    /// through a shared-memory ring when both ranks are on one node (`CommConfig::node`) and can
-    /// open the same segment (same host and `/dev/shm`).
+    /// One token-authenticated raw TCP stream per directed pair of ranks that exchange, whose
+    /// frames go through a shared-memory ring when both ranks are on one node
+    /// (`CommConfig::node`), can reach each other's ring socket (same host and network
+    /// namespace) and the ring fits the memory budget ([`RingMemory`]).
     #[default]
     Auto,
-    /// One token-authenticated raw TCP stream per directed pair of ranks, frames always on it
-    /// (no protobuf or HTTP/2 re-buffering copies).
+    /// One token-authenticated raw TCP stream per directed pair of ranks that exchange, frames
+    /// always on it (no protobuf or HTTP/2 re-buffering copies).
     Tcp,
     /// One gRPC `Send` stream per directed pair of ranks (slower; kept so tests and
     /// `allreduce-bench` can run the algorithms over a second transport and compare).

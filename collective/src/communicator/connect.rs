@@ -47,8 +47,8 @@ pub struct ConnectOptions {
 }
 
 impl Communicator {
-    /// Serves `Collective`, serves `Rendezvous` on rank 0 (binding `master_port`), joins, and
-    /// dials every peer; bounded by `cfg.timeout`.
+    /// Serves `Collective`, serves `Rendezvous` on rank 0 (binding `master_port`) and joins,
+    /// bounded by `cfg.timeout`; each peer is dialled when a collective first sends to it.
     /// Chunks travel on the TCP data path.
     pub async fn connect(cfg: CommConfig) -> Result<Communicator, CollectiveError> {
         Self::connect_with(cfg, ConnectOptions::default()).await
