@@ -405,6 +405,47 @@ impl Testbed {
             .ok_or_else(|| format!("no ready device plugin pod on {node}"))
     }
 
+    /// Waits until node `node`'s device plugin, started after `since` (a reboot), is ready and the node offers
+    /// `tiles`: until then the node may still advertise the devices of its last boot (the kubelet's checkpoint)
+    /// without a plugin to allocate them, and pods sent there fail admission (UnexpectedAdmissionError).
+    pub async fn wait_device_plugin(
+        &self,
+        node: &str,
+        since: std::time::SystemTime,
+        tiles: u32,
+        timeout: Duration,
+    ) {
+        self.wait(
+            &format!("the device plugin on {node} started after its reboot"),
+            timeout,
+            async || {
+                let name = self.plugin_pod(node).await?;
+                let pod = self
+                    .get(
+                        Api::<Pod>::namespaced(self.client.clone(), SYSTEM_NAMESPACE),
+                        &name,
+                    )
+                    .await?;
+                let started =
+                    pod["status"]["containerStatuses"][0]["state"]["running"]["startedAt"]
+                        .as_str()
+                        .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+                        .map(std::time::SystemTime::from)
+                        .ok_or("not running")?;
+                // startedAt has whole seconds.
+                let since = since - Duration::from_secs(1);
+                if started >= since {
+                    Ok(())
+                } else {
+                    Err(format!("{name} started before the reboot"))
+                }
+            },
+        )
+        .await;
+        self.wait_tiles(node, tiles, "after the device plugin registered", timeout)
+            .await;
+    }
+
     /// `kubectl-rdujob args…` in the default namespace as the admin (built beside the test binaries).
     pub fn cluster_cli(&self, args: &[&str]) -> String {
         let exe = std::env::current_exe().expect("test binary");

@@ -406,10 +406,9 @@ impl Faults {
         );
 
         // The first node comes back: the gang starts whole within seconds of its tiles.
+        let rebooted = SystemTime::now();
         self.bed.reboot(first_index).await;
-        self.bed
-            .wait_tiles(&first, 4, "after the reboot", LONG)
-            .await;
+        self.bed.wait_device_plugin(&first, rebooted, 4, LONG).await;
         let back = Instant::now();
         self.bed.wait_phase(name, "Running", LONG).await;
         out.insert(
@@ -423,6 +422,7 @@ impl Faults {
         );
         self.bed
             .kubectl(&["delete", "rdujob", name, "-n", "default", "--wait=true"]);
+        let rebooted = SystemTime::now();
         self.bed.reboot(second_index).await;
         self.bed.kubectl(&[
             "taint",
@@ -431,7 +431,7 @@ impl Faults {
             "node.kubernetes.io/out-of-service-",
         ]);
         self.bed
-            .wait_tiles(&second, 4, "after the reboot", LONG)
+            .wait_device_plugin(&second, rebooted, 4, LONG)
             .await;
         out
     }

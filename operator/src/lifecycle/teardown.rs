@@ -173,9 +173,10 @@ impl Step<'_> {
                     ));
                 }
                 if let PodState::Failed(f) = &pod.state {
+                    // Times are whole seconds: an end in the second the stopping began may be the stop's doing.
                     let ours = pod.terminating
                         && stopping_since
-                            .is_some_and(|since| f.finished.is_none_or(|end| end > since));
+                            .is_some_and(|since| f.finished.is_none_or(|end| end >= since));
                     if ours {
                         return None;
                     }

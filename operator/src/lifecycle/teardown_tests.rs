@@ -138,6 +138,16 @@ fn a_rank_the_operator_stopped_is_a_consequence_not_a_cause() {
         at(11),
     );
     assert_eq!(d.status.stopping.as_ref().map(|s| s.rank), Some(1));
+    // Times are whole seconds: an exit in the very second the stopping began is the stop's doing too.
+    let d = decide(
+        &j,
+        &pods(&[
+            p(0, 0, "Failed").exit(143).finished(10).terminating(),
+            p(1, 0, "Failed").exit(75).finished(10).terminating(),
+        ]),
+        at(11),
+    );
+    assert_eq!(d.status.stopping.as_ref().map(|s| s.rank), Some(1));
     // A permanent failure that happened before the stop is still evidence, even on a terminating pod.
     let d = decide(
         &j,
