@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Builds Kueue's manager from its Go module (sigs.k8s.io/kueue, no replace directives, so `go install` works) and
+# copies the module's CRDs beside it, into the cache outside the repository:
+#   ${RDU_E2E_CACHE:-$HOME/.cache/rdu-e2e}/kueue-<ver>/{bin/kueue,crds/*.yaml}
+# A stamp makes a second run a no-op. Prints the Kueue directory on its last line.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+source e2e/lib.sh
+
+KUEUE_VERSION="${RDU_E2E_KUEUE_VERSION:-v0.17.0}"
+ROOT="$E2E_CACHE/kueue-${KUEUE_VERSION#v}"
+STAMP="$ROOT/.stamp-${KUEUE_VERSION}"
+
+log() { e2e_log kueue/build.sh "$@"; }
+
+if cached "$STAMP"; then
+  log "cached: $ROOT"
+  echo "$ROOT"
+  exit 0
+fi
+need_go
+mkdir -p "$ROOT/bin" "$ROOT/crds"
+log "building kueue ${KUEUE_VERSION} (a few minutes)"
+GOBIN="$ROOT/bin" go install -ldflags="-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=${KUEUE_VERSION}" \
+  "sigs.k8s.io/kueue/cmd/kueue@${KUEUE_VERSION}"
+MOD="$(go list -m -json "sigs.k8s.io/kueue@${KUEUE_VERSION}" 2>/dev/null | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
+if [[ -z "$MOD" || ! -d "$MOD" ]]; then
+  MOD="$(go env GOMODCACHE)/sigs.k8s.io/kueue@${KUEUE_VERSION}"
+fi
+[[ -d "$MOD/config/components/crd/bases" ]] || { log "no CRDs in $MOD/config/components/crd/bases"; exit 1; }
+cp "$MOD"/config/components/crd/bases/*.yaml "$ROOT/crds/"
+chmod -R u+w "$ROOT/crds"
+touch "$STAMP"
+log "done: $ROOT"
+echo "$ROOT"
