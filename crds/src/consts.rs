@@ -27,6 +27,22 @@ pub const MAX_WORKERS: u32 = 4096;
 pub const MAX_WORKERS_MESSAGE: &str =
     "spec.workers must be at most 4096, the largest world size an RduJob may have: lower it";
 
+/// The widest hidden layer an RduJob may have (each `spec.model.hiddenSizes` entry: a schema maximum, a CEL rule and
+/// `validate_spec`). Two layers this wide are a 1 GiB weight matrix; without a ceiling `[4294967295]` made every
+/// rank try to allocate it.
+pub const MAX_HIDDEN_SIZE: u32 = 16384;
+/// What the CRD and `validate_spec` say about a hidden layer above [`MAX_HIDDEN_SIZE`] (Rust adds the value).
+pub const MAX_HIDDEN_SIZE_MESSAGE: &str =
+    "spec.model.hiddenSizes entries must be at most 16384, the widest layer an RduJob may have: lower them";
+
+/// The largest data file a rank reads by default, in MiB (`spec.data.maxFileMiB`), counted as read and again after
+/// gunzip, so that a decompression bomb fails with an error naming the file instead of taking the rank's memory.
+pub const DEFAULT_MAX_DATA_FILE_MIB: u32 = 1024;
+/// The largest `spec.data.maxFileMiB` (64 GiB).
+pub const MAX_DATA_FILE_MIB: u32 = 65536;
+/// What the CRD and `validate_spec` say about a `spec.data.maxFileMiB` out of range.
+pub const DATA_FILE_MIB_MESSAGE: &str = "spec.data.maxFileMiB must be between 1 and 65536 (MiB)";
+
 /// Name of the worker container in every rank's pod (a template container of that name is merged into it).
 pub const WORKER_CONTAINER: &str = "worker";
 
@@ -154,5 +170,7 @@ mod tests {
     #[test]
     fn the_ceiling_message_names_the_ceiling() {
         assert!(MAX_WORKERS_MESSAGE.contains(&format!("at most {MAX_WORKERS},")));
+        assert!(MAX_HIDDEN_SIZE_MESSAGE.contains(&format!("at most {MAX_HIDDEN_SIZE},")));
+        assert!(DATA_FILE_MIB_MESSAGE.contains(&format!("between 1 and {MAX_DATA_FILE_MIB} ")));
     }
 }

@@ -107,10 +107,11 @@ impl ImagePullPolicy {
 pub struct ModelSpec {
     /// Model architecture.
     pub name: ModelName,
-    /// Widths of the hidden ReLU layers (empty: plain logistic regression).
+    /// Widths of the hidden ReLU layers (empty: plain logistic regression); at most 16 layers of 1 to 16384.
     #[serde(default)]
-    #[schemars(length(max = 16))]
+    #[schemars(length(max = 16), inner(range(max = crate::consts::MAX_HIDDEN_SIZE)))]
     #[x_kube(validation = Rule::new("self.all(h, h >= 1)").message("spec.model.hiddenSizes entries must be at least 1"))]
+    #[x_kube(validation = Rule::new("self.all(h, h <= 16384)").message(crate::consts::MAX_HIDDEN_SIZE_MESSAGE))]
     pub hidden_sizes: Vec<u32>,
     /// Input features; taken from the data when omitted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -166,6 +167,22 @@ pub struct DataSpec {
     /// Seed of the shuffles, the split and the initial weights.
     #[serde(default = "default_seed")]
     pub seed: u64,
+    /// The largest data file a rank reads, in MiB (1 to 65536, default 1024), checked as read and again after
+    /// gunzip: a larger file (or one that inflates past it) fails the job naming the file and the limit.
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "maxFileMiB")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 65536").message(crate::consts::DATA_FILE_MIB_MESSAGE))]
+    #[schemars(range(min = 1, max = crate::consts::MAX_DATA_FILE_MIB))]
+    pub max_file_mib: Option<u32>,
+}
+
+impl DataSpec {
+    /// The largest data file a rank reads, in bytes (`maxFileMiB`, else its default).
+    pub fn max_file_bytes(&self) -> u64 {
+        u64::from(
+            self.max_file_mib
+                .unwrap_or(crate::consts::DEFAULT_MAX_DATA_FILE_MIB),
+        ) << 20
+    }
 }
 
 fn default_test_fraction() -> f64 {

@@ -114,6 +114,12 @@ fn check_model_and_data(c: &mut Checks, spec: &RduJobSpec) {
         "spec.model.hiddenSizes",
         || "spec.model.hiddenSizes entries must be at least 1".into(),
     );
+    let widest = model.hidden_sizes.iter().copied().max().unwrap_or(0);
+    c.check(
+        widest <= consts::MAX_HIDDEN_SIZE,
+        "spec.model.hiddenSizes",
+        || format!("{} (got {widest})", consts::MAX_HIDDEN_SIZE_MESSAGE),
+    );
     c.check(
         model.input_size.is_none_or(|v| v >= 1),
         "spec.model.inputSize",
@@ -150,6 +156,18 @@ fn check_model_and_data(c: &mut Checks, spec: &RduJobSpec) {
         data.samples.is_none_or(|s| s >= 1),
         "spec.data.samples",
         || "spec.data.samples must be at least 1".into(),
+    );
+    c.check(
+        data.max_file_mib
+            .is_none_or(|m| (1..=consts::MAX_DATA_FILE_MIB).contains(&m)),
+        "spec.data.maxFileMiB",
+        || {
+            format!(
+                "{} (got {})",
+                consts::DATA_FILE_MIB_MESSAGE,
+                data.max_file_mib.unwrap_or_default()
+            )
+        },
     );
 }
 
@@ -337,6 +355,38 @@ spec:
     }
 
     #[test]
+    fn the_widest_layer_is_inclusive_and_says_what_the_crd_says() {
+        let mut spec = minimal();
+        spec.model.hidden_sizes = vec![consts::MAX_HIDDEN_SIZE, 16];
+        assert_eq!(validate_spec(&spec), Ok(()));
+        spec.model.hidden_sizes = vec![16, u32::MAX];
+        assert_eq!(
+            validate_spec(&spec),
+            Err(vec![FieldError::new(
+                "spec.model.hiddenSizes",
+                format!("{} (got 4294967295)", consts::MAX_HIDDEN_SIZE_MESSAGE)
+            )])
+        );
+    }
+
+    #[test]
+    fn the_data_file_cap_defaults_to_a_gibibyte_and_is_bounded() {
+        let mut spec = minimal();
+        assert_eq!(spec.data.max_file_bytes(), 1 << 30);
+        spec.data.max_file_mib = Some(consts::MAX_DATA_FILE_MIB);
+        assert_eq!(validate_spec(&spec), Ok(()));
+        assert_eq!(spec.data.max_file_bytes(), 64 << 30);
+        spec.data.max_file_mib = Some(0);
+        assert_eq!(
+            validate_spec(&spec),
+            Err(vec![FieldError::new(
+                "spec.data.maxFileMiB",
+                format!("{} (got 0)", consts::DATA_FILE_MIB_MESSAGE)
+            )])
+        );
+    }
+
+    #[test]
     fn each_rule_names_its_field() {
         type Breaker = fn(&mut RduJobSpec);
         let cases: Vec<(Breaker, &str)> = vec![
@@ -360,6 +410,15 @@ spec:
             (
                 |s| s.model.hidden_sizes = vec![1; 17],
                 "spec.model.hiddenSizes",
+            ),
+            (
+                |s| s.model.hidden_sizes = vec![8, consts::MAX_HIDDEN_SIZE + 1],
+                "spec.model.hiddenSizes",
+            ),
+            (|s| s.data.max_file_mib = Some(0), "spec.data.maxFileMiB"),
+            (
+                |s| s.data.max_file_mib = Some(consts::MAX_DATA_FILE_MIB + 1),
+                "spec.data.maxFileMiB",
             ),
             (|s| s.model.input_size = Some(0), "spec.model.inputSize"),
             (|s| s.model.classes = Some(1), "spec.model.classes"),

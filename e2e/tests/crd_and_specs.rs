@@ -119,6 +119,16 @@ fn bad_specs() -> Vec<(&'static str, Value, &'static str)> {
             "spec.model.hiddenSizes entries must be at least 1",
         ),
         (
+            "a hidden layer wider than the ceiling",
+            with(b(), "/spec/model/hiddenSizes", json!([16, 16385])),
+            rdu_crds::consts::MAX_HIDDEN_SIZE_MESSAGE,
+        ),
+        (
+            "a data file cap of 0 MiB",
+            with(b(), "/spec/data/maxFileMiB", json!(0)),
+            rdu_crds::consts::DATA_FILE_MIB_MESSAGE,
+        ),
+        (
             "checkpoint every 0 steps",
             with(b(), "/spec/checkpoint", json!({"intervalSteps": 0})),
             "spec.checkpoint.intervalSteps must be at least 1",

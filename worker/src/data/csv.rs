@@ -5,10 +5,10 @@ use std::path::Path;
 use super::read::read_maybe_gzipped;
 use super::{DataError, Dataset};
 
-/// Parses a CSV file (gzipped or not).
-pub fn read(path: &Path) -> Result<Dataset, DataError> {
+/// Parses a CSV file (gzipped or not) of at most `max_bytes` (after gunzip too).
+pub fn read(path: &Path, max_bytes: u64) -> Result<Dataset, DataError> {
     let file = path.display().to_string();
-    let bytes = read_maybe_gzipped(path)?;
+    let bytes = read_maybe_gzipped(path, max_bytes)?;
     let text = std::str::from_utf8(&bytes).map_err(|e| DataError::Invalid {
         file: file.clone(),
         reason: format!("not UTF-8 text: {e}"),
@@ -148,7 +148,7 @@ mod tests {
     #[test]
     fn the_shipped_digits_file_parses() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/data/digits.csv.gz");
-        let d = read(&path).unwrap();
+        let d = read(&path, 1 << 20).unwrap();
         assert_eq!(d.len(), 1797);
         assert_eq!(d.dim, 64);
         assert_eq!(d.labels.iter().max(), Some(&9));

@@ -8,12 +8,12 @@ use super::{DataError, Dataset};
 /// Magic of an unsigned-byte IDX file: 0x00 0x00 type 0x08, then the number of dimensions.
 const UBYTE: u8 = 0x08;
 
-/// Reads an images file and its labels file.
-pub fn read(images: &Path, labels: &Path) -> Result<Dataset, DataError> {
+/// Reads an images file and its labels file, each of at most `max_bytes` (after gunzip too).
+pub fn read(images: &Path, labels: &Path, max_bytes: u64) -> Result<Dataset, DataError> {
     let image_file = images.display().to_string();
     let label_file = labels.display().to_string();
-    let image_bytes = read_maybe_gzipped(images)?;
-    let label_raw = read_maybe_gzipped(labels)?;
+    let image_bytes = read_maybe_gzipped(images, max_bytes)?;
+    let label_raw = read_maybe_gzipped(labels, max_bytes)?;
     let (image_dims, pixels) = parse(&image_bytes, &image_file)?;
     let (label_dims, label_bytes) = parse(&label_raw, &label_file)?;
     if image_dims.len() < 2 {
@@ -117,7 +117,7 @@ pub(crate) mod tests {
         )
         .unwrap();
         std::fs::write(&lbl, idx_bytes(&[2], &[3, 7])).unwrap();
-        let d = read(&img, &lbl).unwrap();
+        let d = read(&img, &lbl, 1 << 20).unwrap();
         assert_eq!(d.dim, 4);
         assert_eq!(d.labels, vec![3, 7]);
         assert_eq!(d.features[..3], [0.0, 1.0, 0.2]);
@@ -130,12 +130,12 @@ pub(crate) mod tests {
         let lbl = dir.path().join("lbl");
         std::fs::write(&img, b"P5\n28 28\n").unwrap();
         std::fs::write(&lbl, idx_bytes(&[1], &[3])).unwrap();
-        let err = read(&img, &lbl).unwrap_err().to_string();
+        let err = read(&img, &lbl, 1 << 20).unwrap_err().to_string();
         assert!(err.contains("wrong magic") && err.contains("img"), "{err}");
         std::fs::write(&img, idx_bytes(&[2, 1, 1], &[1, 2])).unwrap();
-        let err = read(&img, &lbl).unwrap_err().to_string();
+        let err = read(&img, &lbl, 1 << 20).unwrap_err().to_string();
         assert!(err.contains("1 labels for 2 images"), "{err}");
         std::fs::write(&img, idx_bytes(&[2, 1, 1], &[1])).unwrap();
-        assert!(read(&img, &lbl).is_err());
+        assert!(read(&img, &lbl, 1 << 20).is_err());
     }
 }

@@ -27,6 +27,8 @@ pub enum DataError {
     },
     #[error("{file}: {reason}")]
     Invalid { file: String, reason: String },
+    #[error("{file} {reason}")]
+    TooLarge { file: String, reason: String },
 }
 
 /// Samples as a row-major feature matrix and class labels.
@@ -84,21 +86,24 @@ pub fn load(spec: &DataSpec, model: &ModelSpec, base_dir: &Path) -> Result<Split
     let (all, given_test) = match spec.source {
         DataSource::Synthetic => (synthetic::generate(spec, model), None),
         DataSource::Csv => {
-            let train = csv::read(&required(&spec.path, "path")?)?;
+            let cap = spec.max_file_bytes();
+            let train = csv::read(&required(&spec.path, "path")?, cap)?;
             let test = match &spec.test_path {
-                Some(p) => Some(csv::read(&resolve(p))?),
+                Some(p) => Some(csv::read(&resolve(p), cap)?),
                 None => None,
             };
             (train, test)
         }
         DataSource::Idx => {
+            let cap = spec.max_file_bytes();
             let train = idx::read(
                 &required(&spec.path, "path")?,
                 &required(&spec.labels_path, "labelsPath")?,
+                cap,
             )?;
             let test = match (&spec.test_path, &spec.test_labels_path) {
                 (Some(images), Some(labels)) => {
-                    Some(idx::read(&resolve(images), &resolve(labels))?)
+                    Some(idx::read(&resolve(images), &resolve(labels), cap)?)
                 }
                 (None, None) => None,
                 _ => {
@@ -206,6 +211,7 @@ mod tests {
             shuffle: true,
             drop_last: false,
             seed: 1,
+            max_file_mib: None,
         }
     }
 
@@ -244,6 +250,19 @@ mod tests {
         model.input_size = Some(3);
         let err = load(&spec, &model, dir.path()).unwrap_err().to_string();
         assert!(err.contains("inputSize"), "{err}");
+    }
+
+    #[test]
+    fn a_file_past_spec_data_max_file_mib_fails_the_load_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("d.csv"), "1,2,0\n".repeat(200_000)).unwrap();
+        let mut spec = data_spec(DataSource::Csv);
+        spec.path = Some("d.csv".into());
+        assert!(load(&spec, &model_spec(), dir.path()).is_ok());
+        spec.max_file_mib = Some(1);
+        let err = load(&spec, &model_spec(), dir.path()).unwrap_err();
+        assert!(matches!(err, DataError::TooLarge { .. }), "{err:?}");
+        assert!(err.to_string().contains("d.csv is larger than spec.data.maxFileMiB (1 MiB)"), "{err}");
     }
 
     #[test]
