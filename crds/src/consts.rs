@@ -32,8 +32,7 @@ pub const MAX_WORKERS_MESSAGE: &str =
 /// rank try to allocate it.
 pub const MAX_HIDDEN_SIZE: u32 = 16384;
 /// What the CRD and `validate_spec` say about a hidden layer above [`MAX_HIDDEN_SIZE`] (Rust adds the value).
-pub const MAX_HIDDEN_SIZE_MESSAGE: &str =
-    "spec.model.hiddenSizes entries must be at most 16384, the widest layer an RduJob may have: lower them";
+pub const MAX_HIDDEN_SIZE_MESSAGE: &str = "spec.model.hiddenSizes entries must be at most 16384, the widest layer an RduJob may have: lower them";
 
 /// The largest data file a rank reads by default, in MiB (`spec.data.maxFileMiB`), counted as read and again after
 /// gunzip, so that a decompression bomb fails with an error naming the file instead of taking the rank's memory.

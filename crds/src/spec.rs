@@ -169,7 +169,11 @@ pub struct DataSpec {
     pub seed: u64,
     /// The largest data file a rank reads, in MiB (1 to 65536, default 1024), checked as read and again after
     /// gunzip: a larger file (or one that inflates past it) fails the job naming the file and the limit.
-    #[serde(default, skip_serializing_if = "Option::is_none", rename = "maxFileMiB")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "maxFileMiB"
+    )]
     #[x_kube(validation = Rule::new("self >= 1 && self <= 65536").message(crate::consts::DATA_FILE_MIB_MESSAGE))]
     #[schemars(range(min = 1, max = crate::consts::MAX_DATA_FILE_MIB))]
     pub max_file_mib: Option<u32>,

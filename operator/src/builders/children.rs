@@ -1,4 +1,5 @@
-//! Builders of a job's children: the headless Service, the token Secret, one Pod per rank and the gang PodGroup.
+//! Builders of a job's children: the headless Service, the token Secret, one Pod per rank (hardened, `hardening`)
+//! and the gang PodGroup.
 
 use std::collections::BTreeMap;
 
@@ -72,7 +73,8 @@ pub fn pod_group(job: &ValidJob, gang: Gang) -> DynamicObject {
     group
 }
 
-/// The pod of one rank at one gang generation, with `spec.template` merged in.
+/// The pod of one rank at one gang generation, with `spec.template` merged in and the restricted profile's
+/// fields the template leaves unset filled in.
 pub fn worker_pod(job: &ValidJob, rank: u32, generation: u32) -> Pod {
     let name = job.name;
     let pod_name = consts::pod_name(name, rank);
@@ -108,6 +110,7 @@ pub fn worker_pod(job: &ValidJob, rank: u32, generation: u32) -> Pod {
         spec.priority_class_name
             .clone_from(&scheduling.priority_class_name);
     }
+    super::hardening::harden(&mut spec);
     Pod {
         metadata: meta,
         spec: Some(spec),

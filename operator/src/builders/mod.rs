@@ -4,6 +4,7 @@
 pub mod checkpoint;
 pub mod children;
 pub mod env;
+pub mod hardening;
 pub mod meta;
 pub mod network;
 pub mod progress;

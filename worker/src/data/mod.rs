@@ -262,7 +262,11 @@ mod tests {
         spec.max_file_mib = Some(1);
         let err = load(&spec, &model_spec(), dir.path()).unwrap_err();
         assert!(matches!(err, DataError::TooLarge { .. }), "{err:?}");
-        assert!(err.to_string().contains("d.csv is larger than spec.data.maxFileMiB (1 MiB)"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("d.csv is larger than spec.data.maxFileMiB (1 MiB)"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -45,7 +45,11 @@ pub fn read_maybe_gzipped(path: &Path, max_bytes: u64) -> Result<Vec<u8>, DataEr
 }
 
 /// Everything `reader` holds if it is at most `max_bytes` (`None` beyond), reserving `reserve` bytes first.
-fn read_capped(reader: impl Read, reserve: u64, max_bytes: u64) -> std::io::Result<Option<Vec<u8>>> {
+fn read_capped(
+    reader: impl Read,
+    reserve: u64,
+    max_bytes: u64,
+) -> std::io::Result<Option<Vec<u8>>> {
     let mut out = Vec::with_capacity(usize::try_from(reserve.min(max_bytes)).unwrap_or(0));
     reader
         .take(max_bytes.saturating_add(1))
