@@ -138,8 +138,36 @@ pub fn start_operator_as_chart_with(
     namespace: &str,
     flags: &[&str],
 ) -> Result<std::net::SocketAddr, ClusterError> {
+    start_operator_as_chart_at(plane, namespace, flags).map(|addrs| addrs.metrics)
+}
+
+/// Where an operator started by [`start_operator_as_chart_at`] listens.
+#[derive(Clone, Copy, Debug)]
+pub struct OperatorAddrs {
+    /// /metrics, /healthz and /readyz.
+    pub metrics: std::net::SocketAddr,
+    /// The progress endpoint (listening only with `--progress-url`).
+    pub progress: std::net::SocketAddr,
+}
+
+/// [`start_operator_as_chart_with`], returning both of the operator's addresses.
+pub fn start_operator_as_chart_at(
+    plane: &mut ControlPlane,
+    namespace: &str,
+    flags: &[&str],
+) -> Result<OperatorAddrs, ClusterError> {
+    start_operator_with_chart_values(plane, namespace, &[], flags)
+}
+
+/// [`start_operator_as_chart_at`] with the chart rendered with `helm` arguments `values` (`--set`, `x=y`).
+pub fn start_operator_with_chart_values(
+    plane: &mut ControlPlane,
+    namespace: &str,
+    values: &[&str],
+    flags: &[&str],
+) -> Result<OperatorAddrs, ClusterError> {
     let binary = crate::tools::operator_binary()?;
-    let chart = crate::tools::helm_template(CHART_RELEASE, namespace, &[])?;
+    let chart = crate::tools::helm_template(CHART_RELEASE, namespace, values)?;
     kubectl(plane, &["apply", "--server-side", "-f", "-"], Some(&chart))?;
     let account = format!("{CHART_RELEASE}-rdu-operator");
     let token = service_account_token(plane, namespace, &account)?;
@@ -150,9 +178,11 @@ pub fn start_operator_as_chart_with(
         namespace,
     )?;
     let metrics = std::net::SocketAddr::from(([127, 0, 0, 1], crate::ports::free_port()?));
+    let progress = std::net::SocketAddr::from(([127, 0, 0, 1], crate::ports::free_port()?));
     let mut operator = std::process::Command::new(binary);
     operator
         .arg(format!("--metrics-addr={metrics}"))
+        .arg(format!("--progress-addr={progress}"))
         .arg(format!("--lease-namespace={namespace}"))
         .arg("--identity=e2e-operator")
         .arg("--log-format=text")
@@ -160,7 +190,7 @@ pub fn start_operator_as_chart_with(
         .env("KUBECONFIG", kubeconfig)
         .env("RUST_LOG", "info");
     plane.spawn("rdu-operator", operator)?;
-    Ok(metrics)
+    Ok(OperatorAddrs { metrics, progress })
 }
 
 pub fn service_account_token(

@@ -23,8 +23,9 @@ pub mod tools;
 
 pub use assets::{Assets, AssetsError, assets_or_skip};
 pub use cluster::{
-    CHART_RELEASE, ClusterError, create_namespace, install_crd, kubectl, kubectl_as,
-    service_account_token, start_operator_as_chart, start_operator_as_chart_with,
+    CHART_RELEASE, ClusterError, OperatorAddrs, create_namespace, install_crd, kubectl, kubectl_as,
+    service_account_token, start_operator_as_chart, start_operator_as_chart_at,
+    start_operator_as_chart_with, start_operator_with_chart_values,
 };
 pub use control_plane::{Components, ControlPlane, ControlPlaneError, NodeAccess};
 pub use metrics::{MetricsError, Sample};

@@ -1,8 +1,9 @@
 //! Progress in status (DESIGN 4.8) against a real API server: the operator runs as the chart's ServiceAccount with
-//! `--progress-url`, rank 0's pod gets the projected token, and reports are sent with real pod-bound tokens
-//! from the TokenRequest API (as the kubelet mints them). Forged, foreign, malformed, stale, oversized and too
-//! frequent reports are refused and leave `status.progress` as it was; an accepted one shows in the status, in
-//! `kubectl get rj` and survives the reconciler's own status writes.
+//! `--progress-url`, rank 0's pod gets the projected token, and reports are sent to the operator's progress
+//! listener with real pod-bound tokens from the TokenRequest API (as the kubelet mints them). Forged, foreign,
+//! malformed, stale, oversized and too frequent reports are refused and leave `status.progress` as it was; an
+//! accepted one shows in the status, in `kubectl get rj` and survives the reconciler's own status writes.
+//! (`progress_flood.rs` floods the endpoint.)
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -13,8 +14,8 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use rdu_crds::{ProgressReport, RduJob, StepPoint, TrainingProgress, consts};
 use rdu_e2e::metrics::http_post;
 use rdu_e2e::{
-    Components, ControlPlane, assets_or_skip, create_namespace, install_crd, kubectl, poll_until,
-    start_operator_as_chart_with,
+    Components, ControlPlane, OperatorAddrs, assets_or_skip, create_namespace, install_crd,
+    kubectl, poll_until, start_operator_as_chart_at,
 };
 use serde_json::{Value, json};
 
@@ -22,7 +23,7 @@ const OPERATOR_NAMESPACE: &str = "rdu-system";
 const JOBS: &str = "jobs";
 const TIMEOUT: Duration = Duration::from_secs(90);
 
-async fn plane() -> Option<(ControlPlane, SocketAddr)> {
+async fn plane() -> Option<(ControlPlane, OperatorAddrs)> {
     let assets = assets_or_skip("progress")?;
     let components = Components {
         scheduler: false,
@@ -38,10 +39,10 @@ async fn plane() -> Option<(ControlPlane, SocketAddr)> {
         .await
         .expect("namespace");
     create_namespace(&plane, JOBS).await.expect("namespace");
-    let operator = start_operator_as_chart_with(
+    let operator = start_operator_as_chart_at(
         &mut plane,
         OPERATOR_NAMESPACE,
-        &["--progress-url=http://rdu-rdu-operator-metrics.rdu-system.svc:8080"],
+        &["--progress-url=http://rdu-rdu-operator-progress.rdu-system.svc:8081"],
     )
     .expect("operator starts");
     Some((plane, operator))
@@ -132,9 +133,10 @@ async fn progress_of(jobs: &Api<RduJob>) -> Value {
 
 #[tokio::test]
 async fn only_rank_zero_of_the_current_generation_sets_status_progress() {
-    let Some((plane, operator)) = plane().await else {
+    let Some((plane, addrs)) = plane().await else {
         return;
     };
+    let operator = addrs.progress;
     let client = plane.admin_client().await.expect("client");
     let jobs: Api<RduJob> = Api::namespaced(client.clone(), JOBS);
     let pods: Api<Pod> = Api::namespaced(client.clone(), JOBS);
@@ -178,9 +180,9 @@ async fn only_rank_zero_of_the_current_generation_sets_status_progress() {
     type Case<'a> = (&'a str, Option<&'a str>, Vec<u8>, u16, &'a str);
     let cases: [Case; 8] = [
         ("no token", None, report(0, 10), 401, "bearer"),
-        ("forged token", Some("not-a-token"), report(0, 10), 401, "not accepted"),
-        ("the API server's audience", Some(&api_audience), report(0, 10), 401, "not accepted"),
-        ("rank 1", Some(&token1), report(0, 10), 403, "only rank 0"),
+        ("forged token", Some("not-a-token"), report(0, 10), 401, "not a ServiceAccount token"),
+        ("the API server's audience", Some(&api_audience), report(0, 10), 401, "not rdu.dev/progress"),
+        ("rank 1", Some(&token1), report(0, 10), 403, "does not name rank 0"),
         ("not JSON", Some(&token0), b"{\"generation\":".to_vec(), 400, "not valid JSON"),
         ("another generation", Some(&token0), report(3, 10), 409, "generation 3"),
         ("inconsistent", Some(&token0), br#"{"generation":0,"progress":{"step":9,"totalSteps":8,"epoch":1,"epochs":1,"percent":100}}"#.to_vec(), 422, "past progress.totalSteps"),
@@ -208,6 +210,16 @@ async fn only_rank_zero_of_the_current_generation_sets_status_progress() {
         Value::Null,
         "no refused report changed the status"
     );
+    // The probes' listener does not take reports: the endpoint has a listener of its own.
+    let (code, _) = http_post(
+        addrs.metrics,
+        &consts::progress_path(JOBS, "watched"),
+        &[("Authorization", &format!("Bearer {token0}"))],
+        &report(0, 10),
+    )
+    .await
+    .expect("the metrics listener answers");
+    assert_eq!(code, 404);
 
     // Rank 0's report shows in the status, stamped by the operator.
     let (code, message) = post(operator, Some(&token0), &report(0, 32)).await;
@@ -277,7 +289,9 @@ async fn only_rank_zero_of_the_current_generation_sets_status_progress() {
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", plane.log_tail("rdu-operator", 40)));
 
-    let metrics = rdu_e2e::metrics::scrape(operator).await.expect("metrics");
+    let metrics = rdu_e2e::metrics::scrape(addrs.metrics)
+        .await
+        .expect("metrics");
     for (outcome, n) in [
         ("accepted", 1),
         ("forbidden", 1),

@@ -14,6 +14,7 @@ pub mod nodes;
 pub mod ownership;
 pub mod progress;
 pub mod reconcile;
+pub mod serve;
 pub mod slow_start;
 pub mod status_writes;
 pub mod step;

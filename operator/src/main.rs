@@ -1,4 +1,5 @@
-//! The `rdu-operator` binary: flags, logging, leader election, the controller, and the metrics/health server.
+//! The `rdu-operator` binary: flags, logging, leader election, the controller, the metrics/health server and the
+//! progress endpoint's server.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -24,6 +25,7 @@ use rdu_operator::nodes::fingerprint;
 use rdu_operator::progress::ProgressService;
 use rdu_operator::progress::review::ApiTokenReviewer;
 use rdu_operator::progress::writer::write_progress;
+use rdu_operator::serve::{HEALTH_LIMITS, PROGRESS_LIMITS, serve};
 use rdu_operator::validate::DEFAULT_MAX_WORKERS_PER_JOB;
 use rdu_operator::{Context, FIELD_MANAGER, Limits, error_policy, reconcile};
 use tracing::{error, info, warn};
@@ -65,10 +67,15 @@ struct Args {
     /// pending pods: pods held back would never make it scale.
     #[arg(long, env = "RDU_WAIT_FOR_ROOM", default_value_t = true, action = clap::ArgAction::Set)]
     wait_for_room: bool,
-    /// This operator's base URL as rank 0's pods reach it (`http://<service>.<namespace>.svc:<port>`): rank 0
-    /// reports progress there with a projected ServiceAccount token (DESIGN 4.8). Unset: no progress in status.
+    /// This operator's progress endpoint as rank 0's pods reach it (`http://<service>.<namespace>.svc:<port>`,
+    /// a Service in front of --progress-addr): rank 0 reports progress there with a projected ServiceAccount token
+    /// (DESIGN 4.8). Unset: no progress in status, and no progress listener.
     #[arg(long, env = "RDU_PROGRESS_URL")]
     progress_url: Option<String>,
+    /// Address of the progress endpoint, a listener of its own (with --progress-url): a flood of reports never
+    /// reaches /healthz.
+    #[arg(long, env = "RDU_PROGRESS_ADDR", default_value = "0.0.0.0:8081")]
+    progress_addr: SocketAddr,
     /// The largest `spec.workers` this operator runs (1 to 4096, the API's ceiling): a larger job fails with a
     /// Failed condition naming spec.workers, its value and this limit.
     #[arg(long, env = "RDU_MAX_WORKERS_PER_JOB", default_value_t = DEFAULT_MAX_WORKERS_PER_JOB,
@@ -103,14 +110,23 @@ async fn main() -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.metrics_addr)
         .await
         .with_context(|| format!("cannot listen on --metrics-addr {}", args.metrics_addr))?;
-    let routes = rdu_operator::health::router(health.clone()).merge(
-        rdu_operator::progress::router(progress.clone(), metrics.clone()),
-    );
+    let routes = rdu_operator::health::router(health.clone());
     tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, routes).await {
+        if let Err(e) = serve(listener, routes, HEALTH_LIMITS).await {
             error!(error = %e, "metrics server stopped");
         }
     });
+    if args.progress_url.is_some() {
+        let listener = tokio::net::TcpListener::bind(args.progress_addr)
+            .await
+            .with_context(|| format!("cannot listen on --progress-addr {}", args.progress_addr))?;
+        let routes = rdu_operator::progress::router(progress.clone(), metrics.clone());
+        tokio::spawn(async move {
+            if let Err(e) = serve(listener, routes, PROGRESS_LIMITS).await {
+                error!(error = %e, "progress server stopped");
+            }
+        });
+    }
 
     let elector = LeaderElector::new(
         client.clone(),

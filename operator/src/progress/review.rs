@@ -1,19 +1,12 @@
 //! Who sent a progress report: the API server's TokenReview of the caller's bearer token, for the progress
-//! audience only, narrowed to the pod the token is bound to; successful reviews are cached for a minute.
-
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+//! audience only, narrowed to the pod the token is bound to. Which tokens are reviewed, how many at once and
+//! what is remembered of the answers is `super::reviews`.
 
 use futures::future::BoxFuture;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, TokenReviewStatus};
 use kube::api::{Api, PostParams};
 use rdu_crds::consts::PROGRESS_TOKEN_AUDIENCE;
 
-/// How long a successful review is reused for the same token.
-pub const REVIEW_CACHE_TTL: Duration = Duration::from_secs(60);
-/// Most tokens the cache keeps (a job's rank 0 uses one at a time).
-const REVIEW_CACHE_ENTRIES: usize = 1024;
 const POD_NAME_EXTRA: &str = "authentication.kubernetes.io/pod-name";
 const POD_UID_EXTRA: &str = "authentication.kubernetes.io/pod-uid";
 const SERVICE_ACCOUNT_PREFIX: &str = "system:serviceaccount:";
@@ -82,65 +75,33 @@ pub fn identity_from(status: &TokenReviewStatus) -> Result<PodIdentity, ReviewEr
     })
 }
 
-/// Reviews tokens with the API server's TokenReview API (RBAC: `create tokenreviews`).
+/// Reviews tokens with the API server's TokenReview API (RBAC: `create tokenreviews`), one request per call.
 pub struct ApiTokenReviewer {
     client: kube::Client,
-    cache: Mutex<HashMap<String, (PodIdentity, Instant)>>,
 }
 
 impl ApiTokenReviewer {
     pub fn new(client: kube::Client) -> Self {
-        ApiTokenReviewer {
-            client,
-            cache: Mutex::default(),
-        }
-    }
-
-    fn cached(&self, token: &str) -> Option<PodIdentity> {
-        let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        cache
-            .get(token)
-            .filter(|(_, at)| at.elapsed() < REVIEW_CACHE_TTL)
-            .map(|(identity, _)| identity.clone())
-    }
-
-    fn remember(&self, token: &str, identity: &PodIdentity) {
-        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        if cache.len() >= REVIEW_CACHE_ENTRIES {
-            cache.retain(|_, (_, at)| at.elapsed() < REVIEW_CACHE_TTL);
-            if cache.len() >= REVIEW_CACHE_ENTRIES {
-                cache.clear();
-            }
-        }
-        cache.insert(token.to_string(), (identity.clone(), Instant::now()));
-    }
-
-    async fn ask(&self, token: &str) -> Result<PodIdentity, ReviewError> {
-        let review = TokenReview {
-            spec: TokenReviewSpec {
-                token: Some(token.to_string()),
-                audiences: Some(vec![PROGRESS_TOKEN_AUDIENCE.to_string()]),
-            },
-            ..Default::default()
-        };
-        let reviews: Api<TokenReview> = Api::all(self.client.clone());
-        let answer = reviews
-            .create(&PostParams::default(), &review)
-            .await
-            .map_err(|e| ReviewError::Unavailable(e.to_string()))?;
-        identity_from(&answer.status.unwrap_or_default())
+        ApiTokenReviewer { client }
     }
 }
 
 impl TokenReviewer for ApiTokenReviewer {
     fn review<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<PodIdentity, ReviewError>> {
         Box::pin(async move {
-            if let Some(identity) = self.cached(token) {
-                return Ok(identity);
-            }
-            let identity = self.ask(token).await?;
-            self.remember(token, &identity);
-            Ok(identity)
+            let review = TokenReview {
+                spec: TokenReviewSpec {
+                    token: Some(token.to_string()),
+                    audiences: Some(vec![PROGRESS_TOKEN_AUDIENCE.to_string()]),
+                },
+                ..Default::default()
+            };
+            let reviews: Api<TokenReview> = Api::all(self.client.clone());
+            let answer = reviews
+                .create(&PostParams::default(), &review)
+                .await
+                .map_err(|e| ReviewError::Unavailable(e.to_string()))?;
+            identity_from(&answer.status.unwrap_or_default())
         })
     }
 }

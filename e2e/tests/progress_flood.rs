@@ -1,0 +1,415 @@
+//! The progress endpoint under a flood (issue 22, item 2), against a real API server, with the operator running as
+//! the chart's ServiceAccount: thousands of reports with bogus tokens (garbage, forged claims of a job that does
+//! not exist, forged claims of a real rank 0 with its real UID, a real token of rank 1) and a slow-loris of
+//! connections that never finish their request head. The TokenReviews the API server itself counts
+//! (`apiserver_request_total{resource="tokenreviews"}`) stay bounded by one review per second for each rank 0
+//! whose UID the forger knows, whatever the number of reports, `/healthz` keeps answering on its own listener, the slow connections are cut at the header timeout,
+//! rank 0's real reports are still accepted (its token remembered, and a fresh one after), and a stranger gets
+//! the same answer for a job of another namespace as for one that does not exist.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use kube::api::{Api, PostParams};
+use rdu_crds::{ProgressReport, StepPoint, TrainingProgress, consts};
+use rdu_e2e::metrics::{http_get, http_post};
+use rdu_e2e::{
+    Components, ControlPlane, assets_or_skip, create_namespace, install_crd, kubectl, poll_until,
+    start_operator_as_chart_at,
+};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const OPERATOR_NAMESPACE: &str = "rdu-system";
+const JOBS: &str = "jobs";
+const OTHER: &str = "other-team";
+const TIMEOUT: Duration = Duration::from_secs(90);
+/// Bogus reports sent, and how many at once.
+const FLOOD: usize = 4000;
+const FLOOD_CONCURRENCY: usize = 32;
+/// Connections that dribble a request head one byte at a time.
+const SLOW_LORIS: usize = 100;
+/// The operator's header-read timeout (`rdu_operator::serve::PROGRESS_LIMITS`).
+const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn job_yaml(name: &str, namespace: &str) -> String {
+    json!({
+        "apiVersion": "rdu.dev/v1alpha1", "kind": "RduJob",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"workers": 2, "tilesPerWorker": 1, "image": "rdu-worker:0.1.0",
+                 "model": {"name": "ffn-logreg", "hiddenSizes": [16]},
+                 "data": {"source": "synthetic", "samples": 512},
+                 "training": {"epochs": 2, "batchSize": 8, "learningRate": 0.1}}
+    })
+    .to_string()
+}
+
+async fn pod(client: &kube::Client, namespace: &str, name: &str) -> Pod {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    poll_until(&format!("pod {namespace}/{name}"), TIMEOUT, || async {
+        pods.get(name).await.map_err(|e| e.to_string())
+    })
+    .await
+    .expect("pod")
+}
+
+/// A progress token the TokenRequest API binds to `pod`, as the kubelet mints it.
+async fn pod_token(client: &kube::Client, pod: &Pod) -> String {
+    let namespace = pod.metadata.namespace.clone().expect("namespace");
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), &namespace);
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: vec![consts::PROGRESS_TOKEN_AUDIENCE.to_string()],
+            bound_object_ref: Some(BoundObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: pod.metadata.name.clone(),
+                uid: pod.metadata.uid.clone(),
+            }),
+            expiration_seconds: Some(600),
+        },
+        ..Default::default()
+    };
+    let answer = poll_until("a pod-bound token", TIMEOUT, || async {
+        accounts
+            .create_token_request("default", &PostParams::default(), &request)
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .expect("TokenRequest");
+    answer.status.expect("token status").token
+}
+
+/// A token with the claims the API server would write for `namespace/pod` (UID `uid`), signed by no one.
+fn forged(namespace: &str, pod: &str, uid: &str, salt: usize) -> String {
+    let exp = jiff::Timestamp::now().as_second() + 600;
+    let claims = json!({
+        "aud": [consts::PROGRESS_TOKEN_AUDIENCE], "exp": exp, "iat": exp - 600, "nbf": exp - 600,
+        "iss": "https://kubernetes.default.svc", "jti": salt.to_string(),
+        "kubernetes.io": {"namespace": namespace, "pod": {"name": pod, "uid": uid},
+                          "serviceaccount": {"name": "default", "uid": "x"}},
+        "sub": format!("system:serviceaccount:{namespace}:default"),
+    });
+    let part = |bytes: &[u8]| URL_SAFE_NO_PAD.encode(bytes);
+    format!(
+        "{}.{}.{}",
+        part(br#"{"alg":"RS256","kid":"forged"}"#),
+        part(claims.to_string().as_bytes()),
+        part(format!("signature-{salt}").as_bytes())
+    )
+}
+
+fn report(step: u64) -> Vec<u8> {
+    let progress = TrainingProgress::at(StepPoint {
+        step,
+        total_steps: 128,
+        start_step: 0,
+        epoch: 1,
+        epochs: 2,
+        loss: 0.75,
+        elapsed_seconds: 4.0,
+        samples: step * 16,
+    });
+    serde_json::to_vec(&ProgressReport {
+        generation: 0,
+        progress,
+    })
+    .expect("json")
+}
+
+/// What the flood sends.
+struct Bogus {
+    rank0_uid: String,
+    hidden_uid: String,
+    rank1_token: String,
+}
+
+impl Bogus {
+    /// The `i`-th bogus report's namespace, job and token.
+    fn nth(&self, i: usize) -> (&'static str, &'static str, String) {
+        match i % 5 {
+            0 => (JOBS, "watched", format!("garbage-{i}")),
+            1 => (
+                JOBS,
+                "ghost",
+                forged(JOBS, "ghost-worker-0", "no-such-uid", i),
+            ),
+            2 => (
+                JOBS,
+                "watched",
+                forged(JOBS, "watched-worker-0", &self.rank0_uid, i),
+            ),
+            3 => (JOBS, "watched", self.rank1_token.clone()),
+            _ => (
+                OTHER,
+                "hidden",
+                forged(OTHER, "hidden-worker-0", &self.hidden_uid, i),
+            ),
+        }
+    }
+}
+
+async fn post(addr: SocketAddr, namespace: &str, job: &str, token: &str, step: u64) -> u16 {
+    post_full(addr, namespace, job, token, step).await.0
+}
+
+async fn post_full(
+    addr: SocketAddr,
+    namespace: &str,
+    job: &str,
+    token: &str,
+    step: u64,
+) -> (u16, String) {
+    let bearer = format!("Bearer {token}");
+    http_post(
+        addr,
+        &consts::progress_path(namespace, job),
+        &[
+            ("Content-Type", "application/json"),
+            ("Authorization", &bearer),
+        ],
+        &report(step),
+    )
+    .await
+    .expect("the operator answers")
+}
+
+/// TokenReviews the API server has served so far.
+async fn token_reviews(client: &kube::Client) -> f64 {
+    let text = rdu_e2e::metrics::apiserver_metrics(client)
+        .await
+        .expect("API server metrics");
+    let samples = rdu_e2e::metrics::parse(&text);
+    rdu_e2e::metrics::sum(
+        &samples,
+        "apiserver_request_total",
+        &[("resource", "tokenreviews")],
+    )
+}
+
+/// Opens a connection that sends a request head one byte every 200 ms; how long until the server closes it.
+async fn slow_loris(addr: SocketAddr, give_up: Duration) -> Option<Duration> {
+    let started = Instant::now();
+    let mut stream = TcpStream::connect(addr).await.ok()?;
+    let head = format!(
+        "POST {} HTTP/1.1\r\nHost: op\r\nX-Slow: ",
+        consts::progress_path(JOBS, "watched")
+    );
+    stream.write_all(head.as_bytes()).await.ok()?;
+    let mut byte = [0u8; 1];
+    while started.elapsed() < give_up {
+        if stream.write_all(b"z").await.is_err() {
+            return Some(started.elapsed());
+        }
+        let read = tokio::time::timeout(Duration::from_millis(200), stream.read(&mut byte));
+        if let Ok(Ok(0) | Err(_)) = read.await {
+            return Some(started.elapsed());
+        }
+    }
+    None
+}
+
+#[tokio::test]
+async fn a_flood_of_bogus_reports_costs_bounded_token_reviews_and_starves_no_one() {
+    let Some(assets) = assets_or_skip("progress flood") else {
+        return;
+    };
+    let components = Components {
+        scheduler: false,
+        controller_manager: true,
+        node: None,
+    };
+    let mut plane = ControlPlane::start(&assets, components)
+        .await
+        .expect("control plane");
+    install_crd(&plane).await.expect("CRD");
+    for namespace in [OPERATOR_NAMESPACE, JOBS, OTHER] {
+        create_namespace(&plane, namespace)
+            .await
+            .expect("namespace");
+    }
+    let addrs = start_operator_as_chart_at(
+        &mut plane,
+        OPERATOR_NAMESPACE,
+        &["--progress-url=http://rdu-rdu-operator-progress.rdu-system.svc:8081"],
+    )
+    .expect("operator starts");
+    let client = plane.admin_client().await.expect("client");
+    for (name, namespace) in [("watched", JOBS), ("hidden", OTHER)] {
+        kubectl(
+            &plane,
+            &["apply", "-f", "-"],
+            Some(&job_yaml(name, namespace)),
+        )
+        .expect("apply");
+    }
+    let rank0 = pod(&client, JOBS, "watched-worker-0").await;
+    let rank1 = pod(&client, JOBS, "watched-worker-1").await;
+    let hidden0 = pod(&client, OTHER, "hidden-worker-0").await;
+    let uid = |pod: &Pod| pod.metadata.uid.clone().expect("uid");
+    let token0 = pod_token(&client, &rank0).await;
+    let token1 = pod_token(&client, &rank1).await;
+
+    // Rank 0's first report: accepted, its token reviewed once and remembered.
+    let progress = addrs.progress;
+    poll_until("rank 0's first report", TIMEOUT, || async {
+        match post(progress, JOBS, "watched", &token0, 1).await {
+            202 => Ok(()),
+            other => Err(format!("status {other}")),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", plane.log_tail("rdu-operator", 40)));
+
+    // A stranger learns nothing from the answers: a job of another namespace whose rank 0 it names (with a guessed
+    // UID) answers exactly as a job that does not exist.
+    let stranger = |job: &str, pod: &str| {
+        let token = forged(OTHER, pod, "guessed-uid", 0);
+        let job = job.to_string();
+        async move { post_full(progress, OTHER, &job, &token, 1).await }
+    };
+    let (hidden_code, hidden_text) = stranger("hidden", "hidden-worker-0").await;
+    let (ghost_code, ghost_text) = stranger("ghost", "ghost-worker-0").await;
+    assert_eq!(hidden_code, 403, "{hidden_text}");
+    assert_eq!(
+        (hidden_code, hidden_text.replace("hidden", "JOB")),
+        (ghost_code, ghost_text.replace("ghost", "JOB"))
+    );
+
+    let reviews_before = token_reviews(&client).await;
+    let flood_started = Instant::now();
+
+    // The slow-loris: connections that never finish their request head.
+    let slow: Vec<_> = (0..SLOW_LORIS)
+        .map(|_| tokio::spawn(slow_loris(progress, 4 * HEADER_TIMEOUT)))
+        .collect();
+
+    // The probes' listener, watched while everything else runs.
+    let metrics = addrs.metrics;
+    let probing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let probe = {
+        let probing = probing.clone();
+        tokio::spawn(async move {
+            let mut slowest = Duration::ZERO;
+            let mut answered = 0;
+            while probing.load(std::sync::atomic::Ordering::SeqCst) {
+                let started = Instant::now();
+                let (code, _) =
+                    tokio::time::timeout(Duration::from_secs(5), http_get(metrics, "/healthz"))
+                        .await
+                        .expect("/healthz answers within 5 s")
+                        .expect("/healthz");
+                assert_eq!(code, 200);
+                slowest = slowest.max(started.elapsed());
+                answered += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            (answered, slowest)
+        })
+    };
+
+    // The flood: bogus tokens of every kind, round robin.
+    let bogus = Arc::new(Bogus {
+        rank0_uid: uid(&rank0),
+        hidden_uid: uid(&hidden0),
+        rank1_token: token1.clone(),
+    });
+    let senders: Vec<_> = (0..FLOOD_CONCURRENCY)
+        .map(|worker| {
+            let bogus = bogus.clone();
+            tokio::spawn(async move {
+                let mut codes = std::collections::BTreeMap::<u16, usize>::new();
+                for i in (worker..FLOOD).step_by(FLOOD_CONCURRENCY) {
+                    let (namespace, job, token) = bogus.nth(i);
+                    let code = post(progress, namespace, job, &token, 2).await;
+                    *codes.entry(code).or_default() += 1;
+                }
+                codes
+            })
+        })
+        .collect();
+
+    // Meanwhile rank 0 keeps reporting (its token remembered): accepted despite the flood.
+    poll_until("rank 0 accepted during the flood", TIMEOUT, || async {
+        match post(progress, JOBS, "watched", &token0, 3).await {
+            202 => Ok(()),
+            other => Err(format!("status {other}")),
+        }
+    })
+    .await
+    .expect("rank 0 served");
+
+    let mut codes = std::collections::BTreeMap::<u16, usize>::new();
+    for sender in senders {
+        for (code, n) in sender.await.expect("sender") {
+            *codes.entry(code).or_default() += n;
+        }
+    }
+    let flood_seconds = flood_started.elapsed().as_secs_f64();
+    eprintln!("{FLOOD} bogus reports in {flood_seconds:.1} s: {codes:?}");
+    assert_eq!(codes.values().sum::<usize>(), FLOOD);
+    assert!(
+        codes.keys().all(|code| [401, 403, 429].contains(code)),
+        "only refusals: {codes:?}"
+    );
+
+    let mut held = Vec::new();
+    for connection in slow {
+        held.push(
+            connection
+                .await
+                .expect("slow-loris task")
+                .expect("the operator closed the slow connection"),
+        );
+    }
+    let longest = held.iter().max().copied().unwrap_or_default();
+    eprintln!("slow-loris: {SLOW_LORIS} connections, the longest held {longest:?}");
+    assert!(
+        longest >= HEADER_TIMEOUT - Duration::from_millis(500),
+        "{longest:?}"
+    );
+    assert!(
+        longest < 2 * HEADER_TIMEOUT,
+        "cut at the header timeout: {longest:?}"
+    );
+
+    probing.store(false, std::sync::atomic::Ordering::SeqCst);
+    let (answered, slowest) = probe.await.expect("probe");
+    eprintln!("/healthz: {answered} probes, the slowest {slowest:?}");
+    assert!(slowest < Duration::from_secs(1), "{slowest:?}");
+
+    // The API server's own count: forged claims naming a current rank 0 with its real UID (the flood's two such
+    // kinds, one per job) cost at most one review per second each; everything else none.
+    let reviews = token_reviews(&client).await - reviews_before;
+    let bound = 2.0 * flood_started.elapsed().as_secs_f64().ceil() + 2.0;
+    eprintln!("TokenReviews during the flood: {reviews} (bound {bound})");
+    assert!(
+        reviews <= bound,
+        "{reviews} TokenReviews for {FLOOD} bogus reports"
+    );
+
+    // A fresh token of rank 0 (the kubelet rotated it) is reviewed and accepted.
+    let fresh = pod_token(&client, &rank0).await;
+    poll_until("a fresh rank-0 token accepted", TIMEOUT, || async {
+        match post(progress, JOBS, "watched", &fresh, 4).await {
+            202 => Ok(()),
+            other => Err(format!("status {other}")),
+        }
+    })
+    .await
+    .expect("fresh token accepted");
+    let metrics = rdu_e2e::metrics::scrape(addrs.metrics)
+        .await
+        .expect("metrics");
+    assert!(
+        metrics.contains("rdu_operator_progress_reports_total{outcome=\"accepted\"} 3"),
+        "{metrics}"
+    );
+}
