@@ -40,8 +40,9 @@ pub enum ControlPlaneError {
 pub struct Components {
     /// kube-scheduler: binds pods to Nodes.
     pub scheduler: bool,
-    /// kube-controller-manager with the garbage collector, the ServiceAccount controller and the
-    /// ValidatingAdmissionPolicy status controller (which type-checks policies); with `node`, every
+    /// kube-controller-manager with the garbage collector, the ServiceAccount controller, the
+    /// ValidatingAdmissionPolicy status controller (which type-checks policies) and the ClusterRole aggregation
+    /// controller (which fills the built-in admin, edit and view roles); with `node`, every
     /// default controller (Deployments, DaemonSets, EndpointSlices, node lifecycle, volumes...).
     pub controller_manager: bool,
     /// Serve real nodes (e2e/src/node) too.
@@ -237,7 +238,7 @@ impl ControlPlane {
                     "--controllers=*"
                 } else {
                     "--controllers=garbage-collector-controller,serviceaccount-controller,\
-                     validatingadmissionpolicy-status-controller"
+                     validatingadmissionpolicy-status-controller,clusterrole-aggregation-controller"
                 })
                 .arg(format!("--root-ca-file={}", plane.ca_cert.display()))
                 .arg("--use-service-account-credentials=false")

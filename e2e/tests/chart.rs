@@ -1,6 +1,8 @@
 //! The Helm chart renders, its objects are accepted by the API server (server-side dry run), and its
-//! ClusterRole/Role grant exactly the operator's API use (COMMON contract), nothing more, and the device plugin's
-//! role exactly the pod annotation it writes, on its own node's pods only.
+//! ClusterRole/Role grant exactly the operator's API use (COMMON contract), nothing more (a Role in the watched
+//! namespace with `operator.watchNamespace`, names on the CRD and Lease rules), and the device plugin's role
+//! exactly the pod annotation it writes, on its own node's pods only; RduJob roles for people aggregate into the
+//! built-in `edit` and `view`; NetworkPolicies guard the release's own pods.
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
@@ -17,15 +19,30 @@ use std::time::Duration;
 
 const NAMESPACE: &str = "rdu-system";
 
-/// (apiGroup, resource, verb) triples.
-type Grants = BTreeSet<(String, String, String)>;
+/// (apiGroup, resource, verb, resource name: empty for any) tuples.
+type Grants = BTreeSet<(String, String, String, String)>;
 
-fn grants(rules: &[(&str, &[&str], &[&str])]) -> Grants {
+/// A rule as (apiGroup, resources, verbs, resourceNames: none for any).
+type Rule<'a> = (&'a str, &'a [&'a str], &'a [&'a str], &'a [&'a str]);
+
+fn grants(rules: &[Rule]) -> Grants {
     let mut set = Grants::new();
-    for (group, resources, verbs) in rules {
+    for (group, resources, verbs, names) in rules {
+        let names: Vec<&str> = if names.is_empty() {
+            vec![""]
+        } else {
+            names.to_vec()
+        };
         for r in *resources {
             for v in *verbs {
-                set.insert((group.to_string(), r.to_string(), v.to_string()));
+                for n in &names {
+                    set.insert((
+                        group.to_string(),
+                        r.to_string(),
+                        v.to_string(),
+                        n.to_string(),
+                    ));
+                }
             }
         }
     }
@@ -47,10 +64,16 @@ fn rendered_grants(docs: &[Value], kind: &str, name: &str) -> Grants {
                     .filter_map(|v| v.as_str().map(str::to_string))
                     .collect()
             };
+            let mut names = strings("resourceNames");
+            if names.is_empty() {
+                names.push(String::new());
+            }
             for g in strings("apiGroups") {
                 for r in strings("resources") {
                     for v in strings("verbs") {
-                        set.insert((g.clone(), r.clone(), v));
+                        for n in &names {
+                            set.insert((g.clone(), r.clone(), v.clone(), n.clone()));
+                        }
                     }
                 }
             }
@@ -66,44 +89,78 @@ fn documents(yaml: &str) -> Vec<Value> {
         .collect()
 }
 
+/// The operator's grants in the namespaces of its jobs (DESIGN 5.1).
+const JOB_NAMESPACE_RULES: &[Rule] = &[
+    ("rdu.dev", &["rdujobs"], &["list", "watch", "delete"], &[]),
+    ("rdu.dev", &["rdujobs/status"], &["patch"], &[]),
+    (
+        "",
+        &["pods"],
+        &["list", "watch", "get", "create", "delete"],
+        &[],
+    ),
+    (
+        "",
+        &["services"],
+        &["list", "watch", "get", "create", "patch"],
+        &[],
+    ),
+    // Secrets: the token Secret created, an existing one read to see whose it is; never listed or changed.
+    ("", &["secrets"], &["get", "create"], &[]),
+    ("", &["persistentvolumeclaims"], &["get", "create"], &[]),
+    (
+        "networking.k8s.io",
+        &["networkpolicies"],
+        &["get", "create", "patch"],
+        &[],
+    ),
+    ("events.k8s.io", &["events"], &["create", "patch"], &[]),
+    (
+        "scheduling.x-k8s.io",
+        &["podgroups"],
+        &["get", "create", "patch"],
+        &[],
+    ),
+];
+
+/// The operator's cluster-scoped grants, whatever it watches.
+const CLUSTER_RULES: &[Rule] = &[
+    // Nodes: which are lost, what room they have (DESIGN 5).
+    ("", &["nodes"], &["list", "watch"], &[]),
+    // Is the PodGroup CRD installed? That CRD only.
+    (
+        "apiextensions.k8s.io",
+        &["customresourcedefinitions"],
+        &["get"],
+        &["podgroups.scheduling.x-k8s.io"],
+    ),
+    // Progress reports: who sent one (DESIGN 4.8).
+    ("authentication.k8s.io", &["tokenreviews"], &["create"], &[]),
+];
+
+/// Every kind of role the rendered chart holds.
+fn roles(docs: &[Value]) -> Vec<(String, String)> {
+    docs.iter()
+        .filter(|d| d["kind"].as_str().is_some_and(|k| k.ends_with("Role")))
+        .map(|d| {
+            let kind = d["kind"].as_str().unwrap_or_default().to_string();
+            let name = d["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            (kind, name)
+        })
+        .collect()
+}
+
 #[test]
 fn the_chart_grants_exactly_the_operators_api_use() {
     let Some(_assets) = assets_or_skip("chart rbac") else {
         return;
     };
     let docs = documents(&helm_template("rdu", NAMESPACE, &[]).expect("helm template"));
-    let cluster = grants(&[
-        ("rdu.dev", &["rdujobs"], &["list", "watch", "delete"]),
-        ("rdu.dev", &["rdujobs/status"], &["patch"]),
-        ("", &["pods"], &["list", "watch", "get", "create", "delete"]),
-        (
-            "",
-            &["services"],
-            &["list", "watch", "get", "create", "patch"],
-        ),
-        ("", &["secrets"], &["get", "create"]),
-        ("", &["persistentvolumeclaims"], &["get", "create"]),
-        (
-            "networking.k8s.io",
-            &["networkpolicies"],
-            &["get", "create", "patch"],
-        ),
-        ("events.k8s.io", &["events"], &["create", "patch"]),
-        (
-            "scheduling.x-k8s.io",
-            &["podgroups"],
-            &["get", "create", "patch"],
-        ),
-        // Nodes: which are lost, what room they have (DESIGN 5).
-        ("", &["nodes"], &["list", "watch"]),
-        (
-            "apiextensions.k8s.io",
-            &["customresourcedefinitions"],
-            &["get"],
-        ),
-        // Progress reports: who sent one (DESIGN 4.8).
-        ("authentication.k8s.io", &["tokenreviews"], &["create"]),
-    ]);
+    let mut cluster = grants(JOB_NAMESPACE_RULES);
+    cluster.extend(grants(CLUSTER_RULES));
     assert_eq!(
         rendered_grants(&docs, "ClusterRole", "rdu-rdu-operator"),
         cluster
@@ -111,21 +168,35 @@ fn the_chart_grants_exactly_the_operators_api_use() {
     // The device plugin's own role: only writing pods' `rdu.dev/tiles` annotation.
     assert_eq!(
         rendered_grants(&docs, "ClusterRole", "rdu-rdu-operator-device-plugin"),
-        grants(&[("", &["pods"], &["patch"])])
+        grants(&[("", &["pods"], &["patch"], &[])])
     );
-    let roles = docs
-        .iter()
-        .filter(|d| d["kind"].as_str().is_some_and(|k| k.ends_with("Role")))
-        .count();
+    let mut expected_roles = [
+        ("ClusterRole", "rdu-rdu-operator"),
+        ("ClusterRole", "rdu-rdu-operator-device-plugin"),
+        ("ClusterRole", "rdu-rdu-operator-edit"),
+        ("ClusterRole", "rdu-rdu-operator-view"),
+        ("Role", "rdu-rdu-operator-leader-election"),
+    ];
+    expected_roles.sort();
+    let mut found = roles(&docs);
+    found.sort();
     assert_eq!(
-        roles, 3,
-        "the operator's ClusterRole and Role, the plugin's ClusterRole"
+        found,
+        expected_roles
+            .iter()
+            .map(|(k, n)| (k.to_string(), n.to_string()))
+            .collect::<Vec<_>>()
     );
-    let lease = grants(&[(
-        "coordination.k8s.io",
-        &["leases"],
-        &["get", "create", "update"],
-    )]);
+    // The Lease: any may be created (RBAC cannot name a create's object), only the operator's read and updated.
+    let lease = grants(&[
+        ("coordination.k8s.io", &["leases"], &["create"], &[]),
+        (
+            "coordination.k8s.io",
+            &["leases"],
+            &["get", "update"],
+            &["rdu-operator"],
+        ),
+    ]);
     assert_eq!(
         rendered_grants(&docs, "Role", "rdu-rdu-operator-leader-election"),
         lease
@@ -135,6 +206,181 @@ fn the_chart_grants_exactly_the_operators_api_use() {
         .find(|d| d["kind"].as_str() == Some("Role"))
         .unwrap();
     assert_eq!(role["metadata"]["namespace"].as_str(), Some(NAMESPACE));
+    let other_lease = helm_template("rdu", NAMESPACE, &["--set", "operator.leaseName=elsewhere"])
+        .expect("helm template");
+    assert!(
+        rendered_grants(
+            &documents(&other_lease),
+            "Role",
+            "rdu-rdu-operator-leader-election"
+        )
+        .iter()
+        .any(|(_, _, verb, name)| verb == "update" && name == "elsewhere")
+    );
+}
+
+#[test]
+fn a_watched_namespace_gets_a_role_and_the_cluster_role_keeps_only_what_is_cluster_scoped() {
+    let Some(_assets) = assets_or_skip("chart rbac watchNamespace") else {
+        return;
+    };
+    let docs = documents(
+        &helm_template("rdu", NAMESPACE, &["--set", "operator.watchNamespace=ml"])
+            .expect("helm template"),
+    );
+    assert_eq!(
+        rendered_grants(&docs, "ClusterRole", "rdu-rdu-operator"),
+        grants(CLUSTER_RULES)
+    );
+    assert_eq!(
+        rendered_grants(&docs, "Role", "rdu-rdu-operator"),
+        grants(JOB_NAMESPACE_RULES)
+    );
+    let in_ml = |kind: &str| {
+        docs.iter().any(|d| {
+            d["kind"].as_str() == Some(kind)
+                && d["metadata"]["name"].as_str() == Some("rdu-rdu-operator")
+                && d["metadata"]["namespace"].as_str() == Some("ml")
+        })
+    };
+    assert!(in_ml("Role") && in_ml("RoleBinding"));
+}
+
+#[test]
+fn rdujobs_roles_for_people_aggregate_into_the_built_in_ones() {
+    let Some(_assets) = assets_or_skip("chart aggregated roles") else {
+        return;
+    };
+    let docs = documents(&helm_template("rdu", NAMESPACE, &[]).expect("helm template"));
+    let everything = [
+        "create",
+        "delete",
+        "deletecollection",
+        "get",
+        "list",
+        "patch",
+        "update",
+        "watch",
+    ];
+    assert_eq!(
+        rendered_grants(&docs, "ClusterRole", "rdu-rdu-operator-edit"),
+        grants(&[("rdu.dev", &["rdujobs"], &everything, &[])])
+    );
+    assert_eq!(
+        rendered_grants(&docs, "ClusterRole", "rdu-rdu-operator-view"),
+        grants(&[(
+            "rdu.dev",
+            &["rdujobs", "rdujobs/status"],
+            &["get", "list", "watch"],
+            &[]
+        )])
+    );
+    let label = |name: &str, key: &str| {
+        docs.iter()
+            .find(|d| d["metadata"]["name"].as_str() == Some(name))
+            .and_then(|d| d["metadata"]["labels"][key].as_str().map(str::to_string))
+    };
+    let aggregate = |to: &str| format!("rbac.authorization.k8s.io/aggregate-to-{to}");
+    assert_eq!(
+        label("rdu-rdu-operator-edit", &aggregate("edit")).as_deref(),
+        Some("true")
+    );
+    assert_eq!(
+        label("rdu-rdu-operator-edit", &aggregate("admin")).as_deref(),
+        Some("true")
+    );
+    assert_eq!(
+        label("rdu-rdu-operator-view", &aggregate("view")).as_deref(),
+        Some("true")
+    );
+    let without = documents(
+        &helm_template(
+            "rdu",
+            NAMESPACE,
+            &["--set", "rbac.aggregateToDefaultRoles=false"],
+        )
+        .expect("helm template"),
+    );
+    assert!(
+        !roles(&without)
+            .iter()
+            .any(|(_, name)| name.ends_with("-edit") || name.ends_with("-view"))
+    );
+}
+
+#[test]
+fn the_release_namespace_has_network_policies_for_the_operator_and_the_plugin() {
+    let Some(_assets) = assets_or_skip("chart network policies") else {
+        return;
+    };
+    let policy = |docs: &[Value], name: &str| -> serde_json::Value {
+        let found = docs.iter().find(|d| {
+            d["kind"].as_str() == Some("NetworkPolicy")
+                && d["metadata"]["name"].as_str() == Some(name)
+        });
+        serde_json::to_value(found.expect(name)).expect("json")
+    };
+    let docs = documents(&helm_template("rdu", NAMESPACE, &[]).expect("helm template"));
+    let operator = policy(&docs, "rdu-rdu-operator-operator");
+    assert_eq!(
+        operator["spec"]["policyTypes"],
+        serde_json::json!(["Ingress"])
+    );
+    assert_eq!(
+        operator["spec"]["ingress"],
+        serde_json::json!([{
+            "ports": [{"port": "progress", "protocol": "TCP"}],
+            "from": [{"podSelector": {"matchLabels": {"rdu.dev/rank": "0"}}, "namespaceSelector": {}}]
+        }]),
+        "by default only rank-0 pods, on the progress port"
+    );
+    let plugin = policy(&docs, "rdu-rdu-operator-device-plugin");
+    assert_eq!(
+        plugin["spec"]["ingress"],
+        serde_json::json!([]),
+        "nobody reads tile status"
+    );
+    assert_eq!(
+        plugin["spec"]["policyTypes"],
+        serde_json::json!(["Ingress"])
+    );
+
+    let scrapers = documents(
+        &helm_template(
+            "rdu",
+            NAMESPACE,
+            &[
+                "--set",
+                "networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.team=monitoring",
+                "--set",
+                "operator.watchNamespace=ml",
+            ],
+        )
+        .expect("helm template"),
+    );
+    let monitoring =
+        serde_json::json!([{"namespaceSelector": {"matchLabels": {"team": "monitoring"}}}]);
+    let operator = policy(&scrapers, "rdu-rdu-operator-operator");
+    let ingress = operator["spec"]["ingress"].as_array().expect("rules");
+    assert_eq!(
+        ingress[0]["from"][0]["namespaceSelector"],
+        serde_json::json!({"matchLabels": {"kubernetes.io/metadata.name": "ml"}}),
+        "rank 0 of the watched namespace only"
+    );
+    assert_eq!(ingress[1]["ports"][0]["port"], "metrics");
+    assert_eq!(ingress[1]["from"], monitoring);
+    let plugin = policy(&scrapers, "rdu-rdu-operator-device-plugin");
+    assert_eq!(plugin["spec"]["ingress"][0]["ports"][0]["port"], "status");
+    assert_eq!(plugin["spec"]["ingress"][0]["from"], monitoring);
+    let none = documents(
+        &helm_template("rdu", NAMESPACE, &["--set", "networkPolicy.system=false"])
+            .expect("helm template"),
+    );
+    assert!(
+        !none
+            .iter()
+            .any(|d| d["kind"].as_str() == Some("NetworkPolicy"))
+    );
 }
 
 #[tokio::test]
@@ -178,6 +424,7 @@ async fn the_rendered_chart_is_accepted_by_the_api_server() {
             "Role",
             "RoleBinding",
             "Service",
+            "NetworkPolicy",
         ] {
             assert!(kinds.contains(kind), "{extra:?}: no {kind} in {kinds:?}");
         }
@@ -269,15 +516,20 @@ async fn the_charts_service_account_may_do_what_the_operator_does_and_no_more() 
             "the operator must be allowed to {verb} {resource}"
         );
     }
-    assert!(can(
-        "get",
-        "customresourcedefinitions.apiextensions.k8s.io",
-        NAMESPACE
-    ));
-    assert!(
-        can("update", "leases.coordination.k8s.io", NAMESPACE),
-        "its own Lease"
-    );
+    let named = |verb: &str, resource: &str, name: &str| {
+        let object = format!("{resource}/{name}");
+        let args = ["auth", "can-i", verb, object.as_str(), "-n", NAMESPACE];
+        let out = rdu_e2e::kubectl_in(&kubeconfig, &args, None).expect("kubectl");
+        String::from_utf8_lossy(&out.stdout).trim() == "yes"
+    };
+    let crds = "customresourcedefinitions.apiextensions.k8s.io";
+    assert!(named("get", crds, "podgroups.scheduling.x-k8s.io"));
+    assert!(!named("get", crds, "rdujobs.rdu.dev"), "that CRD only");
+    let leases = "leases.coordination.k8s.io";
+    assert!(named("update", leases, "rdu-operator"), "its own Lease");
+    assert!(named("get", leases, "rdu-operator"), "its own Lease");
+    assert!(can("create", leases, NAMESPACE));
+    assert!(!named("update", leases, "kube-scheduler"), "no other Lease");
     for (verb, resource, namespace) in [
         ("update", "leases.coordination.k8s.io", "ml"),
         ("create", "rdujobs.rdu.dev", "ml"),
@@ -312,6 +564,148 @@ async fn the_charts_service_account_may_do_what_the_operator_does_and_no_more() 
             "the operator must not be allowed to {verb} {resource} in {namespace}"
         );
     }
+}
+
+/// `kubectl auth can-i` as the admin impersonating `user`.
+fn user_can(plane: &ControlPlane, user: &str, verb: &str, resource: &str, namespace: &str) -> bool {
+    let args = [
+        "auth", "can-i", verb, resource, "-n", namespace, "--as", user,
+    ];
+    let out = rdu_e2e::kubectl_in(&plane.admin_kubeconfig, &args, None).expect("kubectl");
+    String::from_utf8_lossy(&out.stdout).trim() == "yes"
+}
+
+#[tokio::test]
+async fn a_team_bound_to_edit_may_run_rdujobs_and_one_bound_to_view_may_only_read_them() {
+    // The controller manager fills the built-in roles from the chart's aggregated ones.
+    let components = Components {
+        controller_manager: true,
+        ..Components::default()
+    };
+    let Some(plane) = plane_with_chart("chart aggregated roles", components).await else {
+        return;
+    };
+    for (binding, role, user) in [("alice-edit", "edit", "alice"), ("bob-view", "view", "bob")] {
+        let role = format!("--clusterrole={role}");
+        let user = format!("--user={user}");
+        kubectl(
+            &plane,
+            &["create", "rolebinding", binding, &role, &user, "-n", "ml"],
+            None,
+        )
+        .expect("rolebinding");
+    }
+    let rdujobs = "rdujobs.rdu.dev";
+    poll_until(
+        "edit aggregates RduJobs",
+        Duration::from_secs(30),
+        || async {
+            if user_can(&plane, "alice", "create", rdujobs, "ml") {
+                Ok(())
+            } else {
+                Err("alice may not create rdujobs yet".to_string())
+            }
+        },
+    )
+    .await
+    .expect("aggregated into edit");
+    poll_until(
+        "view aggregates RduJobs",
+        Duration::from_secs(30),
+        || async {
+            if user_can(&plane, "bob", "watch", rdujobs, "ml") {
+                Ok(())
+            } else {
+                Err("bob may not watch rdujobs yet".to_string())
+            }
+        },
+    )
+    .await
+    .expect("aggregated into view");
+    assert!(user_can(&plane, "alice", "delete", rdujobs, "ml"));
+    assert!(user_can(
+        &plane,
+        "bob",
+        "get",
+        "rdujobs.rdu.dev/status",
+        "ml"
+    ));
+    assert!(!user_can(&plane, "bob", "create", rdujobs, "ml"));
+    assert!(!user_can(&plane, "bob", "delete", rdujobs, "ml"));
+    assert!(
+        !user_can(&plane, "alice", "create", rdujobs, NAMESPACE),
+        "only where bound"
+    );
+}
+
+#[tokio::test]
+async fn an_operator_watching_one_namespace_runs_its_jobs_with_a_role_there() {
+    let Some(mut plane) =
+        plane_with_namespaces("chart watchNamespace", Components::default()).await
+    else {
+        return;
+    };
+    create_namespace(&plane, "elsewhere")
+        .await
+        .expect("namespace");
+    rdu_e2e::start_operator_with_chart_values(
+        &mut plane,
+        NAMESPACE,
+        &["--set", "operator.watchNamespace=ml"],
+        &["--namespace=ml"],
+    )
+    .expect("operator starts");
+    let job = |namespace: &str| {
+        serde_json::json!({
+            "apiVersion": "rdu.dev/v1alpha1", "kind": "RduJob",
+            "metadata": {"name": "scoped", "namespace": namespace},
+            "spec": {"workers": 2, "tilesPerWorker": 1, "image": "rdu-worker:0.1.0",
+                     "model": {"name": "ffn-logreg", "hiddenSizes": [16]},
+                     "data": {"source": "synthetic", "samples": 512},
+                     "training": {"epochs": 1, "batchSize": 8, "learningRate": 0.1}}
+        })
+        .to_string()
+    };
+    for namespace in ["elsewhere", "ml"] {
+        kubectl(&plane, &["apply", "-f", "-"], Some(&job(namespace))).expect("apply");
+    }
+    let client = plane.admin_client().await.expect("client");
+    let pods = |namespace: &str| Api::<Pod>::namespaced(client.clone(), namespace);
+    let selector = kube::api::ListParams::default().labels("rdu.dev/job-name=scoped");
+    poll_until(
+        "the watched job's pods and status",
+        Duration::from_secs(90),
+        || async {
+            let created = pods("ml")
+                .list(&selector)
+                .await
+                .map_err(|e| e.to_string())?;
+            let jobs: Api<rdu_crds::RduJob> = Api::namespaced(client.clone(), "ml");
+            let phase = jobs
+                .get("scoped")
+                .await
+                .map_err(|e| e.to_string())?
+                .status
+                .and_then(|s| s.phase);
+            match (created.items.len(), phase) {
+                (2, Some(_)) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", plane.log_tail("rdu-operator", 40)));
+    let log = plane.log_tail("rdu-operator", 400);
+    assert!(!log.contains("forbidden"), "the Role is enough:\n{log}");
+    let elsewhere = pods("elsewhere").list(&selector).await.expect("list");
+    assert!(
+        elsewhere.items.is_empty(),
+        "another namespace is not its business"
+    );
+    let kubeconfig = account_kubeconfig(&plane, "rdu-rdu-operator");
+    assert!(can_i(&kubeconfig, "create", "pods", "ml"));
+    assert!(!can_i(&kubeconfig, "create", "pods", "elsewhere"));
+    assert!(!can_i(&kubeconfig, "get", "secrets", "elsewhere"));
 }
 
 /// A pod `name` in `namespace` bound to `node` (none when empty), running as `account`.

@@ -52,3 +52,49 @@ app.kubernetes.io/component: device-plugin
 {{- define "rdu-operator.devicePluginImage" -}}
 {{- printf "%s:%s" .Values.devicePlugin.image.repository (default .Chart.AppVersion .Values.devicePlugin.image.tag) -}}
 {{- end -}}
+
+{{/* The operator's rules in the namespaces of the jobs it runs. */}}
+{{- define "rdu-operator.jobNamespaceRules" -}}
+# Watched by the controller; deleted when ttlSecondsAfterFinished passes.
+- apiGroups: ["rdu.dev"]
+  resources: ["rdujobs"]
+  verbs: ["list", "watch", "delete"]
+# Status is written by server-side apply to the status subresource.
+- apiGroups: ["rdu.dev"]
+  resources: ["rdujobs/status"]
+  verbs: ["patch"]
+# Children are created, never forced over an existing object: one of a child's name is read (get) to see
+# whose it is, and only the job's own is kept (DESIGN 5.1).
+# Rank pods: watched, created, deleted on gang restart/suspend.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list", "watch", "get", "create", "delete"]
+# The headless Service: watched (owned), created; the job's own re-applied (patch); garbage-collected with
+# the job.
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["list", "watch", "get", "create", "patch"]
+# The token Secret: created once; an existing one is read (get) only to see whose it is, and kept if the job
+# controls it. Never listed, watched or changed.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get", "create"]
+# The checkpoint claim of spec.checkpoint.volumeClaimTemplate: created once and kept (its spec is immutable
+# once bound, and it must outlive gang restarts); garbage-collected with the job.
+- apiGroups: [""]
+  resources: ["persistentvolumeclaims"]
+  verbs: ["get", "create"]
+{{- if .Values.networkPolicy.enabled }}
+# The per-job NetworkPolicy, created; the job's own re-applied (patch); garbage-collected with the job.
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "create", "patch"]
+{{- end }}
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+# Gang scheduling through coscheduling's PodGroup, when that CRD is installed.
+- apiGroups: ["scheduling.x-k8s.io"]
+  resources: ["podgroups"]
+  verbs: ["get", "create", "patch"]
+{{- end -}}
