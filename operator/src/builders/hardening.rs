@@ -1,7 +1,8 @@
 //! Every rank's pod meets the restricted Pod Security profile by default: no ServiceAccount token mounted (the
 //! worker never calls the API; rank 0's progress token is a projected volume of its own), non-root, the runtime's
 //! seccomp profile, and in every container no privilege escalation, every capability dropped and a read-only
-//! root filesystem (the worker writes only to mounted volumes, `/dev/shm` and `/dev/termination-log`).
+//! root filesystem (the worker writes only to mounted volumes and `/dev/termination-log`; its shared-memory rings
+//! are anonymous memory, no file).
 //! `spec.template` may loosen any of these by stating the field: a stated field is kept as it is.
 
 use k8s_openapi::api::core::v1::{Container, PodSpec, SeccompProfile};
