@@ -31,6 +31,8 @@ use crate::poll::poll_until;
 use crate::process::Managed;
 use crate::tools::{helm_binary, run_ok, workspace_root};
 
+mod operator_home;
+
 /// The chart's release and namespace.
 pub const RELEASE: &str = "rdu";
 pub const SYSTEM_NAMESPACE: &str = "rdu-system";

@@ -2,7 +2,9 @@
 //! restart (no gang restart), a drain, a crash, a node that does not come back while another goes (too little
 //! capacity), and a partition. Every job ends at the step count it planned, resumed from a checkpoint, and no
 //! disruption counts against `backoffLimit` (the jobs run with `backoffLimit: 0`, so one counted restart fails
-//! them).
+//! them). Before a node crashes or is cut off, the operator is moved off it (`Testbed::keep_operator_off`): the
+//! fault under test is the loss of ranks; losing the operator's own node is the Deployment's and the Lease's
+//! business, and a lost leader's Lease lapses in 15 s for a standby (`operator.replicas: 2`).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
@@ -330,6 +332,7 @@ impl Faults {
         let mut out = serde_json::Map::new();
         let first = self.node_of(name, 0).await;
         let first_index = self.bed.index_of(&first);
+        self.bed.keep_operator_off(&first, LONG).await;
         let generation = self.bed.job(name).await.expect("job")["status"]["restarts"]
             .as_u64()
             .unwrap_or_default();
@@ -359,6 +362,7 @@ impl Faults {
             .expect("a node with ranks")
             .to_string();
         let second_index = self.bed.index_of(&second);
+        self.bed.keep_operator_off(&second, LONG).await;
         let generation = job["status"]["restarts"].as_u64().unwrap_or_default();
         let fault = Instant::now();
         self.bed.crash(second_index);
@@ -446,6 +450,7 @@ impl Faults {
         let mut out = serde_json::Map::new();
         let node = self.node_of(name, 0).await;
         let index = self.bed.index_of(&node);
+        self.bed.keep_operator_off(&node, LONG).await;
         let generation = self.bed.job(name).await.expect("job")["status"]["restarts"]
             .as_u64()
             .unwrap_or_default();
