@@ -24,7 +24,7 @@ pub async fn infer(
     comm: &Communicator,
     splits: &Splits,
 ) -> Result<TrainOutcome, WorkerError> {
-    let spec = &env.spec;
+    let spec = &env.contract.spec;
     let model = Mlp::for_job(&spec.model, splits);
     let mut params = model.init(spec.data.seed);
     let mut optimizer = Optimizer::new(
@@ -33,8 +33,8 @@ pub async fn infer(
         spec.training.momentum,
         params.len(),
     );
-    let found = match &env.checkpoint_dir {
-        Some(dir) if env.rank == 0 => {
+    let found = match env.checkpoint_dir() {
+        Some(dir) if env.contract.rank == 0 => {
             let lock_wait =
                 std::time::Duration::from_secs(u64::from(spec.data_parallel.timeout_seconds));
             checkpoint::read_lineage(dir, params.len(), lock_wait)?
@@ -48,8 +48,7 @@ pub async fn infer(
             format!(
                 "inference found no checkpoint of this model in {}: run the job in mode train with the same \
                  spec.checkpoint first",
-                env.checkpoint_dir
-                    .as_ref()
+                env.checkpoint_dir()
                     .map_or("(no checkpoint directory)".to_string(), |d| d
                         .display()
                         .to_string())
@@ -66,8 +65,8 @@ pub async fn infer(
     };
     let sampler = DistributedSampler {
         dataset_len: test.len(),
-        world_size: env.world_size as usize,
-        rank: env.rank as usize,
+        world_size: env.contract.world_size as usize,
+        rank: env.contract.rank as usize,
         shuffle: false,
         drop_last: false,
         seed: spec.data.seed,
@@ -113,7 +112,7 @@ pub async fn infer(
     let samples_per_second = if latencies.is_empty() {
         0.0
     } else {
-        timed_samples as f64 / seconds.max(1e-9) * f64::from(env.world_size)
+        timed_samples as f64 / seconds.max(1e-9) * f64::from(env.contract.world_size)
     };
     let (p50, p99) = (percentile(&latencies, 0.5), percentile(&latencies, 0.99));
     tracing::info!(

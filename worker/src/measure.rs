@@ -29,12 +29,12 @@ pub async fn measure_performance(
     comm: &Communicator,
     splits: &Splits,
 ) -> Result<TrainOutcome, WorkerError> {
-    let spec = &env.spec;
+    let spec = &env.contract.spec;
     let model = Mlp::for_job(&spec.model, splits);
     let sampler = DistributedSampler {
         dataset_len: splits.train.len(),
-        world_size: env.world_size as usize,
-        rank: env.rank as usize,
+        world_size: env.contract.world_size as usize,
+        rank: env.contract.rank as usize,
         shuffle: spec.data.shuffle,
         drop_last: spec.data.drop_last,
         seed: spec.data.seed,
@@ -48,7 +48,7 @@ pub async fn measure_performance(
             format!(
                 "{} training samples leave none for some of the {} ranks: lower workers or add data",
                 splits.train.len(),
-                env.world_size
+                env.contract.world_size
             ),
         ));
     }
@@ -101,7 +101,7 @@ pub async fn measure_performance(
             bufs.y.push(splits.train.labels[i]);
         }
         let stats = summed_gradient(comm, &model, &mut bufs, plan, &mut grad).await?;
-        optimizer.step(&mut bufs.params, &grad, env.world_size);
+        optimizer.step(&mut bufs.params, &grad, env.contract.world_size);
         if step >= warmup {
             latencies.push(started.elapsed());
             local_samples += stats.samples;
@@ -110,7 +110,8 @@ pub async fn measure_performance(
     }
     let seconds = timed_since.elapsed().as_secs_f64();
     let total = global_stats(comm, last).await?;
-    let samples_per_second = local_samples as f64 / seconds.max(1e-9) * f64::from(env.world_size);
+    let samples_per_second =
+        local_samples as f64 / seconds.max(1e-9) * f64::from(env.contract.world_size);
     let p50 = percentile(&latencies, 0.5);
     let p99 = percentile(&latencies, 0.99);
     tracing::info!(

@@ -44,9 +44,9 @@ pub fn run_stoppable(get: impl Fn(&str) -> Option<String>, stop: &StopRequest) -
     // prefix).
     let span = tracing::info_span!(
         "worker",
-        rank = env.rank,
-        job = %env.job_name,
-        generation = env.generation
+        rank = env.contract.rank,
+        job = %env.contract.job_name,
+        generation = env.contract.generation
     );
     let _entered = span.enter();
     // One thread for the collective and its socket readers: the rank's compute runs on its tile threads, and on
@@ -84,8 +84,8 @@ pub fn run_stoppable(get: impl Fn(&str) -> Option<String>, stop: &StopRequest) -
             }
             // In a pod the reason goes to the termination message too, where the operator reads it into the job's
             // Failed condition (a successful rank 0 writes its result there instead).
-            if env.result_path == Path::new(TERMINATION_LOG_PATH) {
-                let _ = std::fs::write(&env.result_path, e.to_string());
+            if env.result_path() == Path::new(TERMINATION_LOG_PATH) {
+                let _ = std::fs::write(env.result_path(), e.to_string());
             }
             e.exit_code()
         }
@@ -108,8 +108,12 @@ pub async fn run_rank_observed(
     // ignores SIGTERM while it has no handler, so the kubelet would wait out the whole grace period to kill a
     // rank that was still loading its data.
     let _signals = stop.listen();
-    let splits = data::load(&env.spec.data, &env.spec.model, Path::new("."))?;
-    pef::check_job(&env.spec, &splits, env.world_size)?;
+    let splits = data::load(
+        &env.contract.spec.data,
+        &env.contract.spec.model,
+        Path::new("."),
+    )?;
+    pef::check_job(&env.contract.spec, &splits, env.contract.world_size)?;
     if let Some(signal) = stop.requested() {
         return Err(WorkerError::Stopped { signal });
     }
@@ -122,24 +126,24 @@ pub async fn run_rank_observed(
         signal = stop.wait() => return Err(WorkerError::Stopped { signal }),
     };
     tracing::info!(
-        world_size = env.world_size,
-        generation = env.generation,
+        world_size = env.contract.world_size,
+        generation = env.contract.generation,
         peers = comm.peers().len(),
         "joined the job"
     );
     let work = async {
-        let ran = match env.spec.mode {
+        let ran = match env.contract.spec.mode {
             RunMode::Train => train(env, &comm, &splits, observers, stop).await,
             RunMode::MeasurePerformance => measure_performance(env, &comm, &splits).await,
             RunMode::Inference => infer(env, &comm, &splits).await,
         };
         // Rank 0's throughput is the job's (status.result); a rank 0 below the minimum aborts the others.
-        let outcome = match env.rank {
-            0 => ran.and_then(|o| check_min_throughput(&env.spec, o))?,
+        let outcome = match env.contract.rank {
+            0 => ran.and_then(|o| check_min_throughput(&env.contract.spec, o))?,
             _ => ran?,
         };
-        if env.rank == 0 {
-            write_result(&env.result_path, &outcome.result)?;
+        if env.contract.rank == 0 {
+            write_result(env.result_path(), &outcome.result)?;
         }
         if comm.world_size() > 1 {
             comm.barrier().await?;
@@ -185,18 +189,18 @@ pub fn check_min_throughput(
 pub fn comm_config(env: &WorkerEnv) -> CommConfig {
     CommConfig {
         identity: JobIdentity {
-            job_uid: env.job_uid.clone(),
-            token: env.token.clone(),
-            generation: env.generation,
+            job_uid: env.contract.job_uid.clone(),
+            token: env.supplied.token.clone(),
+            generation: u64::from(env.contract.generation),
         },
-        rank: env.rank,
-        world_size: env.world_size,
-        master_addr: env.master_addr.clone(),
-        master_port: env.master_port,
-        advertise_host: env.pod_ip.clone(),
-        collective_port: env.collective_port,
-        node: env.node_name.clone(),
-        timeout: Duration::from_secs(u64::from(env.spec.data_parallel.timeout_seconds)),
+        rank: env.contract.rank,
+        world_size: env.contract.world_size,
+        master_addr: env.contract.master_addr.clone(),
+        master_port: env.contract.master_port,
+        advertise_host: env.supplied.pod_ip.clone(),
+        collective_port: env.contract.collective_port,
+        node: env.supplied.node_name.clone(),
+        timeout: Duration::from_secs(u64::from(env.contract.spec.data_parallel.timeout_seconds)),
         chunk_bytes: DEFAULT_CHUNK_BYTES,
     }
 }

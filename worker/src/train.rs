@@ -124,12 +124,12 @@ pub async fn train(
     observers: &mut Observers,
     stop: &StopRequest,
 ) -> Result<TrainOutcome, WorkerError> {
-    let spec = &env.spec;
+    let spec = &env.contract.spec;
     let model = Mlp::for_job(&spec.model, splits);
     let sampler = DistributedSampler {
         dataset_len: splits.train.len(),
-        world_size: env.world_size as usize,
-        rank: env.rank as usize,
+        world_size: env.contract.world_size as usize,
+        rank: env.contract.rank as usize,
         shuffle: spec.data.shuffle,
         drop_last: spec.data.drop_last,
         seed: spec.data.seed,
@@ -141,7 +141,7 @@ pub async fn train(
             format!(
                 "{} training samples leave no sample per rank for {} ranks: lower workers or set dropLast false",
                 splits.train.len(),
-                env.world_size
+                env.contract.world_size
             ),
         ));
     }
@@ -246,7 +246,7 @@ pub async fn train(
     let result = JobResult {
         final_loss: trained.final_stats.mean_loss(),
         test_accuracy: test.accuracy(),
-        samples_per_second: local_sps * env.world_size as f64,
+        samples_per_second: local_sps * env.contract.world_size as f64,
         train_seconds: trained.train_seconds,
         global_steps: step,
         ..Default::default()
@@ -315,7 +315,7 @@ impl Steps<'_> {
                 stats.add(batch_stats);
                 state
                     .optimizer
-                    .step(&mut state.bufs.params, &grad, env.world_size);
+                    .step(&mut state.bufs.params, &grad, env.contract.world_size);
                 state.step += 1;
                 observers.step_done(&StepDone {
                     point: StepPoint {
@@ -326,17 +326,18 @@ impl Steps<'_> {
                         epochs,
                         loss: batch_stats.mean_loss(),
                         elapsed_seconds: started.elapsed().as_secs_f64(),
-                        samples: (local_samples + stats.samples) * u64::from(env.world_size),
+                        samples: (local_samples + stats.samples)
+                            * u64::from(env.contract.world_size),
                     },
                     batch: batch_stats,
-                    learning_rate: env.spec.training.learning_rate,
+                    learning_rate: env.contract.spec.training.learning_rate,
                 });
                 if let Some(c) = checkpointing.as_deref_mut() {
                     c.after_step(state.step, &state.bufs.params, &state.optimizer)?;
                 }
             }
             local_samples += stats.samples;
-            let logged = match env.spec.training.loss_on {
+            let logged = match env.contract.spec.training.loss_on {
                 LossOn::Device => stats,
                 LossOn::Host => global_stats(self.comm, stats).await?,
             };
