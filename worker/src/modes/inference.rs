@@ -126,6 +126,7 @@ impl Mode for Inference {
                 mode: Some(RunMode::Inference),
                 step_latency_p50_seconds: p50,
                 step_latency_p99_seconds: p99,
+                ..Default::default()
             },
             checksum: Some(checksum(params)),
         })

@@ -92,6 +92,7 @@ impl Mode for MeasurePerformance {
                 mode: Some(RunMode::MeasurePerformance),
                 step_latency_p50_seconds: p50,
                 step_latency_p99_seconds: p99,
+                ..Default::default()
             },
             checksum: Some(checksum(&state.bufs.params)),
         })

@@ -1,6 +1,7 @@
 //! The run modes (`spec.mode`), one file each, every one a [`Mode`](crate::session::Mode) that the rank's session runs
 //! (`session::run`). A new mode is a file here, its arm in [`run`], and its value in `rdu_crds::RunMode`.
 
+pub mod all_reduce_benchmark;
 pub mod inference;
 pub mod measure;
 pub mod train;
@@ -25,5 +26,8 @@ pub async fn run(
             session::run::<measure::MeasurePerformance>(env, observers, stop).await
         }
         RunMode::Inference => session::run::<inference::Inference>(env, observers, stop).await,
+        RunMode::AllReduceBenchmark => {
+            session::run::<all_reduce_benchmark::AllReduceBenchmark>(env, observers, stop).await
+        }
     }
 }
