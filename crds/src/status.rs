@@ -197,7 +197,7 @@ pub struct AllReduceResult {
     pub compression: String,
     /// The data path (`auto`, `tcp`, `grpc`; `RDU_DATA_PATH`).
     pub data_path: String,
-    /// Peers rank 0 reached through shared memory (same host, data path `auto`).
+    /// Peers rank 0's all-reduces reached through shared memory (same host, data path `auto`).
     pub shared_memory_peers: u32,
     pub warmup_iterations: u32,
     pub iterations: u32,

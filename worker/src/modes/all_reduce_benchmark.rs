@@ -59,7 +59,8 @@ impl Mode for AllReduceBenchmark {
             algorithm: options.algorithm.to_string(),
             compression: options.compression.to_string(),
             data_path: env.data_path.to_string(),
-            shared_memory_peers: comm.shared_memory_peers().len() as u32,
+            // Links open at first use: counted once the sizes ran.
+            shared_memory_peers: 0,
             warmup_iterations: self.warmup_iterations,
             iterations: self.iterations,
             sizes: Vec::with_capacity(self.sizes.len()),
@@ -70,13 +71,13 @@ impl Mode for AllReduceBenchmark {
             algorithm = %result.algorithm,
             compression = %result.compression,
             data_path = %result.data_path,
-            shared_memory_peers = result.shared_memory_peers,
             sizes = ?self.sizes,
             "all-reduce benchmark starts"
         );
         let started = Instant::now();
         for &bytes in &self.sizes {
             let timing = self.time_size(comm, stop, options, bytes).await?;
+            result.shared_memory_peers = comm.shared_memory_peers().len() as u32;
             if timing.wrong_values > 0 {
                 tracing::warn!(
                     bytes,
