@@ -62,6 +62,13 @@ impl Console {
         }
     }
 
+    /// A line of rank `rank`'s that `rdujob` shows in another form: printed as it is only when verbose.
+    pub fn detail(&self, rank: u32, line: &str) {
+        if self.verbose {
+            self.print(&format!("[rank {rank}] {line}"));
+        }
+    }
+
     /// Rank 0's progress: the bar moves, or a plain line when one is due.
     pub fn progress(&self, p: &TrainingProgress) {
         if self.verbose {

@@ -14,6 +14,8 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until};
 
+use rdu_worker::modes::all_reduce_benchmark;
+
 use crate::error::CliError;
 use crate::launch::RankLaunch;
 use rdu_crds::policy::RankExit;
@@ -73,6 +75,10 @@ async fn forward_lines(
         match lines.next_line().await {
             Ok(Some(line)) => match rdu_worker::progress_lines::ProgressLine::parse(&line) {
                 Some(progress) if rank == 0 => console.progress(&progress),
+                // `rdujob` prints the result's lines itself on stdout, once the job succeeded.
+                _ if rank == 0 && all_reduce_benchmark::is_json_line(&line) => {
+                    console.detail(rank, &line)
+                }
                 _ => console.rank_line(rank, &line),
             },
             Ok(None) => break,

@@ -45,6 +45,7 @@ pub fn rank_launches(job: &RduJob, generation: u32, ctx: &LocalContext) -> Vec<R
             contract.checkpoint_dir = ctx.checkpoint_dir.map(|d| d.display().to_string());
             if rank == 0 {
                 contract.tensorboard_dir = ctx.tensorboard_dir.map(|d| d.display().to_string());
+                contract.progress_lines = ctx.progress_lines;
             }
             let mut env: Vec<(String, String)> = contract
                 .vars_with(&ctx.supplied)
@@ -53,12 +54,6 @@ pub fn rank_launches(job: &RduJob, generation: u32, ctx: &LocalContext) -> Vec<R
                 .collect();
             if let Some(tiles) = ctx.tiles.get(rank as usize) {
                 env.extend(tiles.iter().map(|(k, v)| (k.clone(), v.clone())));
-            }
-            if rank == 0 && ctx.progress_lines {
-                env.push((
-                    rdu_crds::consts::env::PROGRESS_LINES.to_string(),
-                    "1".to_string(),
-                ));
             }
             RankLaunch { rank, env }
         })

@@ -11,8 +11,9 @@ use rdu_crds::consts::exit_code;
 use rdu_crds::policy::{self, Verdict};
 use rdu_crds::rank_env::SuppliedValues;
 use rdu_crds::token::new_token;
-use rdu_crds::{JobResult, RduJob};
+use rdu_crds::{AllReduceResult, JobResult, RduJob, RduJobSpec, RunMode};
 use rdu_tiles::simulated::SimulatedNode;
+use rdu_worker::modes::all_reduce_benchmark;
 
 use std::sync::Arc;
 
@@ -178,6 +179,11 @@ pub async fn run(path: &Path, options: RunOptions) -> Result<i32, CliError> {
                     dir.display()
                 ));
             }
+            if let Some(bench) = &result.all_reduce {
+                for line in all_reduce_benchmark::json_lines(bench) {
+                    println!("{line}");
+                }
+            }
             println!("{json}");
             return Ok(exit_code::SUCCESS);
         };
@@ -258,10 +264,45 @@ impl Scratch {
     }
 }
 
-/// The header of a local run: the job, its ranks and tiles, model, data, training, and the scratch directory.
+/// The header of a local run: the job, its ranks and tiles, what the mode runs, and the scratch directory.
 fn header(job: &RduJob, scratch: &Path) -> Vec<String> {
     let spec = &job.spec;
     let name = job.metadata.name.as_deref().unwrap_or_default();
+    vec![
+        format!(
+            "job {name} ({}): {} rank(s) × {} tile(s) on 127.0.0.1",
+            spec.mode.as_str(),
+            spec.workers,
+            spec.tiles_per_worker
+        ),
+        match spec.mode {
+            RunMode::AllReduceBenchmark => benchmark_line(spec),
+            _ => model_line(spec),
+        },
+        format!("scratch {} (rank logs: -v)", scratch.display()),
+    ]
+}
+
+/// `all-reduce of [4Ki, 64Mi], 5 untimed and 20 timed each, algorithm auto, compression none`.
+fn benchmark_line(spec: &RduJobSpec) -> String {
+    let bench = spec.all_reduce_benchmark.clone().unwrap_or_default();
+    let dp = &spec.data_parallel;
+    format!(
+        "all-reduce of [{}], {} untimed and {} timed each, algorithm {}, compression {}",
+        bench.sizes.join(", "),
+        bench.warmup_iterations,
+        bench.iterations,
+        if dp.reduce_on_rdu {
+            dp.algorithm.as_str()
+        } else {
+            "star"
+        },
+        dp.compression.as_str()
+    )
+}
+
+/// `model ffn-logreg [64], data csv data/digits.csv.gz, 30 epochs of batch 16 per rank`.
+fn model_line(spec: &RduJobSpec) -> String {
     let data = match &spec.data.path {
         Some(path) => format!("{} {path}", spelled(&spec.data.source)),
         None => spelled(&spec.data.source),
@@ -271,21 +312,12 @@ fn header(job: &RduJob, scratch: &Path) -> Vec<String> {
         (None, Some(epochs)) => format!("{epochs} epochs"),
         (None, None) => String::new(),
     };
-    vec![
-        format!(
-            "job {name} ({}): {} rank(s) × {} tile(s) on 127.0.0.1",
-            spec.mode.as_str(),
-            spec.workers,
-            spec.tiles_per_worker
-        ),
-        format!(
-            "model {} {:?}, data {data}, {length} of batch {} per rank",
-            spelled(&spec.model.name),
-            spec.model.hidden_sizes,
-            spec.training.batch_size
-        ),
-        format!("scratch {} (rank logs: -v)", scratch.display()),
-    ]
+    format!(
+        "model {} {:?}, data {data}, {length} of batch {} per rank",
+        spelled(&spec.model.name),
+        spec.model.hidden_sizes,
+        spec.training.batch_size
+    )
 }
 
 /// A spec value as the YAML spells it (`csv`, `ffn-logreg`).
@@ -299,8 +331,11 @@ fn spelled(value: &impl serde::Serialize) -> String {
 
 /// The result as a person reads it.
 fn result_text(r: &JobResult) -> String {
+    if let Some(bench) = &r.all_reduce {
+        return benchmark_text(bench);
+    }
     let mut text = match r.mode.unwrap_or_default() {
-        rdu_crds::RunMode::MeasurePerformance => format!(
+        RunMode::MeasurePerformance => format!(
             "{} timed steps in {:.2} s: {:.1} samples/s",
             r.global_steps, r.train_seconds, r.samples_per_second
         ),
@@ -315,6 +350,28 @@ fn result_text(r: &JobResult) -> String {
             p50 * 1e3,
             p99 * 1e3
         ));
+    }
+    text
+}
+
+/// `all-reduce across 4 rank(s) on 1 node(s): busbw 1.234 GB/s at 64Mi (median 54.3 us at 4Ki)`.
+fn benchmark_text(bench: &AllReduceResult) -> String {
+    let mut text = format!(
+        "all-reduce across {} rank(s) on {} node(s), data path {}",
+        bench.ranks, bench.nodes, bench.data_path
+    );
+    if let (Some(small), Some(large)) = (bench.sizes.first(), bench.sizes.last()) {
+        text.push_str(&format!(
+            ": busbw {:.3} GB/s at {}, median {:.1} us at {}",
+            large.busbw_gbps,
+            rdu_crds::byte_size::format(large.bytes),
+            small.median_seconds * 1e6,
+            rdu_crds::byte_size::format(small.bytes)
+        ));
+    }
+    let wrong: u64 = bench.sizes.iter().map(|s| s.wrong_values).sum();
+    if wrong > 0 {
+        text.push_str(&format!(", {wrong} wrong value(s)"));
     }
     text
 }

@@ -37,8 +37,9 @@ enum Command {
         /// Override spec.workers (the world size).
         #[arg(long)]
         workers: Option<u32>,
-        /// Override spec.mode: `train`, `measure-performance` (the seeds' `measure-performance`) or `inference`
-        /// (the seeds' `run --inference`; needs --checkpoint-dir with a training run's checkpoints).
+        /// Override spec.mode: `train`, `measure-performance` (the seeds' `measure-performance`), `inference`
+        /// (the seeds' `run --inference`; needs --checkpoint-dir with a training run's checkpoints) or
+        /// `all-reduce-benchmark` (nccl-tests' all_reduce_perf across the ranks: spec.allReduceBenchmark's sizes).
         #[arg(long, value_parser = parse_mode)]
         mode: Option<rdu_crds::RunMode>,
         /// Keep checkpoints in DIR (created if missing) instead of the scratch directory, which goes at the end:
@@ -150,8 +151,9 @@ fn parse_mode(text: &str) -> Result<rdu_crds::RunMode, String> {
         "train" | "run" => Ok(rdu_crds::RunMode::Train),
         "measure-performance" | "measurePerformance" => Ok(rdu_crds::RunMode::MeasurePerformance),
         "inference" => Ok(rdu_crds::RunMode::Inference),
+        "all-reduce-benchmark" | "allReduceBenchmark" => Ok(rdu_crds::RunMode::AllReduceBenchmark),
         other => Err(format!(
-            "unknown mode {other:?}: use train, measure-performance or inference"
+            "unknown mode {other:?}: use train, measure-performance, inference or all-reduce-benchmark"
         )),
     }
 }

@@ -258,6 +258,17 @@ fn bad_specs_exit_64_naming_the_field() {
             ),
             "spec.dataParallel.compression",
         ),
+        (
+            format!(
+                "{SMALL}  mode: allReduceBenchmark\n  allReduceBenchmark: {{sizes: [4Ki, '3']}}\n"
+            ),
+            "spec.allReduceBenchmark.sizes entries must be a number of bytes",
+        ),
+        (
+            SMALL.replace("optimizer: adam", "optimizer: adam, minThroughput: 10")
+                + "  mode: allReduceBenchmark\n",
+            "spec.training.minThroughput is a training throughput",
+        ),
     ];
     for (spec, field) in cases {
         let f = run_job(&spec, &[]);
@@ -602,5 +613,66 @@ fn tensorboard_files_outlive_a_local_run_and_their_directory_is_printed() {
     // The kept scratch directory is the test's to remove.
     if let Some(scratch) = dir.parent() {
         std::fs::remove_dir_all(scratch).unwrap();
+    }
+}
+
+/// A spec that names a data file that does not exist: the benchmark reads no data.
+const BENCHMARK: &str = "  workers: 2
+  model: {name: ffn-logreg}
+  data: {source: csv, path: no/such/file.csv}
+  training: {epochs: 1, batchSize: 8, learningRate: 0.1}
+  allReduceBenchmark: {sizes: [4Ki, 256Ki], warmupIterations: 2, iterations: 5}
+  dataParallel: {algorithm: ring}
+";
+
+#[test]
+fn the_all_reduce_benchmark_prints_a_line_per_size_then_the_result_of_the_same_shape() {
+    for ranks in ["2", "4"] {
+        let f = run_quiet(
+            BENCHMARK,
+            &["--mode", "all-reduce-benchmark", "--workers", ranks],
+        );
+        assert_eq!(f.code, Some(0), "{ranks} ranks: {}", f.stderr);
+        let result = result_json(&f);
+        assert_eq!(result["mode"], "allReduceBenchmark", "{result}");
+        let bench = &result["allReduce"];
+        assert_eq!(bench["ranks"].as_u64(), ranks.parse().ok(), "{bench}");
+        assert_eq!(
+            (bench["algorithm"].as_str(), bench["iterations"].as_u64()),
+            (Some("ring"), Some(5))
+        );
+        let sizes = bench["sizes"].as_array().expect("sizes");
+        let lines: Vec<serde_json::Value> = f
+            .stdout
+            .lines()
+            .filter(|l| l.starts_with(r#"{"bench""#))
+            .map(|l| serde_json::from_str(l).expect("a JSON line"))
+            .collect();
+        assert_eq!(lines.len(), 2, "{}", f.stdout);
+        for (size, line) in sizes.iter().zip(&lines) {
+            let busbw = size["busbwGbps"].as_f64().expect("busbw");
+            assert!(busbw > 0.0 && busbw.is_finite(), "{size}");
+            assert_eq!(size["wrongValues"], 0, "{size}");
+            assert_eq!(line["bytes"], size["bytes"]);
+            assert_eq!(
+                line["busbw_gbps"], size["busbwGbps"],
+                "the line says what the result says"
+            );
+            assert_eq!(line["ranks"].as_u64(), ranks.parse().ok());
+        }
+        assert_eq!(
+            (sizes[0]["bytes"].as_u64(), sizes[1]["bytes"].as_u64()),
+            (Some(4096), Some(256 << 10))
+        );
+        assert!(
+            f.stderr.contains("[rdujob] all-reduce across"),
+            "{}",
+            f.stderr
+        );
+        assert!(
+            !f.stderr.contains("[rank 0] {"),
+            "the lines go to stdout once, not to stderr as well: {}",
+            f.stderr
+        );
     }
 }

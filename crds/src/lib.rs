@@ -1,6 +1,7 @@
 //! The RduJob job model, with no client: the custom resource, its validation, the run-policy rules, the env
 //! contract of a rank and the job token, shared by the operator, local mode, the worker and the device plugin.
 
+pub mod byte_size;
 pub mod consts;
 pub mod policy;
 pub mod progress;

@@ -28,6 +28,8 @@ pub struct RankEnv {
     pub progress: Option<ProgressEndpoint>,
     /// Rank 0 of a job with `spec.tensorboard`: the directory for its event files.
     pub tensorboard_dir: Option<String>,
+    /// Local mode's rank 0: progress as JSON lines on stdout for `rdujob`'s progress line.
+    pub progress_lines: bool,
 }
 
 /// Where rank 0 reports progress (DESIGN 4.8).
@@ -131,6 +133,7 @@ impl RankEnv {
             checkpoint_dir: None,
             progress: None,
             tensorboard_dir: None,
+            progress_lines: false,
         }
     }
 
@@ -163,6 +166,9 @@ impl RankEnv {
         if let Some(progress) = &self.progress {
             vars.push((env::PROGRESS_URL, progress.url.clone()));
             vars.push((env::PROGRESS_TOKEN_FILE, progress.token_file.clone()));
+        }
+        if self.progress_lines {
+            vars.push((env::PROGRESS_LINES, "1".to_string()));
         }
         vars
     }
@@ -224,6 +230,16 @@ impl RankEnv {
             result_path: value(env::RESULT_PATH),
             checkpoint_dir: value(env::CHECKPOINT_DIR),
             tensorboard_dir: value(env::TENSORBOARD_DIR),
+            progress_lines: match value(env::PROGRESS_LINES).as_deref() {
+                None | Some("0") => false,
+                Some("1") => true,
+                Some(other) => {
+                    return Err(EnvError::new(
+                        env::PROGRESS_LINES,
+                        format!("{other:?} is neither 1 nor 0; unset it unless rdujob sets it"),
+                    ));
+                }
+            },
             progress: match (value(env::PROGRESS_URL), value(env::PROGRESS_TOKEN_FILE)) {
                 (Some(url), Some(token_file)) => Some(ProgressEndpoint { url, token_file }),
                 (None, None) => None,
@@ -311,6 +327,7 @@ mod tests {
         env.result_path = Some("/tmp/r.json".into());
         env.checkpoint_dir = Some("/tmp/ckpt".into());
         env.tensorboard_dir = Some("/tmp/tb".into());
+        env.progress_lines = true;
         env.progress = Some(ProgressEndpoint {
             url: "http://op:8080".into(),
             token_file: "/run/token".into(),
@@ -370,6 +387,7 @@ mod tests {
             (env::JOB_SPEC, "{"),
             (env::JOB_TOKEN, ""),
             (env::GENERATION, "-1"),
+            (env::PROGRESS_LINES, "yes"),
         ] {
             let mut vars = base.clone();
             vars.insert(var, value.to_string());

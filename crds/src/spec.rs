@@ -27,6 +27,7 @@ use crate::status::RduJobStatus;
 #[x_kube(validation = Rule::new("(has(self.runPolicy) && self.runPolicy.suspend) || (has(oldSelf.runPolicy) && oldSelf.runPolicy.suspend) || (self.workers == oldSelf.workers && self.model == oldSelf.model && self.data == oldSelf.data)").message("spec.workers, spec.model and spec.data are immutable while the job runs: set spec.runPolicy.suspend to true first"))]
 #[x_kube(validation = Rule::new("!has(self.runPolicy) || !has(self.runPolicy.schedulingPolicy) || !has(self.runPolicy.schedulingPolicy.minAvailable) || self.runPolicy.schedulingPolicy.minAvailable <= self.workers").message("spec.runPolicy.schedulingPolicy.minAvailable must be between 1 and spec.workers"))]
 #[x_kube(validation = Rule::new("!has(self.mode) || self.mode != 'inference' || has(self.checkpoint)").message("spec.mode inference loads the newest checkpoint: set spec.checkpoint to the storage a training run of this job wrote"))]
+#[x_kube(validation = Rule::new("!has(self.mode) || self.mode != 'allReduceBenchmark' || !has(self.training.minThroughput)").message(crate::validation::BENCHMARK_HAS_NO_THROUGHPUT))]
 #[serde(rename_all = "camelCase")]
 pub struct RduJobSpec {
     /// World size: the number of ranks, one pod each (1 to 4096).
@@ -56,10 +57,15 @@ pub struct RduJobSpec {
     pub training: TrainingSpec,
     /// What the ranks run, as the seeds' commands: `train` (`run`, the default), `measurePerformance`
     /// (`measure-performance`: `training.warmupSteps` untimed steps, then `training.steps` (default 50) timed ones;
-    /// throughput and step latency, no model result), or `inference` (`run --inference`: forward only over the
-    /// test split with the parameters of the newest checkpoint in `spec.checkpoint`'s storage).
+    /// throughput and step latency, no model result), `inference` (`run --inference`: forward only over the
+    /// test split with the parameters of the newest checkpoint in `spec.checkpoint`'s storage), or
+    /// `allReduceBenchmark` (nccl-tests' all_reduce_perf across the job's ranks: `spec.allReduceBenchmark`; the
+    /// model, data and training are not read).
     #[serde(default)]
     pub mode: RunMode,
+    /// The sizes and iterations of `mode: allReduceBenchmark` (its defaults when unset; other modes ignore it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub all_reduce_benchmark: Option<AllReduceBenchmarkSpec>,
     /// How gradients are reduced between ranks.
     #[serde(default)]
     pub data_parallel: DataParallelSpec,
@@ -265,6 +271,9 @@ pub enum RunMode {
     MeasurePerformance,
     /// Forward passes over the test split from the newest checkpoint (the seeds' `run --inference`).
     Inference,
+    /// Timed all-reduces of each size of `spec.allReduceBenchmark` across the job's ranks (nccl-tests'
+    /// all_reduce_perf): median time, algorithm and bus bandwidth per size.
+    AllReduceBenchmark,
 }
 
 impl RunMode {
@@ -274,8 +283,55 @@ impl RunMode {
             RunMode::Train => "train",
             RunMode::MeasurePerformance => "measurePerformance",
             RunMode::Inference => "inference",
+            RunMode::AllReduceBenchmark => "allReduceBenchmark",
         }
     }
+}
+
+/// `mode: allReduceBenchmark`: every rank joins the job as in training (the same rendezvous, `dataParallel`'s
+/// algorithm and compression, the same data path), then all-reduces a buffer of each size `warmupIterations`
+/// times untimed and `iterations` times timed, as nccl-tests' all_reduce_perf does.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AllReduceBenchmarkSpec {
+    /// Buffer sizes, each a number of bytes or of KiB or MiB with the suffix Ki or Mi (4096, 4Ki, 64Mi): a
+    /// multiple of 4 bytes from 4 to 256Mi. Default 4Ki, 64Ki, 1Mi, 16Mi, 64Mi.
+    #[serde(default = "default_benchmark_sizes")]
+    #[schemars(length(min = 1, max = 32), inner(length(max = 16)))]
+    #[x_kube(validation = Rule::new(crate::byte_size::SIZE_RULE).message(crate::byte_size::SIZE_MESSAGE))]
+    pub sizes: Vec<String>,
+    /// Untimed all-reduces of each size before the timed ones (default 5).
+    #[serde(default = "default_warmup_iterations")]
+    #[x_kube(validation = Rule::new("self <= 1000").message("spec.allReduceBenchmark.warmupIterations must be at most 1000"))]
+    pub warmup_iterations: u32,
+    /// Timed all-reduces of each size; the median is reported (default 20).
+    #[serde(default = "default_iterations")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 10000").message("spec.allReduceBenchmark.iterations must be between 1 and 10000"))]
+    pub iterations: u32,
+}
+
+impl Default for AllReduceBenchmarkSpec {
+    fn default() -> Self {
+        AllReduceBenchmarkSpec {
+            sizes: default_benchmark_sizes(),
+            warmup_iterations: default_warmup_iterations(),
+            iterations: default_iterations(),
+        }
+    }
+}
+
+fn default_benchmark_sizes() -> Vec<String> {
+    ["4Ki", "64Ki", "1Mi", "16Mi", "64Mi"]
+        .map(String::from)
+        .to_vec()
+}
+
+fn default_warmup_iterations() -> u32 {
+    5
+}
+
+fn default_iterations() -> u32 {
+    20
 }
 
 fn default_momentum() -> f64 {

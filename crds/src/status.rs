@@ -177,4 +177,46 @@ pub struct JobResult {
     pub step_latency_p50_seconds: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step_latency_p99_seconds: Option<f64>,
+    /// `allReduceBenchmark`: rank 0's timings of each size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub all_reduce: Option<AllReduceResult>,
+}
+
+/// What `mode: allReduceBenchmark` measured (nccl-tests' definitions: algbw = bytes / time, busbw = algbw ×
+/// 2(n−1)/n, in GB/s of 1e9 bytes).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AllReduceResult {
+    /// Ranks (n).
+    pub ranks: u32,
+    /// Distinct nodes the ranks ran on.
+    pub nodes: u32,
+    /// The algorithm asked for (`auto`, `ring`, `hierarchical`, `star`; `star` when `reduceOnRdu` is false).
+    pub algorithm: String,
+    /// How values travelled: `none`, `bf16` or `fp16`.
+    pub compression: String,
+    /// The data path (`auto`, `tcp`, `grpc`; `RDU_DATA_PATH`).
+    pub data_path: String,
+    /// Peers rank 0's all-reduces reached through shared memory (same host, data path `auto`).
+    pub shared_memory_peers: u32,
+    pub warmup_iterations: u32,
+    pub iterations: u32,
+    /// One entry per size, in the spec's order.
+    pub sizes: Vec<AllReduceTiming>,
+}
+
+/// The timing of one size.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AllReduceTiming {
+    pub bytes: u64,
+    /// Median of rank 0's timed all-reduces.
+    pub median_seconds: f64,
+    /// Algorithm bandwidth: bytes / median time, GB/s.
+    pub algbw_gbps: f64,
+    /// Bus bandwidth: algbw × 2(n−1)/n, GB/s (0 for one rank).
+    pub busbw_gbps: f64,
+    /// Values of rank 0's first all-reduce of this size that were not the sum of every rank's (nccl-tests'
+    /// `#wrong`): 0 unless the collective is broken.
+    pub wrong_values: u64,
 }

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::{DataSource, RduJobSpec, consts};
+use crate::{DataSource, RduJobSpec, byte_size, consts};
 
 mod job;
 pub use job::validate_job;
@@ -60,6 +60,7 @@ pub fn validate_spec(spec: &RduJobSpec) -> Result<(), Vec<FieldError>> {
     check_world(&mut c, spec);
     check_model_and_data(&mut c, spec);
     check_training(&mut c, spec);
+    check_benchmark(&mut c, spec);
     check_policies(&mut c, spec);
     c.finish()
 }
@@ -223,6 +224,47 @@ fn check_training(c: &mut Checks, spec: &RduJobSpec) {
         "spec.checkpoint",
         || INFERENCE_NEEDS_CHECKPOINT.into(),
     );
+    c.check(
+        spec.mode != crate::RunMode::AllReduceBenchmark || training.min_throughput.is_none(),
+        "spec.training.minThroughput",
+        || BENCHMARK_HAS_NO_THROUGHPUT.into(),
+    );
+}
+
+/// The message of the rule that `spec.mode: allReduceBenchmark` sets no training throughput to reach.
+pub const BENCHMARK_HAS_NO_THROUGHPUT: &str = "spec.training.minThroughput is a training throughput (samples per \
+    second) and spec.mode allReduceBenchmark trains nothing: remove minThroughput, or run another mode";
+
+/// Largest number of sizes one benchmark lists.
+pub const MAX_BENCHMARK_SIZES: usize = 32;
+
+fn check_benchmark(c: &mut Checks, spec: &RduJobSpec) {
+    let Some(bench) = &spec.all_reduce_benchmark else {
+        return;
+    };
+    c.check(
+        (1..=MAX_BENCHMARK_SIZES).contains(&bench.sizes.len()),
+        "spec.allReduceBenchmark.sizes",
+        || {
+            format!(
+                "spec.allReduceBenchmark.sizes must list 1 to {MAX_BENCHMARK_SIZES} sizes (got {})",
+                bench.sizes.len()
+            )
+        },
+    );
+    if let Some(error) = bench.sizes.iter().find_map(|s| byte_size::parse(s).err()) {
+        c.check(false, "spec.allReduceBenchmark.sizes", || error);
+    }
+    c.check(
+        bench.warmup_iterations <= 1000,
+        "spec.allReduceBenchmark.warmupIterations",
+        || "spec.allReduceBenchmark.warmupIterations must be at most 1000".into(),
+    );
+    c.check(
+        (1..=10_000).contains(&bench.iterations),
+        "spec.allReduceBenchmark.iterations",
+        || "spec.allReduceBenchmark.iterations must be between 1 and 10000".into(),
+    );
 }
 
 /// The message of the rule that `spec.mode: inference` names its checkpoints.
@@ -326,6 +368,44 @@ spec:
             .collect()
     }
 
+    fn bench(
+        sizes: &[&str],
+        warmup_iterations: u32,
+        iterations: u32,
+    ) -> crate::AllReduceBenchmarkSpec {
+        crate::AllReduceBenchmarkSpec {
+            sizes: sizes.iter().map(|s| s.to_string()).collect(),
+            warmup_iterations,
+            iterations,
+        }
+    }
+
+    #[test]
+    fn a_benchmark_needs_no_throughput_and_its_defaults_are_valid() {
+        let mut spec = minimal();
+        spec.mode = crate::RunMode::AllReduceBenchmark;
+        assert_eq!(validate_spec(&spec), Ok(()), "the defaults, unset");
+        spec.all_reduce_benchmark = Some(Default::default());
+        assert_eq!(validate_spec(&spec), Ok(()), "the defaults, written");
+        spec.training.min_throughput = Some(10.0);
+        let errors = validate_spec(&spec).expect_err("a throughput to reach");
+        assert_eq!(errors[0].message, BENCHMARK_HAS_NO_THROUGHPUT);
+        // Training modes keep their minThroughput, and ignore the benchmark's settings.
+        spec.mode = crate::RunMode::Train;
+        assert_eq!(validate_spec(&spec), Ok(()));
+    }
+
+    #[test]
+    fn a_bad_size_is_refused_with_the_crds_message_and_the_entry() {
+        let mut spec = minimal();
+        spec.all_reduce_benchmark = Some(bench(&["64Mi", "512Mi"], 5, 20));
+        let errors = validate_spec(&spec).expect_err("512Mi");
+        assert_eq!(
+            errors[0].message,
+            format!("{} (got \"512Mi\")", byte_size::SIZE_MESSAGE)
+        );
+    }
+
     fn sized_claim() -> PersistentVolumeClaimSpec {
         serde_json::from_value(serde_json::json!({"resources": {"requests": {"storage": "64Mi"}}}))
             .expect("claim")
@@ -398,6 +478,37 @@ spec:
                 "spec.training.minThroughput",
             ),
             (|s| s.mode = crate::RunMode::Inference, "spec.checkpoint"),
+            (
+                |s| {
+                    s.mode = crate::RunMode::AllReduceBenchmark;
+                    s.training.min_throughput = Some(100.0);
+                },
+                "spec.training.minThroughput",
+            ),
+            (
+                |s| s.all_reduce_benchmark = Some(bench(&[], 0, 1)),
+                "spec.allReduceBenchmark.sizes",
+            ),
+            (
+                |s| s.all_reduce_benchmark = Some(bench(&["4Ki"; 33], 0, 1)),
+                "spec.allReduceBenchmark.sizes",
+            ),
+            (
+                |s| s.all_reduce_benchmark = Some(bench(&["4Ki", "3"], 0, 1)),
+                "spec.allReduceBenchmark.sizes",
+            ),
+            (
+                |s| s.all_reduce_benchmark = Some(bench(&["4Ki"], 1001, 1)),
+                "spec.allReduceBenchmark.warmupIterations",
+            ),
+            (
+                |s| s.all_reduce_benchmark = Some(bench(&["4Ki"], 0, 0)),
+                "spec.allReduceBenchmark.iterations",
+            ),
+            (
+                |s| s.all_reduce_benchmark = Some(bench(&["4Ki"], 0, 10_001)),
+                "spec.allReduceBenchmark.iterations",
+            ),
             (
                 |s| s.compile = Some(CompileSpec { min_world_size: 8 }),
                 "spec.workers",

@@ -13,7 +13,7 @@ use kube::{Client, Config};
 use rdu_crds::{RduJob, consts};
 
 /// The container whose log is a rank's log.
-pub const WORKER_CONTAINER: &str = "worker";
+pub use rdu_crds::consts::WORKER_CONTAINER;
 
 /// What went wrong, said so that the next step is clear.
 #[derive(Debug, thiserror::Error)]

@@ -4,7 +4,10 @@
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
-use rdu_crds::{EndAction, GenerationEnd, JobResult, RduJob, TrainingProgress, consts};
+use rdu_crds::{
+    AllReduceResult, EndAction, GenerationEnd, JobResult, RduJob, TrainingProgress, byte_size,
+    consts,
+};
 
 /// The whole status text.
 pub fn render(job: &RduJob, pods: &[Pod], now: Timestamp) -> String {
@@ -41,8 +44,14 @@ pub fn render(job: &RduJob, pods: &[Pod], now: Timestamp) -> String {
         out.push_str("\nGenerations:\n");
         out.push_str(&history_table(&ended));
     }
-    if let Some(result) = &status.result {
-        out.push_str(&format!("\nResult:     {}\n", result_text(result)));
+    match status.result.as_ref().map(|r| (r, &r.all_reduce)) {
+        Some((_, Some(bench))) => {
+            out.push_str(&format!("\nResult:     {}", all_reduce_text(bench)));
+        }
+        Some((result, None)) => {
+            out.push_str(&format!("\nResult:     {}\n", result_text(result)));
+        }
+        None => {}
     }
     out
 }
@@ -163,19 +172,41 @@ pub fn rank_table(job: &RduJob, pods: &[Pod]) -> String {
         };
         rows.push(row);
     }
-    let widths: Vec<usize> = (0..6)
-        .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
-        .collect();
-    rows.iter()
-        .map(|row| {
-            let cells: Vec<String> = row
-                .iter()
-                .zip(&widths)
-                .map(|(cell, w)| format!("{cell:<w$}"))
-                .collect();
-            cells.join("  ").trim_end().to_string() + "\n"
-        })
-        .collect()
+    columns(&rows)
+}
+
+/// What `mode: allReduceBenchmark` measured: the run, then one row per size (nccl-tests' columns).
+fn all_reduce_text(bench: &AllReduceResult) -> String {
+    let mut rows = vec![[
+        "SIZE".to_string(),
+        "BYTES".into(),
+        "MEDIAN(us)".into(),
+        "ALGBW(GB/s)".into(),
+        "BUSBW(GB/s)".into(),
+        "WRONG".into(),
+    ]];
+    rows.extend(bench.sizes.iter().map(|t| {
+        [
+            byte_size::format(t.bytes),
+            t.bytes.to_string(),
+            format!("{:.1}", t.median_seconds * 1e6),
+            format!("{:.3}", t.algbw_gbps),
+            format!("{:.3}", t.busbw_gbps),
+            t.wrong_values.to_string(),
+        ]
+    }));
+    format!(
+        "all-reduce across {} rank(s) on {} node(s), algorithm {}, compression {}, data path {}, {} timed \
+         (median) after {} untimed\n\n{}",
+        bench.ranks,
+        bench.nodes,
+        bench.algorithm,
+        bench.compression,
+        bench.data_path,
+        bench.iterations,
+        bench.warmup_iterations,
+        columns(&rows)
+    )
 }
 
 fn progress_text(p: &TrainingProgress, now: Timestamp) -> String {

@@ -3,10 +3,10 @@
 use crate::topology::{TileIndex, Topology};
 use std::collections::BTreeMap;
 
-/// Env name of the tile-affinity mask, as in the SambaFlow runtime.
-pub const TILE_AFFINITY_ENV: &str = "SF_RNT_TILE_AFFINITY";
+/// Env name of the tile-affinity mask, as in the SambaFlow runtime (defined with the job model's other names).
+pub use rdu_crds::consts::env::TILE_AFFINITY as TILE_AFFINITY_ENV;
 /// Env name of the comma-separated tile IDs a container may use.
-pub const VISIBLE_TILES_ENV: &str = "RDU_VISIBLE_TILES";
+pub use rdu_crds::consts::env::VISIBLE_TILES as VISIBLE_TILES_ENV;
 
 /// The mask with bit `index` set for every tile, as `0x`-prefixed lower-case hex without leading zeros
 /// (`0x0` for no tile). As wide as the topology needs: 32 bits for 8×4, more for bigger nodes.

@@ -27,16 +27,20 @@ impl Checkpointing {
         env: &WorkerEnv,
         params: usize,
     ) -> Result<(Option<Checkpointing>, Option<Checkpoint>), WorkerError> {
-        let (Some(policy), Some(dir), 0) = (&env.spec.checkpoint, &env.checkpoint_dir, env.rank)
-        else {
+        let (Some(policy), Some(dir), 0) = (
+            &env.contract.spec.checkpoint,
+            env.checkpoint_dir(),
+            env.contract.rank,
+        ) else {
             return Ok((None, None));
         };
         let me = Writer {
-            job_uid: env.job_uid.clone(),
-            generation: env.generation,
+            job_uid: env.contract.job_uid.clone(),
+            generation: u64::from(env.contract.generation),
         };
         // A lock is held for a rename or a fence: waiting as long as a collective may is plenty.
-        let lock_wait = Duration::from_secs(u64::from(env.spec.data_parallel.timeout_seconds));
+        let lock_wait =
+            Duration::from_secs(u64::from(env.contract.spec.data_parallel.timeout_seconds));
         let (store, found) =
             CheckpointStore::fence(dir, me, policy.keep as usize, params, lock_wait)?;
         let checkpointing = Checkpointing {

@@ -1,44 +1,28 @@
-//! What one rank reads from its environment: the contract of `rdu_crds::RankEnv` (DESIGN 4.2) and the tiles
-//! the device plugin handed out (DESIGN 4.3).
+//! What one rank reads from its environment: the contract of `rdu_crds::RankEnv` (DESIGN 4.2) as it is, the tiles
+//! the device plugin handed out (DESIGN 4.3), and the optional `RDU_DATA_PATH`.
 
-use std::path::PathBuf;
+use std::path::Path;
 
 use rdu_collective::DataPath;
+use rdu_crds::RankEnv;
 use rdu_crds::consts::{TERMINATION_LOG_PATH, env};
-use rdu_crds::{RankEnv, RduJobSpec};
+use rdu_crds::rank_env::SuppliedValues;
 
 use crate::error::WorkerError;
 
 /// Everything a rank reads from its environment, checked.
 #[derive(Debug, Clone)]
 pub struct WorkerEnv {
-    pub rank: u32,
-    pub world_size: u32,
-    pub master_addr: String,
-    pub master_port: u16,
-    pub collective_port: u16,
-    pub job_name: String,
-    pub namespace: String,
-    pub job_uid: String,
-    pub generation: u64,
-    pub token: String,
-    pub spec: RduJobSpec,
-    pub node_name: String,
-    pub pod_ip: String,
-    pub result_path: PathBuf,
-    pub checkpoint_dir: Option<PathBuf>,
+    /// The contract the operator or local mode set (rank, world, rendezvous, job, generation, spec, paths).
+    pub contract: RankEnv,
+    /// What the cluster supplies by reference: the job token, the node's name, the pod's IP.
+    pub supplied: SuppliedValues,
     /// This rank's tiles: its compute threads.
     pub tiles: usize,
     /// The tiles the device plugin (or local mode) gave this rank, as it gave them:
     /// `SF_RNT_TILE_AFFINITY` and `RDU_VISIBLE_TILES` (empty when unset).
     pub tile_affinity: String,
     pub visible_tiles: String,
-    /// Rank 0 in a cluster whose operator takes progress reports: where they go.
-    pub progress: Option<rdu_crds::ProgressEndpoint>,
-    /// Local mode's rank 0: progress as JSON lines on stdout (`RDU_PROGRESS_LINES=1`).
-    pub progress_lines: bool,
-    /// Rank 0 of a job with `spec.tensorboard`: where its event files go.
-    pub tensorboard_dir: Option<PathBuf>,
     /// How chunks travel to peers (`RDU_DATA_PATH`, default `auto`).
     pub data_path: DataPath,
 }
@@ -54,41 +38,43 @@ impl WorkerEnv {
             get(env::VISIBLE_TILES).as_deref(),
             contract.spec.tiles_per_worker,
         )?;
+        let data_path = match get(env::DATA_PATH) {
+            None => DataPath::default(),
+            Some(path) => path.parse().map_err(|_| {
+                WorkerError::config(
+                    env::DATA_PATH,
+                    format!("{path:?} is not auto, tcp or grpc; unset it for auto"),
+                )
+            })?,
+        };
         Ok(WorkerEnv {
-            rank: contract.rank,
-            world_size: contract.world_size,
-            master_addr: contract.master_addr,
-            master_port: contract.master_port,
-            collective_port: contract.collective_port,
-            job_name: contract.job_name,
-            namespace: contract.job_namespace,
-            job_uid: contract.job_uid,
-            generation: u64::from(contract.generation),
-            token: supplied.token,
-            spec: contract.spec,
-            node_name: supplied.node_name,
-            pod_ip: supplied.pod_ip,
-            result_path: contract
-                .result_path
-                .unwrap_or_else(|| TERMINATION_LOG_PATH.into())
-                .into(),
-            checkpoint_dir: contract.checkpoint_dir.map(PathBuf::from),
+            contract,
+            supplied,
             tiles,
             tile_affinity: get(env::TILE_AFFINITY).unwrap_or_default(),
             visible_tiles: get(env::VISIBLE_TILES).unwrap_or_default(),
-            progress: contract.progress,
-            tensorboard_dir: contract.tensorboard_dir.map(PathBuf::from),
-            progress_lines: get(env::PROGRESS_LINES).as_deref() == Some("1"),
-            data_path: match get(env::DATA_PATH) {
-                None => DataPath::default(),
-                Some(path) => path.parse().map_err(|_| {
-                    WorkerError::config(
-                        env::DATA_PATH,
-                        format!("{path:?} is not auto, tcp or grpc; unset it for auto"),
-                    )
-                })?,
-            },
+            data_path,
         })
+    }
+
+    /// Where rank 0 writes its result: `RDU_RESULT_PATH`, else the termination log.
+    pub fn result_path(&self) -> &Path {
+        Path::new(
+            self.contract
+                .result_path
+                .as_deref()
+                .unwrap_or(TERMINATION_LOG_PATH),
+        )
+    }
+
+    /// The checkpoint directory, when the job checkpoints and this rank has one.
+    pub fn checkpoint_dir(&self) -> Option<&Path> {
+        self.contract.checkpoint_dir.as_deref().map(Path::new)
+    }
+
+    /// Rank 0's TensorBoard directory, when the job asks for one.
+    pub fn tensorboard_dir(&self) -> Option<&Path> {
+        self.contract.tensorboard_dir.as_deref().map(Path::new)
     }
 }
 
@@ -159,11 +145,13 @@ pub(crate) mod tests {
     fn the_contract_reads_with_defaults() {
         let map = vars(crate::test_fixtures::MINIMAL);
         let e = read(&map).unwrap();
-        assert_eq!((e.rank, e.world_size, e.generation), (1, 2, 2));
-        assert_eq!(e.namespace, "default");
-        assert_eq!(e.pod_ip, "127.0.0.1");
-        assert_eq!(e.result_path, PathBuf::from("/dev/termination-log"));
-        assert_eq!(e.collective_port, 29501);
+        let c = &e.contract;
+        assert_eq!((c.rank, c.world_size, c.generation), (1, 2, 2));
+        assert_eq!(c.job_namespace, "default");
+        assert_eq!(e.supplied.pod_ip, "127.0.0.1");
+        assert_eq!(e.result_path(), Path::new("/dev/termination-log"));
+        assert_eq!((e.checkpoint_dir(), e.tensorboard_dir()), (None, None));
+        assert_eq!(c.collective_port, 29501);
         assert_eq!(e.tiles, 1);
         assert_eq!(
             (e.tile_affinity.as_str(), e.visible_tiles.as_str()),

@@ -1,7 +1,8 @@
 //! The training process of one rank: sharded data, the `ffn-logreg` model, SGD/Adam, gradients
 //! averaged over the job's ranks through `rdu-collective`, checkpoints, and the result JSON.
 //!
-//! Entry point: [`run::run`] (used by the `rdu-worker run` binary and by `rdujob`'s local mode).
+//! Entry point: [`run::run`] (used by the `rdu-worker run` binary and by `rdujob`'s local mode), which runs the
+//! rank's [`session`] in its job with the spec's mode from [`modes`].
 
 pub mod buckets;
 pub mod checkpoint;
@@ -9,25 +10,26 @@ pub mod checkpointing;
 pub mod data;
 pub mod env;
 pub mod error;
-pub mod inference;
 pub mod latency;
-pub mod measure;
 pub mod model;
+pub mod model_run;
+pub mod modes;
 pub mod observe;
 pub mod optim;
 pub mod overlap;
 pub mod pef;
 pub mod progress_lines;
+pub mod reduce;
 pub mod report;
 pub mod result;
 pub mod rng;
 pub mod run;
 pub mod sampler;
+pub mod session;
 pub mod stop;
 pub mod tensorboard;
 #[cfg(test)]
 mod test_fixtures;
-pub mod train;
 
 pub use error::WorkerError;
 pub use run::{run, run_from_process_env, run_stoppable};

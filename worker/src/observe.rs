@@ -53,8 +53,8 @@ impl Observers {
     pub fn for_rank(env: &WorkerEnv) -> Observers {
         let mut observers = Observers::default();
         observers.push(EpochLog);
-        if let (0, Some(dir)) = (env.rank, &env.tensorboard_dir) {
-            match TensorBoardWriter::create(dir, &env.node_name) {
+        if let (0, Some(dir)) = (env.contract.rank, env.tensorboard_dir()) {
+            match TensorBoardWriter::create(dir, &env.supplied.node_name) {
                 Ok(writer) => {
                     tracing::info!(path = %writer.path().display(), "writing TensorBoard events");
                     observers.push(writer);
@@ -64,12 +64,12 @@ impl Observers {
                 }
             }
         }
-        if env.rank == 0 && env.progress_lines {
+        if env.contract.rank == 0 && env.contract.progress_lines {
             observers.push(ProgressLines::default());
         }
-        if let (0, Some(endpoint)) = (env.rank, &env.progress) {
-            let generation = u32::try_from(env.generation).unwrap_or(u32::MAX);
-            let target = ReportTarget::new(endpoint, &env.namespace, &env.job_name, generation);
+        if let (0, Some(endpoint)) = (env.contract.rank, &env.contract.progress) {
+            let c = &env.contract;
+            let target = ReportTarget::new(endpoint, &c.job_namespace, &c.job_name, c.generation);
             match ProgressReporter::start(target) {
                 Ok(reporter) => observers.push(reporter),
                 Err(e) => {

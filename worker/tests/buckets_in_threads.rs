@@ -54,7 +54,11 @@ fn train_two_ranks(bucket_mib: u32) -> Vec<u64> {
                     .enable_all()
                     .build()
                     .unwrap();
-                runtime.block_on(run_rank(&env)).unwrap().checksum
+                runtime
+                    .block_on(run_rank(&env))
+                    .unwrap()
+                    .checksum
+                    .expect("a trained model")
             })
         })
         .collect();

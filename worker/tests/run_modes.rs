@@ -116,3 +116,42 @@ fn a_run_below_min_throughput_fails_permanently_and_names_both_numbers() {
     );
     assert_eq!(codes, vec![0, 0], "above the minimum");
 }
+
+#[test]
+fn the_all_reduce_benchmark_times_every_size_and_reports_bus_bandwidth() {
+    let dir = tempfile::tempdir().unwrap();
+    let result = dir.path().join("result.json");
+    let codes = common::run_job(
+        3,
+        |spec| {
+            spec["mode"] = json!("allReduceBenchmark");
+            spec["allReduceBenchmark"] =
+                json!({"sizes": ["4Ki", "64Ki", "1Mi"], "warmupIterations": 1, "iterations": 3});
+            // Not read in this mode: a data file that does not exist is no failure.
+            spec["data"] = json!({"source": "csv", "path": "no/such/file.csv"});
+        },
+        &result,
+        None,
+    );
+    assert_eq!(codes, vec![0, 0, 0]);
+    let json = read(&result);
+    assert_eq!(json["mode"], "allReduceBenchmark", "{json}");
+    let bench = &json["allReduce"];
+    assert_eq!(
+        (bench["ranks"].as_u64(), bench["iterations"].as_u64()),
+        (Some(3), Some(3))
+    );
+    let sizes = bench["sizes"].as_array().expect("sizes");
+    let bytes: Vec<u64> = sizes.iter().map(|s| s["bytes"].as_u64().unwrap()).collect();
+    assert_eq!(bytes, [4096, 65536, 1 << 20]);
+    for size in sizes {
+        let busbw = size["busbwGbps"].as_f64().expect("busbw");
+        let algbw = size["algbwGbps"].as_f64().expect("algbw");
+        assert!(busbw > 0.0 && busbw.is_finite(), "{size}");
+        assert!(
+            (busbw - algbw * 4.0 / 3.0).abs() <= 1e-3 * busbw,
+            "2(n-1)/n at 3 ranks: {size}"
+        );
+        assert_eq!(size["wrongValues"], 0, "{size}");
+    }
+}

@@ -79,7 +79,7 @@ fn generation(
                     &mut observers,
                     &stop,
                 )) {
-                    Ok(outcome) => (0, Some(outcome.checksum)),
+                    Ok(outcome) => (0, outcome.checksum),
                     Err(e) => (e.exit_code(), None),
                 }
             })

@@ -97,3 +97,51 @@ fn a_missing_pod_and_a_result_are_shown() {
         "{text}"
     );
 }
+
+#[test]
+fn an_all_reduce_benchmark_shows_a_row_per_size() {
+    let mut job: RduJob = serde_yaml_ng::from_str(JOB).expect("job");
+    if let Some(s) = job.status.as_mut() {
+        s.result = Some(JobResult {
+            mode: Some(rdu_crds::RunMode::AllReduceBenchmark),
+            all_reduce: Some(rdu_crds::AllReduceResult {
+                ranks: 2,
+                nodes: 2,
+                algorithm: "auto".into(),
+                compression: "none".into(),
+                data_path: "auto".into(),
+                shared_memory_peers: 0,
+                warmup_iterations: 5,
+                iterations: 20,
+                sizes: vec![
+                    rdu_crds::AllReduceTiming {
+                        bytes: 4096,
+                        median_seconds: 0.0000543,
+                        algbw_gbps: 0.07543,
+                        busbw_gbps: 0.07543,
+                        wrong_values: 0,
+                    },
+                    rdu_crds::AllReduceTiming {
+                        bytes: 64 << 20,
+                        median_seconds: 0.05,
+                        algbw_gbps: 1.342,
+                        busbw_gbps: 1.342,
+                        wrong_values: 0,
+                    },
+                ],
+            }),
+            ..Default::default()
+        });
+    }
+    let text = render(&job, &[], now());
+    assert!(
+        text.ends_with(
+            "Result:     all-reduce across 2 rank(s) on 2 node(s), algorithm auto, compression none, data path \
+             auto, 20 timed (median) after 5 untimed\n\n\
+             SIZE  BYTES     MEDIAN(us)  ALGBW(GB/s)  BUSBW(GB/s)  WRONG\n\
+             4Ki   4096      54.3        0.075        0.075        0\n\
+             64Mi  67108864  50000.0     1.342        1.342        0\n"
+        ),
+        "{text}"
+    );
+}

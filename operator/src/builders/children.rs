@@ -1,5 +1,5 @@
-//! Builders of a job's children: the headless Service, the token Secret, one Pod per rank (hardened, `hardening`)
-//! and the gang PodGroup.
+//! Builders of a job's children: the headless Service, the token Secret, a rank's Pod from its contract (hardened,
+//! `hardening`) and the gang PodGroup.
 
 use std::collections::BTreeMap;
 
@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+use rdu_crds::RankEnv;
 use rdu_crds::consts::{self, WORKER_CONTAINER};
 
 use super::checkpoint::{CHECKPOINT_MOUNT, CheckpointStorage};
@@ -73,9 +74,10 @@ pub fn pod_group(job: &ValidJob, gang: Gang) -> DynamicObject {
     group
 }
 
-/// The pod of one rank at one gang generation, with `spec.template` merged in and the restricted profile's
-/// fields the template leaves unset filled in.
-pub fn worker_pod(job: &ValidJob, rank: u32, generation: u32) -> Pod {
+/// The pod of the rank `contract` describes (rank, generation, its env), with `spec.template` merged in, its
+/// checkpoint storage and the restricted profile's fields the template leaves unset filled in.
+pub fn contract_pod(job: &ValidJob, contract: &RankEnv) -> Pod {
+    let (rank, generation) = (contract.rank, contract.generation);
     let name = job.name;
     let pod_name = consts::pod_name(name, rank);
     let template = job.template.cloned().unwrap_or_default();
@@ -96,7 +98,7 @@ pub fn worker_pod(job: &ValidJob, rank: u32, generation: u32) -> Pod {
 
     let mut spec = template.spec.unwrap_or_default();
     let container = take_worker_container(&mut spec);
-    let worker = worker_container(job, rank, generation, container);
+    let worker = worker_container(job, contract, container);
     spec.containers.insert(0, worker);
     CheckpointStorage::of(&job.checkpoint, rank).add_to_pod(name, &mut spec);
     spec.restart_policy = Some("Never".to_string());
@@ -132,12 +134,7 @@ fn take_worker_container(spec: &mut PodSpec) -> Container {
     index.map(|i| spec.containers.remove(i)).unwrap_or_default()
 }
 
-fn worker_container(
-    job: &ValidJob,
-    rank: u32,
-    generation: u32,
-    mut container: Container,
-) -> Container {
+fn worker_container(job: &ValidJob, contract: &RankEnv, mut container: Container) -> Container {
     container.name = WORKER_CONTAINER.to_string();
     container.image = Some(job.image.clone());
     if let Some(policy) = job.image_pull_policy {
@@ -147,12 +144,8 @@ fn worker_container(
         container.args = Some(vec!["run".to_string()]);
     }
 
-    let mut contract = job.rank_env(rank, generation);
-    let storage = CheckpointStorage::of(&job.checkpoint, rank);
-    let checkpoint_volume = storage.volume_name();
-    contract.checkpoint_dir = checkpoint_volume.map(|_| CHECKPOINT_MOUNT.to_string());
-    let mut env = container_env(&contract);
-    if let Some(volume) = checkpoint_volume {
+    let mut env = container_env(contract);
+    if let Some(volume) = CheckpointStorage::of(&job.checkpoint, contract.rank).volume_name() {
         container
             .volume_mounts
             .get_or_insert_with(Vec::new)
@@ -204,8 +197,13 @@ fn env_names_contain(env: &[EnvVar], name: &str) -> bool {
 mod tests {
     use super::*;
     use crate::builders::CHECKPOINT_VOLUME;
+    use crate::builders::env::rank_contract;
     use crate::test_fixtures::{job, job_from};
     use crate::validate::valid;
+
+    fn worker_pod(job: &ValidJob, rank: u32, generation: u32) -> Pod {
+        contract_pod(job, &rank_contract(job, rank, generation, None))
+    }
 
     const TEMPLATED: &str = "apiVersion: rdu.dev/v1alpha1
 kind: RduJob

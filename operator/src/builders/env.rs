@@ -1,12 +1,35 @@
-//! The env of one rank's worker container in a cluster: the contract of `rdu_crds::RankEnv` as `EnvVar`s.
+//! The env of one rank's worker container in a cluster: every variable of the contract, `rdu_crds::RankEnv`, is
+//! decided here ([`rank_contract`]) and turned into `EnvVar`s here ([`container_env`]); nothing else sets one.
 
 use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, ObjectFieldSelector, SecretKeySelector};
 use rdu_crds::rank_env::{SUPPLIED, Supplied};
-use rdu_crds::{RankEnv, RduJob, consts};
+use rdu_crds::{RankEnv, consts};
 
-/// Every env var of one rank's worker container in a cluster (DESIGN 4.2), in a stable order.
-pub fn rank_env(job: &RduJob, rank: u32, generation: u32) -> Vec<EnvVar> {
-    container_env(&RankEnv::in_cluster(job, rank, generation))
+use super::checkpoint::{CHECKPOINT_MOUNT, CheckpointStorage};
+use super::progress::progress_endpoint;
+use crate::validate::ValidJob;
+
+/// The contract of `rank` at `generation`: the job's identity and spec, the checkpoint directory when the rank
+/// mounts checkpoint storage, and for rank 0 the TensorBoard directory when the job asks for one and the progress
+/// endpoint when the operator takes reports at `progress_url`.
+pub fn rank_contract(
+    job: &ValidJob,
+    rank: u32,
+    generation: u32,
+    progress_url: Option<&str>,
+) -> RankEnv {
+    let mut contract = job.rank_env(rank, generation);
+    contract.checkpoint_dir = CheckpointStorage::of(&job.checkpoint, rank)
+        .volume_name()
+        .map(|_| CHECKPOINT_MOUNT.to_string());
+    if rank == 0 {
+        contract.tensorboard_dir = job
+            .tensorboard
+            .as_ref()
+            .map(|_| consts::TENSORBOARD_MOUNT.to_string());
+        contract.progress = progress_url.map(progress_endpoint);
+    }
+    contract
 }
 
 /// The contract as `EnvVar`s: its literal values, then the token from the job's Secret and the node and pod IP
@@ -61,6 +84,11 @@ fn field_ref(name: &str, path: &str) -> EnvVar {
 mod tests {
     use super::*;
     use crate::test_fixtures::job;
+    use crate::validate::valid;
+
+    fn rank_env(job: &rdu_crds::RduJob, rank: u32, generation: u32) -> Vec<EnvVar> {
+        container_env(&rank_contract(&valid(job), rank, generation, None))
+    }
 
     fn value_of<'a>(env: &'a [EnvVar], name: &str) -> Option<&'a str> {
         env.iter()
@@ -155,5 +183,67 @@ mod tests {
                 "POD_IP"
             ]
         );
+    }
+
+    #[test]
+    fn rank_zero_alone_gets_the_tensorboard_dir_and_the_progress_endpoint() {
+        let mut with = job("mnist", Some("ml"), 2);
+        with.spec.tensorboard = Some(Default::default());
+        let valid = valid(&with);
+        let rank0 = rank_contract(&valid, 0, 1, Some("http://op.sys.svc:8080/"));
+        assert_eq!(
+            rank0.tensorboard_dir.as_deref(),
+            Some(consts::TENSORBOARD_MOUNT)
+        );
+        assert_eq!(
+            rank0.progress,
+            Some(rdu_crds::ProgressEndpoint {
+                url: "http://op.sys.svc:8080".into(),
+                token_file: "/var/run/secrets/rdu.dev/progress/token".into(),
+            })
+        );
+        let rank1 = rank_contract(&valid, 1, 1, Some("http://op.sys.svc:8080/"));
+        assert_eq!((rank1.tensorboard_dir, rank1.progress), (None, None));
+        let quiet = rank_contract(&valid, 0, 1, None);
+        assert_eq!(quiet.progress, None, "no reports without --progress-url");
+        let plain = rank_contract(
+            &crate::validate::valid(&job("mnist", Some("ml"), 2)),
+            0,
+            1,
+            None,
+        );
+        assert_eq!(plain.tensorboard_dir, None);
+    }
+
+    #[test]
+    fn every_contract_variable_of_rank_zero_is_one_env_var() {
+        let mut with = job("mnist", Some("ml"), 2);
+        with.spec.tensorboard = Some(Default::default());
+        with.spec.checkpoint = Some(rdu_crds::CheckpointSpec {
+            interval_steps: 5,
+            volume: None,
+            volume_claim_template: None,
+            keep: 1,
+        });
+        let env = container_env(&rank_contract(&valid(&with), 0, 0, Some("http://op")));
+        let value = |name: &str| value_of(&env, name).map(str::to_string);
+        assert_eq!(
+            value(consts::env::CHECKPOINT_DIR).as_deref(),
+            Some(CHECKPOINT_MOUNT)
+        );
+        assert_eq!(
+            value(consts::env::TENSORBOARD_DIR).as_deref(),
+            Some(consts::TENSORBOARD_MOUNT)
+        );
+        assert_eq!(
+            value(consts::env::PROGRESS_URL).as_deref(),
+            Some("http://op")
+        );
+        assert!(value(consts::env::PROGRESS_TOKEN_FILE).is_some());
+        let mut names: Vec<&str> = env.iter().map(|e| e.name.as_str()).collect();
+        let all = names.len();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), all, "each variable once: {names:?}");
     }
 }

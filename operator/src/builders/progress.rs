@@ -1,38 +1,32 @@
-//! Rank 0's means to report progress (DESIGN 4.8): the operator's URL in its env and a projected ServiceAccount
-//! token, bound to the pod and good only for the progress audience, that the kubelet mounts and refreshes.
+//! Rank 0's means to report progress (DESIGN 4.8): where it reports (the contract's `ProgressEndpoint`) and a
+//! projected ServiceAccount token, bound to the pod and good only for the progress audience, that the kubelet
+//! mounts and refreshes.
 
 use k8s_openapi::api::core::v1::{
-    EnvVar, Pod, ProjectedVolumeSource, ServiceAccountTokenProjection, Volume, VolumeMount,
+    Pod, ProjectedVolumeSource, ServiceAccountTokenProjection, Volume, VolumeMount,
     VolumeProjection,
 };
-use rdu_crds::consts::{self, WORKER_CONTAINER, env};
-
-use super::children::worker_pod;
-use crate::validate::ValidJob;
+use rdu_crds::ProgressEndpoint;
+use rdu_crds::consts::{self, WORKER_CONTAINER};
 
 /// Name of the projected token volume in rank 0's pod.
 pub const PROGRESS_TOKEN_VOLUME: &str = "rdu-progress-token";
+/// The token's file inside [`consts::PROGRESS_TOKEN_DIR`].
+pub const PROGRESS_TOKEN_FILE: &str = "token";
 /// The token's lifetime; the kubelet renews it at 80% of it.
 pub const PROGRESS_TOKEN_SECONDS: i64 = 3600;
 
-/// The pod of `rank` at `generation`; rank 0's reports progress when the operator takes reports at `progress_url`,
-/// and writes TensorBoard events when the job asks.
-pub fn rank_pod(job: &ValidJob, rank: u32, generation: u32, progress_url: Option<&str>) -> Pod {
-    let mut pod = worker_pod(job, rank, generation);
-    if rank == 0 {
-        if let Some(url) = progress_url {
-            add_progress_reporting(&mut pod, url);
-        }
-        if let Some(log) = &job.tensorboard {
-            super::tensorboard::add_tensorboard(&mut pod, log);
-        }
+/// Where rank 0 reports to the operator at `url`, and the token it shows.
+pub fn progress_endpoint(url: &str) -> ProgressEndpoint {
+    ProgressEndpoint {
+        url: url.trim_end_matches('/').to_string(),
+        token_file: format!("{}/{PROGRESS_TOKEN_FILE}", consts::PROGRESS_TOKEN_DIR),
     }
-    pod
 }
 
-/// Rank 0's pod reporting progress to the operator at `url`: the env of `rdu_crds::ProgressEndpoint`, the
-/// projected token volume, and its read-only mount in the worker container.
-pub fn add_progress_reporting(pod: &mut Pod, url: &str) {
+/// Rank 0's pod holding its progress token: the projected token volume, and its read-only mount in the worker
+/// container.
+pub fn add_progress_token(pod: &mut Pod) {
     let Some(spec) = pod.spec.as_mut() else {
         return;
     };
@@ -43,7 +37,7 @@ pub fn add_progress_reporting(pod: &mut Pod, url: &str) {
                 service_account_token: Some(ServiceAccountTokenProjection {
                     audience: Some(consts::PROGRESS_TOKEN_AUDIENCE.to_string()),
                     expiration_seconds: Some(PROGRESS_TOKEN_SECONDS),
-                    path: "token".to_string(),
+                    path: PROGRESS_TOKEN_FILE.to_string(),
                 }),
                 ..Default::default()
             }]),
@@ -67,48 +61,37 @@ pub fn add_progress_reporting(pod: &mut Pod, url: &str) {
             read_only: Some(true),
             ..Default::default()
         });
-    let vars = worker.env.get_or_insert_with(Vec::new);
-    vars.retain(|v| v.name != env::PROGRESS_URL && v.name != env::PROGRESS_TOKEN_FILE);
-    for (name, value) in [
-        (env::PROGRESS_URL, url.trim_end_matches('/').to_string()),
-        (
-            env::PROGRESS_TOKEN_FILE,
-            format!("{}/token", consts::PROGRESS_TOKEN_DIR),
-        ),
-    ] {
-        vars.push(EnvVar {
-            name: name.to_string(),
-            value: Some(value),
-            value_from: None,
-        });
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_fixtures::job;
-    use crate::validate::valid;
+    use k8s_openapi::api::core::v1::{Container, PodSpec};
 
     #[test]
-    fn only_rank_zero_reports_and_only_when_the_operator_takes_reports() {
-        let job = job("mnist", Some("ml"), 2);
-        let has_token = |pod: &Pod| {
-            pod.spec
-                .iter()
-                .flat_map(|s| s.volumes.iter().flatten())
-                .any(|v| v.name == PROGRESS_TOKEN_VOLUME)
-        };
-        assert!(has_token(&rank_pod(&valid(&job), 0, 0, Some("http://op"))));
-        assert!(!has_token(&rank_pod(&valid(&job), 1, 0, Some("http://op"))));
-        assert!(!has_token(&rank_pod(&valid(&job), 0, 0, None)));
+    fn the_endpoint_is_the_url_without_its_slash_and_the_mounted_token() {
+        assert_eq!(
+            progress_endpoint("http://op.sys.svc:8080/"),
+            ProgressEndpoint {
+                url: "http://op.sys.svc:8080".into(),
+                token_file: "/var/run/secrets/rdu.dev/progress/token".into(),
+            }
+        );
     }
 
     #[test]
-    fn rank_zero_gets_the_url_and_a_pod_bound_token_for_the_progress_audience() {
-        let job = job("mnist", Some("ml"), 2);
-        let mut pod = worker_pod(&valid(&job), 0, 0);
-        add_progress_reporting(&mut pod, "http://op.sys.svc:8080/");
+    fn the_token_is_pod_bound_for_the_progress_audience_and_mounted_read_only() {
+        let mut pod = Pod {
+            spec: Some(PodSpec {
+                containers: vec![Container {
+                    name: WORKER_CONTAINER.into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        add_progress_token(&mut pod);
         let spec = pod.spec.as_ref().expect("spec");
         let volume = spec
             .volumes
@@ -134,21 +117,10 @@ mod tests {
             .find(|m| m.name == PROGRESS_TOKEN_VOLUME)
             .expect("mount");
         assert_eq!(mount.read_only, Some(true));
-        let value = |name: &str| {
-            worker
-                .env
-                .iter()
-                .flatten()
-                .find(|v| v.name == name)
-                .and_then(|v| v.value.clone())
-        };
         assert_eq!(
-            value(env::PROGRESS_URL).as_deref(),
-            Some("http://op.sys.svc:8080")
-        );
-        assert_eq!(
-            value(env::PROGRESS_TOKEN_FILE).as_deref(),
-            Some("/var/run/secrets/rdu.dev/progress/token")
+            format!("{}/{}", mount.mount_path, token.path),
+            progress_endpoint("http://op").token_file,
+            "the contract names the file the kubelet writes"
         );
     }
 }

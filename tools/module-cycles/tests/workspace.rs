@@ -9,14 +9,6 @@ use rdu_module_cycles::{CrateCircle, check};
 
 /// Circles known when the check was written: (crate, the modules of the circle).
 const KNOWN: &[(&str, &[&str])] = &[
-    (
-        "rdu-operator (lib)",
-        &["crate::builders::checkpoint", "crate::builders::children"],
-    ),
-    (
-        "rdu-operator (lib)",
-        &["crate::builders::progress", "crate::builders::tensorboard"],
-    ),
     ("rdu-worker (lib)", &["crate::checkpoint", "crate::error"]),
     (
         "rdu-worker (lib)",
