@@ -13,6 +13,8 @@ use rdu_e2e::testbed::{self, Testbed, TestbedSpec};
 use rdu_e2e::workspace_root;
 use serde_json::{Value, json};
 
+#[path = "multi_node/bandwidth.rs"]
+mod bandwidth;
 #[path = "multi_node/faults.rs"]
 mod faults;
 use faults::Faults;
@@ -24,7 +26,7 @@ const RDUS: u32 = 2;
 const TILES_PER_RDU: u32 = 2;
 /// Ranks of the job: 8 one-tile ranks need at least two of the three 4-tile nodes, and fit on two after a loss.
 const RANKS: u32 = 8;
-const LONG: Duration = Duration::from_secs(300);
+pub(crate) const LONG: Duration = Duration::from_secs(300);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs root, Debian's containerd and the Go-built binaries: bash e2e/multi-node/run.sh"]
@@ -60,6 +62,7 @@ async fn one_job_spans_three_nodes_and_survives_their_faults() {
 
     let (spread, steps_per_second) = spans_the_nodes(&bed, shared.path()).await;
     summary.extend(spread);
+    summary.extend(bandwidth::between_two_nodes(&bed).await);
     let mut faults = Faults {
         bed,
         shared: shared.path().to_path_buf(),
@@ -167,8 +170,14 @@ fn ranks_per_node(ranks: &[Value]) -> Value {
 /// The same job's test accuracy in local mode (`rdujob run`, built beside the test binaries), as a user
 /// compares a cluster run with a laptop run.
 fn local_accuracy(job: &Value) -> f64 {
+    let result = run_local(job, &[]);
+    result["testAccuracy"].as_f64().expect("testAccuracy")
+}
+
+/// Runs `job` in local mode (`rdujob run`, built beside the test binaries) with extra env `env`; its result line.
+/// The template is dropped: local mode ignores the claim, its checkpoints go to its scratch directory.
+pub(crate) fn run_local(job: &Value, env: &[(&str, &str)]) -> Value {
     let mut local = job.clone();
-    // Local mode ignores the claim; its checkpoints go to its scratch directory.
     local["spec"]
         .as_object_mut()
         .expect("spec")
@@ -184,6 +193,7 @@ fn local_accuracy(job: &Value) -> f64 {
     let out = std::process::Command::new(target.join("rdujob"))
         .arg("run")
         .arg(file.path())
+        .envs(env.iter().copied())
         .output()
         .expect("rdujob runs (cargo build -p rdujob)");
     assert!(
@@ -192,9 +202,8 @@ fn local_accuracy(job: &Value) -> f64 {
         String::from_utf8_lossy(&out.stderr)
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let result: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
-        .unwrap_or_else(|e| panic!("rdujob's last line is not its result ({e}): {stdout}"));
-    result["testAccuracy"].as_f64().expect("testAccuracy")
+    serde_json::from_str(stdout.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("rdujob's last line is not its result ({e}): {stdout}"))
 }
 
 /// A ReadWriteMany PersistentVolume for job `job`'s checkpoint claim, on `<shared>/<job>`, a directory every

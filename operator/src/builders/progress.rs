@@ -104,13 +104,7 @@ mod tests {
             .and_then(|s| s[0].service_account_token.as_ref())
             .expect("service account token");
         assert_eq!(token.audience.as_deref(), Some("rdu.dev/progress"));
-        assert_eq!(
-            spec.automount_service_account_token,
-            Some(false),
-            "the projected volume is rank 0's only token: the API's default one stays unmounted"
-        );
-        let worker = &spec.containers[0];
-        let mount = worker
+        let mount = spec.containers[0]
             .volume_mounts
             .iter()
             .flatten()

@@ -1,0 +1,107 @@
+//! All-reduce between pods on two nodes over the pod network, beside the same two ranks in local mode over TCP
+//! on loopback: `spec.mode: allReduceBenchmark` (nccl-tests' all_reduce_perf) run both ways with one spec.
+
+use std::collections::BTreeSet;
+
+use rdu_e2e::testbed::Testbed;
+use serde_json::{Value, json};
+
+use super::{LONG, run_local};
+
+/// Sizes timed both ways; the largest is the summary's `cross_node_allreduce_busbw_gbps`.
+const SIZES: [&str; 3] = ["64Ki", "1Mi", "16Mi"];
+
+/// The benchmark job: two one-tile ranks that may not share a node, a ring, no compression.
+fn benchmark_job(name: &str) -> Value {
+    json!({
+        "apiVersion": "rdu.dev/v1alpha1",
+        "kind": "RduJob",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "mode": "allReduceBenchmark",
+            "workers": 2,
+            "tilesPerWorker": 1,
+            "image": "rdu-worker:0.1.0",
+            "imagePullPolicy": "IfNotPresent",
+            "allReduceBenchmark": {"sizes": SIZES, "warmupIterations": 3, "iterations": 10},
+            "dataParallel": {"algorithm": "ring", "compression": "none", "timeoutSeconds": 60},
+            "model": {"name": "ffn-logreg"},
+            "data": {"source": "synthetic"},
+            "training": {"steps": 1, "batchSize": 1, "learningRate": 0.1},
+            "runPolicy": {"restartPolicy": "ExitCode", "backoffLimit": 0},
+            "template": {"spec": {"affinity": {"podAntiAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [{
+                    "topologyKey": "kubernetes.io/hostname",
+                    "labelSelector": {"matchLabels": {"rdu.dev/job-name": name}},
+                }]
+            }}}},
+        }
+    })
+}
+
+/// Each size's timing from a result's `allReduce`, checked: every value right, every size present.
+fn timings(all_reduce: &Value, who: &str) -> Vec<Value> {
+    let sizes = all_reduce["sizes"].as_array().cloned().unwrap_or_default();
+    assert_eq!(sizes.len(), SIZES.len(), "{who}: {all_reduce}");
+    for size in &sizes {
+        assert_eq!(size["wrongValues"], 0, "{who}: {size}");
+        let busbw = size["busbwGbps"].as_f64().unwrap_or_default();
+        assert!(busbw > 0.0 && busbw.is_finite(), "{who}: {size}");
+    }
+    sizes
+}
+
+/// Runs the benchmark across two nodes, then locally over TCP; the summary's keys.
+pub async fn between_two_nodes(bed: &Testbed) -> serde_json::Map<String, Value> {
+    let name = "crossbench";
+    let job = benchmark_job(name);
+    bed.apply(&job.to_string());
+    let done = bed.wait_phase(name, "Succeeded", LONG).await;
+    let nodes: BTreeSet<&str> = done["status"]["ranks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["node"].as_str())
+        .collect();
+    assert_eq!(nodes.len(), 2, "the ranks ran on {nodes:?}");
+    let cluster = &done["status"]["result"]["allReduce"];
+    assert_eq!(cluster["nodes"], 2, "{cluster}");
+    assert_eq!(
+        cluster["sharedMemoryPeers"], 0,
+        "two nodes share no memory: {cluster}"
+    );
+    let on_nodes = timings(cluster, "two nodes");
+    bed.kubectl(&["delete", "rdujob", name, "-n", "default", "--wait=true"]);
+
+    let local = run_local(&job, &[(rdu_crds::consts::env::DATA_PATH, "tcp")]);
+    let on_loopback = timings(&local["allReduce"], "local mode over TCP");
+
+    let rows: Vec<Value> = on_nodes
+        .iter()
+        .zip(&on_loopback)
+        .map(|(node, local)| {
+            json!({
+                "bytes": node["bytes"],
+                "pods_median_seconds": node["medianSeconds"],
+                "pods_busbw_gbps": node["busbwGbps"],
+                "local_tcp_median_seconds": local["medianSeconds"],
+                "local_tcp_busbw_gbps": local["busbwGbps"],
+            })
+        })
+        .collect();
+    let mut out = serde_json::Map::new();
+    out.insert(
+        "cross_node_allreduce_busbw_gbps".into(),
+        on_nodes
+            .last()
+            .map_or(Value::Null, |s| s["busbwGbps"].clone()),
+    );
+    out.insert(
+        "local_tcp_allreduce_busbw_gbps".into(),
+        on_loopback
+            .last()
+            .map_or(Value::Null, |s| s["busbwGbps"].clone()),
+    );
+    out.insert("cross_node_allreduce".into(), json!(rows));
+    out
+}
