@@ -1,14 +1,18 @@
 //! Rank 0's checkpoints while training: the directory fenced for this generation at the start, a checkpoint
 //! every `intervalSteps`, and one more when training stops early for a retryable cause (a SIGTERM, a peer's
-//! abort, a lost peer, a collective timeout), so that the next generation loses no step the gang finished.
+//! abort, a lost peer, a collective timeout), so that the next generation loses no step the gang finished; and
+//! at the start, the checkpoint rank 0 chose shared with every rank (`resume`).
 
 use std::time::Duration;
 
 use rdu_crds::consts::exit_code;
 
+use rdu_collective::Communicator;
+
 use crate::checkpoint::{Checkpoint, CheckpointStore, Snapshot, Writer};
 use crate::env::WorkerEnv;
 use crate::error::WorkerError;
+use crate::model::checksum;
 use crate::optim::Optimizer;
 
 /// Rank 0's checkpoint policy and its fenced store.
@@ -126,6 +130,64 @@ fn saves_progress(error: &WorkerError) -> bool {
         WorkerError::Checkpoint(_) => false,
         other => other.exit_code() == exit_code::RETRYABLE,
     }
+}
+
+/// The checkpoint rank 0 chose (`found`: its lineage's newest intact one, if any) copied into every rank's
+/// parameters and optimizer; returns the global step to resume from (0 without a checkpoint).
+pub async fn resume(
+    comm: &Communicator,
+    found: Option<Checkpoint>,
+    params: &mut [f32],
+    optimizer: &mut Optimizer,
+) -> Result<u64, WorkerError> {
+    // The step in 16-bit pieces: f32 holds them exactly.
+    let mut header = [0.0f32; 4];
+    if let Some(c) = &found {
+        header[0] = 1.0;
+        for (i, h) in header[1..].iter_mut().enumerate() {
+            *h = ((c.step >> (16 * i)) & 0xffff) as f32;
+        }
+    }
+    if comm.world_size() > 1 {
+        comm.broadcast(&mut header, 0).await?;
+    }
+    if header[0] != 1.0 {
+        return Ok(0);
+    }
+    let step = header[1..]
+        .iter()
+        .enumerate()
+        .fold(0u64, |acc, (i, &h)| acc | ((h as u64) << (16 * i)));
+    let state_lens: Vec<usize> = optimizer.state().iter().map(|s| s.len()).collect();
+    let mut state: Vec<Vec<f32>> = state_lens.iter().map(|&n| vec![0.0; n]).collect();
+    if let Some(c) = found {
+        params.copy_from_slice(&c.params);
+        if c.optimizer_state.len() == state.len()
+            && c.optimizer_state
+                .iter()
+                .zip(&state)
+                .all(|(a, b)| a.len() == b.len())
+        {
+            state = c.optimizer_state;
+        } else {
+            tracing::warn!(
+                "checkpoint's optimizer state does not fit; optimizer restarts from zero"
+            );
+        }
+    }
+    if comm.world_size() > 1 {
+        comm.broadcast(params, 0).await?;
+        for s in state.iter_mut() {
+            comm.broadcast(s, 0).await?;
+        }
+    }
+    optimizer.restore(&state, step);
+    tracing::info!(
+        step,
+        checksum = format!("{:016x}", checksum(params)),
+        "resumed from checkpoint"
+    );
+    Ok(step)
 }
 
 #[cfg(test)]

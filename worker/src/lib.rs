@@ -30,6 +30,7 @@ pub mod stop;
 pub mod tensorboard;
 #[cfg(test)]
 mod test_fixtures;
+pub mod train_events;
 
 pub use error::WorkerError;
 pub use run::{run, run_from_process_env, run_stoppable};

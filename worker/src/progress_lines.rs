@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use rdu_crds::TrainingProgress;
 use serde::{Deserialize, Serialize};
 
-use crate::observe::{StepDone, TrainObserver};
+use crate::train_events::{StepDone, TrainObserver};
 
 /// The progress line is rewritten at most this often.
 pub const LINE_INTERVAL: Duration = Duration::from_millis(200);

@@ -14,7 +14,7 @@ use hyper_util::rt::TokioExecutor;
 use rdu_crds::{JobResult, ProgressEndpoint, ProgressReport, TrainingProgress, consts};
 use tokio::sync::watch;
 
-use crate::observe::{StepDone, TrainObserver};
+use crate::train_events::{StepDone, TrainObserver};
 
 /// Progress is handed to the sender at most this often (the operator takes one report a second per job and
 /// writes status every five).

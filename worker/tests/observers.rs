@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex};
 use rdu_crds::consts::env;
 use rdu_crds::{JobResult, TrainingProgress};
 use rdu_worker::env::WorkerEnv;
-use rdu_worker::observe::{EpochDone, Observers, StepDone, TrainObserver};
+use rdu_worker::observe::Observers;
+use rdu_worker::train_events::{EpochDone, StepDone, TrainObserver};
 
 #[derive(Default)]
 struct Heard {

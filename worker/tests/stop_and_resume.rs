@@ -11,8 +11,9 @@ use common::rank_vars;
 use rdu_crds::consts::env;
 use rdu_worker::checkpoint::file_name;
 use rdu_worker::env::WorkerEnv;
-use rdu_worker::observe::{Observers, StepDone, TrainObserver};
+use rdu_worker::observe::Observers;
 use rdu_worker::stop::StopRequest;
+use rdu_worker::train_events::{StepDone, TrainObserver};
 
 /// 300 inputs × 1000 hidden (layer 0 over 1 MiB: two buckets of 1 MiB); 80 samples per rank, batch 8:
 /// 10 steps an epoch, 40 in all; a checkpoint interval no run reaches.

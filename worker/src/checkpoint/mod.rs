@@ -1,5 +1,5 @@
 //! Checkpoints: rank 0 writes parameters, optimizer state and the global step, durably and atomically, keeps
-//! the newest N of its lineage, and on start shares the one it resumes from with every rank.
+//! the newest N of its lineage; which one a generation resumes from (`checkpointing::resume` shares it).
 //!
 //! The directory is fenced by generation (DESIGN 5, "Fencing"): a rank 0 of an older generation still alive
 //! (a partitioned node, a pod not yet killed) never gets a checkpoint accepted once a newer generation
@@ -14,17 +14,12 @@ mod store;
 use std::path::Path;
 use std::time::Duration;
 
-use rdu_collective::Communicator;
 use rdu_crds::consts::exit_code;
 
 pub use fence::{FENCE_FILE, Fence};
 pub use files::LOCK_FILE;
 pub use format::{Checkpoint, Snapshot, Writer, file_name};
 pub use store::{CheckpointStore, read_lineage};
-
-use crate::error::WorkerError;
-use crate::model::checksum;
-use crate::optim::Optimizer;
 
 /// Everything reading, writing or fencing checkpoints fails with.
 #[derive(Debug, thiserror::Error)]
@@ -84,62 +79,4 @@ impl CheckpointError {
             CheckpointError::BadFence { .. } | CheckpointError::Io { .. } => exit_code::IO_ERROR,
         }
     }
-}
-
-/// The checkpoint rank 0 chose (`found`: its lineage's newest intact one, if any) copied into every rank's
-/// parameters and optimizer; returns the global step to resume from (0 without a checkpoint).
-pub async fn resume(
-    comm: &Communicator,
-    found: Option<Checkpoint>,
-    params: &mut [f32],
-    optimizer: &mut Optimizer,
-) -> Result<u64, WorkerError> {
-    // The step in 16-bit pieces: f32 holds them exactly.
-    let mut header = [0.0f32; 4];
-    if let Some(c) = &found {
-        header[0] = 1.0;
-        for (i, h) in header[1..].iter_mut().enumerate() {
-            *h = ((c.step >> (16 * i)) & 0xffff) as f32;
-        }
-    }
-    if comm.world_size() > 1 {
-        comm.broadcast(&mut header, 0).await?;
-    }
-    if header[0] != 1.0 {
-        return Ok(0);
-    }
-    let step = header[1..]
-        .iter()
-        .enumerate()
-        .fold(0u64, |acc, (i, &h)| acc | ((h as u64) << (16 * i)));
-    let state_lens: Vec<usize> = optimizer.state().iter().map(|s| s.len()).collect();
-    let mut state: Vec<Vec<f32>> = state_lens.iter().map(|&n| vec![0.0; n]).collect();
-    if let Some(c) = found {
-        params.copy_from_slice(&c.params);
-        if c.optimizer_state.len() == state.len()
-            && c.optimizer_state
-                .iter()
-                .zip(&state)
-                .all(|(a, b)| a.len() == b.len())
-        {
-            state = c.optimizer_state;
-        } else {
-            tracing::warn!(
-                "checkpoint's optimizer state does not fit; optimizer restarts from zero"
-            );
-        }
-    }
-    if comm.world_size() > 1 {
-        comm.broadcast(params, 0).await?;
-        for s in state.iter_mut() {
-            comm.broadcast(s, 0).await?;
-        }
-    }
-    optimizer.restore(&state, step);
-    tracing::info!(
-        step,
-        checksum = format!("{:016x}", checksum(params)),
-        "resumed from checkpoint"
-    );
-    Ok(step)
 }

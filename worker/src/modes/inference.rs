@@ -168,7 +168,8 @@ async fn load_newest_checkpoint(
         _ => None,
     };
     let trained_steps =
-        checkpoint::resume(comm, found, &mut state.bufs.params, &mut state.optimizer).await?;
+        crate::checkpointing::resume(comm, found, &mut state.bufs.params, &mut state.optimizer)
+            .await?;
     if trained_steps == 0 {
         return Err(WorkerError::config(
             "spec.checkpoint",

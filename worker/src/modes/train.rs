@@ -14,18 +14,18 @@ use rdu_collective::Communicator;
 use rdu_crds::{JobResult, LossOn, StepPoint, TrainingSpec};
 
 use crate::buckets;
-use crate::checkpoint;
 use crate::checkpointing::Checkpointing;
 use crate::env::WorkerEnv;
 use crate::error::WorkerError;
 use crate::model::{BatchStats, checksum};
 use crate::model_run::{ModelJob, TrainState, global_stats};
-use crate::observe::{EpochDone, Observers, StepDone};
+use crate::observe::Observers;
 use crate::overlap::ReducePlan;
 use crate::reduce::reduce_plan;
 use crate::sampler::DistributedSampler;
 use crate::session::{Mode, RankOutcome, RankSession};
 use crate::stop::StopRequest;
+use crate::train_events::{EpochDone, StepDone};
 
 /// The training mode: the job's data and model, loaded before the rank joins.
 pub struct Train {
@@ -90,9 +90,13 @@ impl Train {
         let mut state = TrainState::fresh(&self.job.model, spec);
         let (checkpointing, found) = Checkpointing::start(env, state.bufs.params.len())?;
         if spec.checkpoint.is_some() {
-            state.step =
-                checkpoint::resume(comm, found, &mut state.bufs.params, &mut state.optimizer)
-                    .await?;
+            state.step = crate::checkpointing::resume(
+                comm,
+                found,
+                &mut state.bufs.params,
+                &mut state.optimizer,
+            )
+            .await?;
         }
         Ok((state, checkpointing))
     }

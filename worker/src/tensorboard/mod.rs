@@ -14,7 +14,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use prost::Message;
 use rdu_crds::{JobResult, TrainingProgress};
 
-use crate::observe::{EpochDone, StepDone, TrainObserver};
+use crate::train_events::{EpochDone, StepDone, TrainObserver};
 use event::{Event, Summary, SummaryValue};
 
 /// Writes one event file.
