@@ -93,7 +93,8 @@ fn main() {
     let cli = Cli::parse();
     let code = match cli.command {
         Command::Worker => {
-            rdu_worker::single_threaded_gemm();
+            // SAFETY: only argument parsing ran before; it starts no thread, so none exists yet.
+            unsafe { rdu_worker::single_threaded_gemm() };
             rdu_worker::init_logs();
             rdu_worker::run_from_process_env()
         }

@@ -53,11 +53,14 @@ const GEMM_THREADS_VAR: &str = "MATMUL_NUM_THREADS";
 
 /// Makes every sgemm single-threaded unless the user chose otherwise: a rank's parallelism is its
 /// tiles (one compute thread each, see [`model::Mlp::batch_grad`]), and a nested pool would
-/// oversubscribe the cores. Call first thing in `main`, before any thread exists.
-pub fn single_threaded_gemm() {
+/// oversubscribe the cores.
+///
+/// # Safety
+/// It writes the process environment: the caller must call it while no other thread exists that could read or
+/// write the environment (first thing in `main`, before any runtime, logger or pool starts a thread).
+pub unsafe fn single_threaded_gemm() {
     if std::env::var_os(GEMM_THREADS_VAR).is_none() {
-        // SAFETY: called at the start of main, while the process has a single thread, so no
-        // other thread can read the environment concurrently.
+        // SAFETY: the caller guarantees no other thread exists (this function's contract).
         unsafe { std::env::set_var(GEMM_THREADS_VAR, "1") };
     }
 }

@@ -24,7 +24,8 @@ enum Command {
 }
 
 fn main() {
-    rdu_worker::single_threaded_gemm();
+    // SAFETY: the first statement of main; no other thread exists yet.
+    unsafe { rdu_worker::single_threaded_gemm() };
     let cli = Cli::parse();
     rdu_worker::init_logs();
     let code = match cli.command {

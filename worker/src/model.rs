@@ -380,6 +380,15 @@ fn softmax_stats(
     stats
 }
 
+/// How many elements a `rows` × `cols` matrix with strides (`rs`, `cs`) reaches: its largest index plus one.
+fn span(rows: usize, cols: usize, rs: usize, cs: usize) -> usize {
+    if rows == 0 || cols == 0 {
+        0
+    } else {
+        (rows - 1) * rs + (cols - 1) * cs + 1
+    }
+}
+
 /// `c = a · b + beta × c` for row-major `c` (m × n); `a` and `b` given with (row, column) strides.
 fn gemm(
     (m, k, n): (usize, usize, usize),
@@ -388,8 +397,14 @@ fn gemm(
     beta: f32,
     c: &mut [f32],
 ) {
-    assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n);
-    // SAFETY: the assertion above bounds every index sgemm touches for these shapes and strides.
+    assert!(
+        a.len() >= span(m, k, rsa, csa)
+            && b.len() >= span(k, n, rsb, csb)
+            && c.len() >= span(m, n, n, 1),
+        "gemm: a matrix's shape and strides reach past its slice"
+    );
+    // SAFETY: sgemm reads a[i·rsa + p·csa] (i < m, p < k), b[p·rsb + j·csb] (p < k, j < n) and writes
+    // c[i·n + j]; the assertion above checks that the largest of each is inside its slice.
     unsafe {
         matrixmultiply::sgemm(
             m,

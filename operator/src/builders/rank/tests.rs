@@ -83,7 +83,10 @@ fn only_rank_zero_reports_and_only_when_the_operator_takes_reports() {
     let rank0 = rank_pod(&valid(&job), 0, 0, Some("http://op.sys.svc:8080/"));
     assert!(has_volume(&rank0, PROGRESS_TOKEN_VOLUME));
     assert_eq!(
-        rank0.spec.as_ref().and_then(|s| s.automount_service_account_token),
+        rank0
+            .spec
+            .as_ref()
+            .and_then(|s| s.automount_service_account_token),
         Some(false),
         "the projected volume is rank 0's only token: the API's default one stays unmounted"
     );
