@@ -29,9 +29,13 @@ pub enum ConfigError {
     #[error("invalid topology (rdusPerNode / tilesPerRdu): {0}")]
     Topology(#[from] TopologyError),
     #[error(
-        "--status-addr / statusAddr `{value}` is not HOST:PORT (e.g. 0.0.0.0:9464, or `off`): {reason}"
+        "--status-addr / statusAddr `{value}` is not HOST:PORT (e.g. 0.0.0.0:9464, or `off`): {source}"
     )]
-    StatusAddr { value: String, reason: String },
+    StatusAddr {
+        value: String,
+        #[source]
+        source: std::net::AddrParseError,
+    },
     #[error(
         "--annotate-pods / annotatePods learns each pod's tiles from the kubelet's pod-resources API: set \
          --pod-resources-socket to its socket, or drop --annotate-pods"
@@ -153,12 +157,14 @@ impl PluginConfig {
         let status_addr = if status_text == "off" {
             None
         } else {
-            Some(status_text.parse().map_err(|e: std::net::AddrParseError| {
-                ConfigError::StatusAddr {
-                    value: status_text.clone(),
-                    reason: e.to_string(),
-                }
-            })?)
+            Some(
+                status_text
+                    .parse()
+                    .map_err(|source: std::net::AddrParseError| ConfigError::StatusAddr {
+                        value: status_text.clone(),
+                        source,
+                    })?,
+            )
         };
         let pod_resources_socket = Some(
             flags

@@ -27,8 +27,12 @@ pub enum TileStatError {
     Timeout { url: String },
     #[error("GET {url} answered HTTP {status}")]
     Status { url: String, status: StatusCode },
-    #[error("GET {url} returned a body that is not a tile status document: {reason}")]
-    Decode { url: String, reason: String },
+    #[error("GET {url} returned a body that is not a tile status document: {source}")]
+    Decode {
+        url: String,
+        #[source]
+        source: serde_json::Error,
+    },
 }
 
 /// Health of one tile.
@@ -181,9 +185,9 @@ pub async fn fetch(url: &str) -> Result<NodeStatus, TileStatError> {
     })?
     .map_err(|e| request_error(&e))?
     .to_bytes();
-    serde_json::from_slice(&body).map_err(|e| TileStatError::Decode {
+    serde_json::from_slice(&body).map_err(|source| TileStatError::Decode {
         url: url.to_string(),
-        reason: e.to_string(),
+        source,
     })
 }
 

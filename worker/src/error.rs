@@ -72,7 +72,7 @@ mod tests {
         assert_eq!(WorkerError::config("RANK", "x").exit_code(), 64);
         let data = DataError::Missing {
             file: "a.csv".into(),
-            reason: "no such file".into(),
+            source: std::io::ErrorKind::NotFound.into(),
         };
         assert_eq!(WorkerError::from(data).exit_code(), 65);
         let lost = CollectiveError::PeerLost {

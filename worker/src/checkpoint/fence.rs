@@ -137,17 +137,17 @@ pub fn read(dir: &Path) -> Result<Option<Fence>, CheckpointError> {
     };
     serde_json::from_slice(&bytes)
         .map(Some)
-        .map_err(|e| CheckpointError::BadFence {
+        .map_err(|source| CheckpointError::BadFence {
             path: path.display().to_string(),
-            reason: e.to_string(),
+            source,
         })
 }
 
 /// Replaces `dir`'s fence with `fence`, atomically and durably. Call under the exclusive lock.
 pub fn write(dir: &Path, fence: &Fence) -> Result<(), CheckpointError> {
-    let mut bytes = serde_json::to_vec(fence).map_err(|e| CheckpointError::BadFence {
+    let mut bytes = serde_json::to_vec(fence).map_err(|source| CheckpointError::BadFence {
         path: dir.join(FENCE_FILE).display().to_string(),
-        reason: e.to_string(),
+        source,
     })?;
     bytes.push(b'\n');
     let tmp = files::stage(dir, FENCE_FILE, &bytes)?;
@@ -306,9 +306,10 @@ mod tests {
             "{\"jobUid\":\"uid-a\",\"generation\":4,\"resumedFrom\":\"ckpt-000000000030-g000003.bin\"}\n"
         );
         std::fs::write(dir.path().join(FENCE_FILE), "{\"generation\":").unwrap();
-        assert!(matches!(
-            read(dir.path()),
-            Err(CheckpointError::BadFence { .. })
-        ));
+        let err = read(dir.path()).unwrap_err();
+        assert!(matches!(err, CheckpointError::BadFence { .. }), "{err}");
+        let cause =
+            std::error::Error::source(&err).expect("the parser's error is kept as the source");
+        assert!(cause.is::<serde_json::Error>(), "{cause}");
     }
 }

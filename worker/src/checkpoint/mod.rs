@@ -47,9 +47,13 @@ pub enum CheckpointError {
     },
     /// The fence file is not one (it may name a newer generation, so nothing is written past it).
     #[error(
-        "{path} is not a checkpoint fence ({reason}): delete it to resume from the newest checkpoint"
+        "{path} is not a checkpoint fence ({source}): delete it to resume from the newest checkpoint"
     )]
-    BadFence { path: String, reason: String },
+    BadFence {
+        path: String,
+        #[source]
+        source: serde_json::Error,
+    },
     #[error("cannot {action} {path}: {source}")]
     Io {
         action: &'static str,

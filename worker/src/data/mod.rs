@@ -17,8 +17,12 @@ const SPLIT_STREAM: u64 = 0x5EED_5917;
 /// Bad data: the file, the line or record when known, and what is wrong.
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
-    #[error("{file}: cannot read: {reason}")]
-    Missing { file: String, reason: String },
+    #[error("{file}: cannot read: {source}")]
+    Missing {
+        file: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("{file}:{line}: {reason}")]
     Malformed {
         file: String,

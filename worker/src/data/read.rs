@@ -17,9 +17,9 @@ const INFLATE_RESERVE: u64 = 64 << 20;
 /// The file's bytes, decompressed when they start with the gzip magic; at most `max_bytes` of either.
 pub fn read_maybe_gzipped(path: &Path, max_bytes: u64) -> Result<Vec<u8>, DataError> {
     let file = path.display().to_string();
-    let missing = |e: std::io::Error| DataError::Missing {
+    let missing = |source: std::io::Error| DataError::Missing {
         file: file.clone(),
-        reason: e.to_string(),
+        source,
     };
     let opened = File::open(path).map_err(missing)?;
     let stored = opened.metadata().map_err(missing)?.len();
