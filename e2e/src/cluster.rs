@@ -117,9 +117,10 @@ pub async fn create_namespace(plane: &ControlPlane, name: &str) -> Result<(), Cl
     Ok(())
 }
 
-/// A token of `namespace/account` from the TokenRequest API, valid for an hour.
 /// The chart's release name in the tests; its operator's ServiceAccount is `<release>-rdu-operator`.
 pub const CHART_RELEASE: &str = "rdu";
+/// The namespace the chart is installed in and the operator runs in (its Lease, its ServiceAccount).
+pub const SYSTEM_NAMESPACE: &str = "rdu-system";
 
 /// Applies the chart's manifests (its RBAC among them) into `namespace` server-side and starts the operator
 /// binary beside the control plane (log `rdu-operator`), authenticated as the chart's ServiceAccount with a
@@ -193,6 +194,7 @@ pub fn start_operator_with_chart_values(
     Ok(OperatorAddrs { metrics, progress })
 }
 
+/// A token of `namespace/account` from the TokenRequest API, valid for an hour.
 pub fn service_account_token(
     plane: &ControlPlane,
     namespace: &str,

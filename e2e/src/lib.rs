@@ -10,6 +10,7 @@ pub mod assets;
 pub mod cluster;
 pub mod control_plane;
 pub mod image;
+pub mod kit;
 pub mod kubeconfig;
 pub mod logs;
 pub mod metrics;
@@ -23,9 +24,9 @@ pub mod tools;
 
 pub use assets::{Assets, AssetsError, assets_or_skip};
 pub use cluster::{
-    CHART_RELEASE, ClusterError, OperatorAddrs, create_namespace, install_crd, kubectl, kubectl_as,
-    service_account_token, start_operator_as_chart, start_operator_as_chart_at,
-    start_operator_as_chart_with, start_operator_with_chart_values,
+    CHART_RELEASE, ClusterError, OperatorAddrs, SYSTEM_NAMESPACE, create_namespace, install_crd,
+    kubectl, kubectl_as, service_account_token, start_operator_as_chart,
+    start_operator_as_chart_at, start_operator_as_chart_with, start_operator_with_chart_values,
 };
 pub use control_plane::{Components, ControlPlane, ControlPlaneError, NodeAccess};
 pub use metrics::{MetricsError, Sample};

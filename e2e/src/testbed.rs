@@ -20,6 +20,7 @@ use serde_json::Value;
 use tempfile::TempDir;
 
 use crate::assets::Assets;
+pub use crate::cluster::SYSTEM_NAMESPACE;
 use crate::cluster::kubectl;
 use crate::control_plane::{Components, ControlPlane, NodeAccess};
 use crate::image::{self, Inputs};
@@ -33,9 +34,8 @@ use crate::tools::{helm_binary, run_ok, workspace_root};
 
 mod operator_home;
 
-/// The chart's release and namespace.
-pub const RELEASE: &str = "rdu";
-pub const SYSTEM_NAMESPACE: &str = "rdu-system";
+/// The chart's release (its namespace is `SYSTEM_NAMESPACE`).
+pub const RELEASE: &str = crate::cluster::CHART_RELEASE;
 /// The operator's Deployment, as the chart names it.
 pub const OPERATOR_DEPLOYMENT: &str = "rdu-rdu-operator";
 /// Env var naming the directory of the binaries the images are assembled from (default target/debug).

@@ -27,7 +27,7 @@ use kube::api::{Api, ListParams, PostParams};
 use rdu_crds::RduJob;
 use rdu_e2e::metrics::{self, Sample};
 use rdu_e2e::{
-    Assets, Components, ControlPlane, create_namespace, install_crd, poll_until,
+    Assets, Components, ControlPlane, SYSTEM_NAMESPACE, create_namespace, install_crd, poll_until,
     start_operator_as_chart, workspace_root,
 };
 use serde_json::json;
@@ -35,7 +35,6 @@ use serde_json::json;
 const JOBS: usize = 20;
 const RANKS: u32 = 256;
 const NAMESPACE: &str = "bench";
-const OPERATOR_NAMESPACE: &str = "rdu-system";
 const WARM_UP_NAMESPACE: &str = "warm-up";
 /// How long the reconcile counter must stay still to call the operator idle.
 const QUIET: Duration = Duration::from_secs(5);
@@ -76,10 +75,10 @@ async fn main() -> anyhow::Result<()> {
         .await
         .context("control plane")?;
     install_crd(&plane).await.context("CRD")?;
-    create_namespace(&plane, OPERATOR_NAMESPACE).await?;
+    create_namespace(&plane, SYSTEM_NAMESPACE).await?;
     create_namespace(&plane, NAMESPACE).await?;
     create_namespace(&plane, WARM_UP_NAMESPACE).await?;
-    let operator = start_operator_as_chart(&mut plane, OPERATOR_NAMESPACE)
+    let operator = start_operator_as_chart(&mut plane, SYSTEM_NAMESPACE)
         .context("starting the operator (RDU_OPERATOR_BIN)")?;
     let admin = plane.admin_client().await?;
     let template = job_template()?;
