@@ -22,7 +22,6 @@ for file in /usr/sbin/runc /usr/lib/cni/bridge /usr/lib/cni/host-local; do [[ -x
 BIN="$(bash e2e/control-plane/build.sh | tail -n 1)"
 NODE_BIN="$(bash e2e/node/build.sh | tail -n 1)"
 export KUBEBUILDER_ASSETS="$BIN" RDU_E2E_HELM="$BIN/helm" RDU_E2E_NODE_BIN="$NODE_BIN"
-export RDU_REQUIRE_CONTROL_PLANE=1
 
 # The images carry the binaries cargo builds here (the dev profile optimises the worker and collective).
 cargo build -p rdu-operator -p rdu-device-plugin -p rdu-worker -p kubectl-rdujob --bins >&2

@@ -1,11 +1,9 @@
-//! Finds the control-plane binaries through `KUBEBUILDER_ASSETS` and decides whether a test skips.
+//! Finds the control-plane binaries through `KUBEBUILDER_ASSETS`.
 
 use std::path::{Path, PathBuf};
 
 /// Env var naming the directory of etcd, kube-apiserver, kube-scheduler, kube-controller-manager.
 pub const ASSETS_ENV: &str = "KUBEBUILDER_ASSETS";
-/// Env var that turns a skip into a failure (CI sets it to 1).
-pub const REQUIRE_ENV: &str = "RDU_REQUIRE_CONTROL_PLANE";
 
 /// Errors locating the binaries.
 #[derive(Debug, thiserror::Error)]
@@ -62,56 +60,9 @@ impl Assets {
     }
 }
 
-/// What a test does when the binaries are missing.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Missing {
-    Skip(String),
-    Fail(String),
-}
-
-/// Pure decision: skip, unless the environment requires the control plane.
-pub fn on_missing(error: &AssetsError, require: Option<&str>) -> Missing {
-    if require == Some("1") {
-        Missing::Fail(format!("{REQUIRE_ENV}=1 but {error}"))
-    } else {
-        Missing::Skip(format!("skipped: {error}"))
-    }
-}
-
-/// The binaries, or `None` after printing why the test skips. Panics (failing the test) when they are
-/// missing and `RDU_REQUIRE_CONTROL_PLANE=1`.
-pub fn assets_or_skip(test: &str) -> Option<Assets> {
-    match Assets::from_env() {
-        Ok(assets) => Some(assets),
-        Err(error) => match on_missing(&error, std::env::var(REQUIRE_ENV).ok().as_deref()) {
-            Missing::Skip(message) => {
-                eprintln!("{test}: {message}");
-                None
-            }
-            Missing::Fail(message) => panic!("{test}: {message}"),
-        },
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn missing_assets_skip_unless_required() {
-        assert!(matches!(
-            on_missing(&AssetsError::NotSet, None),
-            Missing::Skip(_)
-        ));
-        assert!(matches!(
-            on_missing(&AssetsError::NotSet, Some("0")),
-            Missing::Skip(_)
-        ));
-        match on_missing(&AssetsError::NotSet, Some("1")) {
-            Missing::Fail(m) => assert!(m.contains("KUBEBUILDER_ASSETS is not set"), "{m}"),
-            other => panic!("expected a failure, got {other:?}"),
-        }
-    }
 
     #[test]
     fn a_directory_without_the_binaries_names_the_missing_one() {

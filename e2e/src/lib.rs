@@ -2,9 +2,11 @@
 //! kube-scheduler and kube-controller-manager) from `KUBEBUILDER_ASSETS`, the envtest convention, and
 //! gives tests a kubeconfig, a kube client, kubectl, helm and the operator binary; and a real node
 //! (`node`: containerd, kubelet, kube-proxy, CoreDNS) with images assembled from the Dockerfiles (`image`).
+//! The control-plane tests share `kit`; the tests with real nodes share `testbed`.
 //!
-//! Without `KUBEBUILDER_ASSETS` a test skips with a message, unless `RDU_REQUIRE_CONTROL_PLANE=1`
-//! (CI), where the missing binaries are an error.
+//! Every test that needs these binaries is `#[ignore]`d: `cargo test` lists it as ignored, and the scripts that
+//! run it (`e2e/control-plane/run.sh`, `e2e/node/run.sh`, `e2e/multi-node/run.sh`) pass `--ignored`, where a
+//! missing binary fails the test.
 
 pub mod assets;
 pub mod cluster;
@@ -22,7 +24,7 @@ pub mod process;
 pub mod testbed;
 pub mod tools;
 
-pub use assets::{Assets, AssetsError, assets_or_skip};
+pub use assets::{Assets, AssetsError};
 pub use cluster::{
     CHART_RELEASE, ClusterError, OperatorAddrs, SYSTEM_NAMESPACE, create_namespace, install_crd,
     kubectl, kubectl_as, service_account_token, start_operator_as_chart,

@@ -8,16 +8,14 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
 use rdu_crds::consts::TILES_ANNOTATION;
 use rdu_device_plugin::annotate::{KubeAnnotator, PodAnnotator};
+use rdu_e2e::kit::{self, JobFixture};
 use rdu_e2e::{
-    Components, ControlPlane, assets_or_skip, create_namespace, helm_template, install_crd,
-    kubectl, poll_until,
+    Components, ControlPlane, SYSTEM_NAMESPACE as NAMESPACE, helm_template, kubectl, poll_until,
 };
 use serde_yaml_ng::Value;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-
-const NAMESPACE: &str = "rdu-system";
 
 /// (apiGroup, resource, verb, resource name: empty for any) tuples.
 type Grants = BTreeSet<(String, String, String, String)>;
@@ -154,10 +152,9 @@ fn roles(docs: &[Value]) -> Vec<(String, String)> {
 }
 
 #[test]
+#[ignore = "needs the control-plane binaries: bash e2e/control-plane/run.sh"]
 fn the_chart_grants_exactly_the_operators_api_use() {
-    let Some(_assets) = assets_or_skip("chart rbac") else {
-        return;
-    };
+    kit::require_assets("chart rbac");
     let docs = documents(&helm_template("rdu", NAMESPACE, &[]).expect("helm template"));
     let mut cluster = grants(JOB_NAMESPACE_RULES);
     cluster.extend(grants(CLUSTER_RULES));
@@ -220,10 +217,9 @@ fn the_chart_grants_exactly_the_operators_api_use() {
 }
 
 #[test]
+#[ignore = "needs the control-plane binaries: bash e2e/control-plane/run.sh"]
 fn a_watched_namespace_gets_a_role_and_the_cluster_role_keeps_only_what_is_cluster_scoped() {
-    let Some(_assets) = assets_or_skip("chart rbac watchNamespace") else {
-        return;
-    };
+    kit::require_assets("chart rbac watchNamespace");
     let docs = documents(
         &helm_template("rdu", NAMESPACE, &["--set", "operator.watchNamespace=ml"])
             .expect("helm template"),
@@ -247,10 +243,9 @@ fn a_watched_namespace_gets_a_role_and_the_cluster_role_keeps_only_what_is_clust
 }
 
 #[test]
+#[ignore = "needs the control-plane binaries: bash e2e/control-plane/run.sh"]
 fn rdujobs_roles_for_people_aggregate_into_the_built_in_ones() {
-    let Some(_assets) = assets_or_skip("chart aggregated roles") else {
-        return;
-    };
+    kit::require_assets("chart aggregated roles");
     let docs = documents(&helm_template("rdu", NAMESPACE, &[]).expect("helm template"));
     let everything = [
         "create",
@@ -309,10 +304,9 @@ fn rdujobs_roles_for_people_aggregate_into_the_built_in_ones() {
 }
 
 #[test]
+#[ignore = "needs the control-plane binaries: bash e2e/control-plane/run.sh"]
 fn the_release_namespace_has_network_policies_for_the_operator_and_the_plugin() {
-    let Some(_assets) = assets_or_skip("chart network policies") else {
-        return;
-    };
+    kit::require_assets("chart network policies");
     let policy = |docs: &[Value], name: &str| -> serde_json::Value {
         let found = docs.iter().find(|d| {
             d["kind"].as_str() == Some("NetworkPolicy")
@@ -384,16 +378,15 @@ fn the_release_namespace_has_network_policies_for_the_operator_and_the_plugin() 
 }
 
 #[tokio::test]
+#[ignore = "needs the control-plane binaries: bash e2e/control-plane/run.sh"]
 async fn the_rendered_chart_is_accepted_by_the_api_server() {
-    let Some(plane) = plane_with_namespaces("chart dry run", Components::default()).await else {
-        return;
-    };
+    let plane = plane_with_namespaces("chart dry run", Components::default())
+        .namespaces(&["default"])
+        .start()
+        .await;
 
     let kind_values = rdu_e2e::workspace_root().join("e2e/kind/values.yaml");
     let kind_values = kind_values.display().to_string();
-    create_namespace(&plane, "default")
-        .await
-        .expect("namespace");
     for extra in [
         vec![],
         vec!["--values", kind_values.as_str()],
@@ -441,32 +434,18 @@ async fn the_rendered_chart_is_accepted_by_the_api_server() {
     }
 }
 
-/// A control plane with the CRD and the namespaces `rdu-system` and `ml`; `None` when the control-plane
-/// binaries are missing and not required.
-async fn plane_with_namespaces(test: &str, components: Components) -> Option<ControlPlane> {
-    let assets = assets_or_skip(test)?;
-    let plane = ControlPlane::start(&assets, components)
-        .await
-        .expect("control plane");
-    install_crd(&plane).await.expect("CRD");
-    create_namespace(&plane, NAMESPACE)
-        .await
-        .expect("namespace");
-    create_namespace(&plane, "ml").await.expect("namespace");
-    Some(plane)
+/// A control plane with the CRD and the namespaces `rdu-system` and `ml`.
+fn plane_with_namespaces(test: &str, components: Components) -> kit::PlaneBuilder {
+    kit::plane(test)
+        .components(components)
+        .namespaces(&[NAMESPACE, "ml"])
 }
 
 /// [`plane_with_namespaces`] with the chart applied.
-async fn plane_with_chart(test: &str, components: Components) -> Option<ControlPlane> {
-    let plane = plane_with_namespaces(test, components).await?;
-    let rendered = helm_template("rdu", NAMESPACE, &[]).expect("helm template");
-    kubectl(
-        &plane,
-        &["apply", "--server-side", "-f", "-"],
-        Some(&rendered),
-    )
-    .expect("chart applies");
-    Some(plane)
+async fn plane_with_chart(test: &str, components: Components) -> ControlPlane {
+    plane_with_namespaces(test, components)
+        .start_with_chart()
+        .await
 }
 
 /// A kubeconfig authenticating as the chart's ServiceAccount `account`.
@@ -491,10 +470,9 @@ fn can_i(kubeconfig: &Path, verb: &str, resource: &str, namespace: &str) -> bool
 }
 
 #[tokio::test]
+#[ignore = "needs the control-plane binaries: bash e2e/control-plane/run.sh"]
 async fn the_charts_service_account_may_do_what_the_operator_does_and_no_more() {
-    let Some(plane) = plane_with_chart("chart service account", Components::default()).await else {
-        return;
-    };
+    let plane = plane_with_chart("chart service account", Components::default()).await;
     let kubeconfig = account_kubeconfig(&plane, "rdu-rdu-operator");
     let can =
         |verb: &str, resource: &str, namespace: &str| can_i(&kubeconfig, verb, resource, namespace);
@@ -576,15 +554,14 @@ fn user_can(plane: &ControlPlane, user: &str, verb: &str, resource: &str, namesp
 }
 
 #[tokio::test]
+#[ignore = "needs the control-plane binaries: bash e2e/control-plane/run.sh"]
 async fn a_team_bound_to_edit_may_run_rdujobs_and_one_bound_to_view_may_only_read_them() {
     // The controller manager fills the built-in roles from the chart's aggregated ones.
     let components = Components {
         controller_manager: true,
         ..Components::default()
     };
-    let Some(plane) = plane_with_chart("chart aggregated roles", components).await else {
-        return;
-    };
+    let plane = plane_with_chart("chart aggregated roles", components).await;
     for (binding, role, user) in [("alice-edit", "edit", "alice"), ("bob-view", "view", "bob")] {
         let role = format!("--clusterrole={role}");
         let user = format!("--user={user}");
@@ -639,35 +616,17 @@ async fn a_team_bound_to_edit_may_run_rdujobs_and_one_bound_to_view_may_only_rea
 }
 
 #[tokio::test]
+#[ignore = "needs the control-plane binaries: bash e2e/control-plane/run.sh"]
 async fn an_operator_watching_one_namespace_runs_its_jobs_with_a_role_there() {
-    let Some(mut plane) =
-        plane_with_namespaces("chart watchNamespace", Components::default()).await
-    else {
-        return;
-    };
-    create_namespace(&plane, "elsewhere")
-        .await
-        .expect("namespace");
-    rdu_e2e::start_operator_with_chart_values(
-        &mut plane,
-        NAMESPACE,
-        &["--set", "operator.watchNamespace=ml"],
-        &["--namespace=ml"],
-    )
-    .expect("operator starts");
-    let job = |namespace: &str| {
-        serde_json::json!({
-            "apiVersion": "rdu.dev/v1alpha1", "kind": "RduJob",
-            "metadata": {"name": "scoped", "namespace": namespace},
-            "spec": {"workers": 2, "tilesPerWorker": 1, "image": "rdu-worker:0.1.0",
-                     "model": {"name": "ffn-logreg", "hiddenSizes": [16]},
-                     "data": {"source": "synthetic", "samples": 512},
-                     "training": {"epochs": 1, "batchSize": 8, "learningRate": 0.1}}
-        })
-        .to_string()
-    };
+    let (plane, _) = plane_with_namespaces("chart watchNamespace", Components::default())
+        .namespaces(&["elsewhere"])
+        .chart_values(&["--set", "operator.watchNamespace=ml"])
+        .operator_flags(&["--namespace=ml"])
+        .start_operator()
+        .await;
+    let job = |namespace: &str| JobFixture::new(namespace, "scoped").manifest();
     for namespace in ["elsewhere", "ml"] {
-        kubectl(&plane, &["apply", "-f", "-"], Some(&job(namespace))).expect("apply");
+        kit::apply(&plane, &job(namespace)).expect("apply");
     }
     let client = plane.admin_client().await.expect("client");
     let pods = |namespace: &str| Api::<Pod>::namespaced(client.clone(), namespace);
@@ -751,8 +710,9 @@ async fn patch_as(
 }
 
 #[tokio::test]
+#[ignore = "needs the control-plane binaries: bash e2e/control-plane/run.sh"]
 async fn the_device_plugin_may_only_annotate_pods_on_its_own_node() {
-    let Some(plane) = plane_with_chart(
+    let plane = plane_with_chart(
         "device plugin service account",
         // With the controller that type-checks the policy.
         Components {
@@ -760,15 +720,12 @@ async fn the_device_plugin_may_only_annotate_pods_on_its_own_node() {
             ..Components::default()
         },
     )
-    .await
-    else {
-        return;
-    };
+    .await;
     const PLUGIN: &str = "rdu-rdu-operator-device-plugin";
     for node in ["node-a", "node-b"] {
         let node =
             format!(r#"{{"apiVersion": "v1", "kind": "Node", "metadata": {{"name": "{node}"}}}}"#);
-        kubectl(&plane, &["apply", "-f", "-"], Some(&node)).expect("a node");
+        kit::apply(&plane, &node).expect("a node");
     }
     for (name, namespace, node, account) in [
         ("plugin-a", NAMESPACE, "node-a", PLUGIN),
@@ -777,7 +734,7 @@ async fn the_device_plugin_may_only_annotate_pods_on_its_own_node() {
         ("mnist-worker-2", "ml", "", "default"),
     ] {
         let pod = pod_on(name, namespace, node, account);
-        kubectl(&plane, &["apply", "-f", "-"], Some(&pod)).expect("a pod");
+        kit::apply(&plane, &pod).expect("a pod");
     }
     // The plugin's token as the kubelet mounts it: bound to its pod, which names the node.
     let token = kubectl(
@@ -921,10 +878,9 @@ async fn the_device_plugin_may_only_annotate_pods_on_its_own_node() {
 }
 
 #[test]
+#[ignore = "needs the control-plane binaries: bash e2e/control-plane/run.sh"]
 fn helm_lint_is_clean() {
-    let Some(_assets) = assets_or_skip("helm lint") else {
-        return;
-    };
+    kit::require_assets("helm lint");
     let chart = rdu_e2e::workspace_root().join("charts/rdu-operator");
     let out = rdu_e2e::tools::run_ok(
         &rdu_e2e::tools::helm_binary(),
@@ -955,10 +911,9 @@ fn operator_args(extra: &[&str]) -> Vec<String> {
 }
 
 #[test]
+#[ignore = "needs the control-plane binaries: bash e2e/control-plane/run.sh"]
 fn the_job_size_limit_is_a_chart_value() {
-    let Some(_assets) = assets_or_skip("chart maxWorkersPerJob") else {
-        return;
-    };
+    kit::require_assets("chart maxWorkersPerJob");
     let limit = |extra: &[&str]| {
         operator_args(extra)
             .into_iter()

@@ -4,19 +4,15 @@
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use rdu_crds::RduJob;
-use rdu_e2e::{
-    Components, ControlPlane, assets_or_skip, create_namespace, install_crd, kubectl, poll_until,
-    start_operator_as_chart,
-};
+use rdu_e2e::ControlPlane;
+use rdu_e2e::kit::{self, JobFixture, WORKER_IMAGE, wait_pods};
 use serde_json::json;
 
 const JOBS: &str = "jobs";
-const TIMEOUT: Duration = Duration::from_secs(90);
 
 /// `kubectl-rdujob`, built beside this test's binary (`cargo build -p kubectl-rdujob`).
 fn cluster_cli() -> PathBuf {
@@ -51,48 +47,17 @@ fn run(plane: &ControlPlane, args: &[&str]) -> (i32, String, String) {
 }
 
 #[tokio::test]
+#[ignore = "needs the control-plane binaries: bash e2e/control-plane/run.sh"]
 async fn status_shows_the_ranks_and_logs_explain_what_they_cannot_show() {
-    let Some(assets) = assets_or_skip("cluster_cli") else {
-        return;
-    };
-    let components = Components {
-        scheduler: false,
-        controller_manager: true,
-        node: None,
-    };
-    let mut plane = ControlPlane::start(&assets, components)
-        .await
-        .expect("control plane");
-    install_crd(&plane).await.expect("CRD");
-    create_namespace(&plane, "rdu-system").await.expect("ns");
-    create_namespace(&plane, JOBS).await.expect("ns");
-    start_operator_as_chart(&mut plane, "rdu-system").expect("operator");
-    let job = json!({
-        "apiVersion": "rdu.dev/v1alpha1", "kind": "RduJob",
-        "metadata": {"name": "shown", "namespace": JOBS},
-        "spec": {"workers": 2, "tilesPerWorker": 1, "image": "rdu-worker:0.1.0",
-                 "model": {"name": "ffn-logreg", "hiddenSizes": [16]},
-                 "data": {"source": "synthetic", "samples": 512},
-                 "training": {"epochs": 1, "batchSize": 8, "learningRate": 0.1}}
-    });
-    kubectl(&plane, &["apply", "-f", "-"], Some(&job.to_string())).expect("apply");
+    let (plane, _) = kit::plane("cluster_cli")
+        .controller_manager()
+        .namespaces(&[JOBS])
+        .start_operator()
+        .await;
+    kit::apply(&plane, &JobFixture::new(JOBS, "shown").manifest()).expect("apply");
     let client = plane.admin_client().await.expect("client");
     let pods: Api<Pod> = Api::namespaced(client.clone(), JOBS);
-    poll_until("two pods", TIMEOUT, || async {
-        let n = pods
-            .list(&ListParams::default().labels("rdu.dev/job-name=shown"))
-            .await
-            .map_err(|e| e.to_string())?
-            .items
-            .len();
-        if n == 2 {
-            Ok(())
-        } else {
-            Err(format!("{n} pods"))
-        }
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}\n{}", plane.log_tail("rdu-operator", 30)));
+    wait_pods(&plane, &pods, "shown", 2, 0).await;
 
     // Before any pod is on a node: logs say why there is nothing to read.
     let (code, _, err) = run(&plane, &["logs", "shown", "--rank", "1"]);
@@ -116,7 +81,7 @@ async fn status_shows_the_ranks_and_logs_explain_what_they_cannot_show() {
     let running = json!({"status": {"phase": "Running", "podIP": "10.1.0.1", "startTime": now,
         "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now}],
         "containerStatuses": [{"name": "worker", "ready": true, "restartCount": 2,
-            "image": "rdu-worker:0.1.0", "imageID": "", "state": {"running": {"startedAt": now}}}]}});
+            "image": WORKER_IMAGE, "imageID": "", "state": {"running": {"startedAt": now}}}]}});
     pods.patch_status(
         "shown-worker-0",
         &PatchParams::default(),

@@ -10,130 +10,39 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use rdu_crds::RduJob;
 use rdu_device_plugin::annotate::{KubeAnnotator, PodAnnotator};
-use rdu_e2e::{
-    Components, ControlPlane, assets_or_skip, create_namespace, install_crd, kubectl, poll_until,
-    start_operator_as_chart,
+use rdu_e2e::kit::{
+    self, JobFixture, TIMEOUT, job_status, operator_log, or_operator_log, report_running,
+    report_terminated, wait_phase, wait_pods,
 };
+use rdu_e2e::{ControlPlane, create_namespace, kubectl, poll_until};
 use serde_json::{Value, json};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-const OPERATOR_NAMESPACE: &str = "rdu-system";
 const JOBS: &str = "jobs";
-const TIMEOUT: Duration = Duration::from_secs(90);
 const RESULT: &str = r#"{"finalLoss":0.125,"testAccuracy":0.96,"samplesPerSecond":1234.5,"trainSeconds":3.5,"globalSteps":40}"#;
 
 fn job(name: &str, workers: u32, run_policy: Value) -> String {
-    json!({
-        "apiVersion": "rdu.dev/v1alpha1", "kind": "RduJob",
-        "metadata": {"name": name, "namespace": JOBS},
-        "spec": {"workers": workers, "tilesPerWorker": 1, "image": "rdu-worker:0.1.0",
-                 "model": {"name": "ffn-logreg", "hiddenSizes": [16]},
-                 "data": {"source": "synthetic", "samples": 512},
-                 "training": {"epochs": 1, "batchSize": 8, "learningRate": 0.1},
-                 "runPolicy": run_policy}
-    })
-    .to_string()
+    JobFixture::new(JOBS, name)
+        .workers(workers)
+        .run_policy(run_policy)
+        .manifest()
 }
 
-/// The job's status as JSON (null when absent).
-async fn status(jobs: &Api<RduJob>, name: &str) -> Result<Value, String> {
-    let job = jobs.get(name).await.map_err(|e| e.to_string())?;
-    Ok(serde_json::to_value(&job.status).unwrap_or(Value::Null))
-}
-
-async fn wait_phase(plane: &ControlPlane, jobs: &Api<RduJob>, name: &str, phase: &str) -> Value {
-    poll_until(&format!("{name} phase {phase}"), TIMEOUT, || async {
-        let s = status(jobs, name).await?;
-        if s["phase"] == phase {
-            Ok(s)
-        } else {
-            Err(s.to_string())
-        }
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", plane.log_tail("rdu-operator", 40)))
-}
-
-/// Waits for all `workers` pods of `generation` and returns their names.
-async fn wait_pods(
+/// The names of all `workers` pods of `generation`, once they exist.
+async fn wait_pod_names(
     plane: &ControlPlane,
     pods: &Api<Pod>,
     job: &str,
     workers: usize,
     generation: u32,
 ) -> Vec<String> {
-    let selector = format!("rdu.dev/job-name={job},rdu.dev/generation={generation}");
-    poll_until(
-        &format!("{workers} pods of {job} generation {generation}"),
-        TIMEOUT,
-        || {
-            let pods = pods.clone();
-            let selector = selector.clone();
-            async move {
-                let list = pods
-                    .list(&ListParams::default().labels(&selector))
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let live: Vec<String> = list
-                    .items
-                    .iter()
-                    .filter(|p| p.metadata.deletion_timestamp.is_none())
-                    .filter_map(|p| p.metadata.name.clone())
-                    .collect();
-                if live.len() == workers {
-                    Ok(live)
-                } else {
-                    Err(format!("{} pods: {live:?}", live.len()))
-                }
-            }
-        },
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", plane.log_tail("rdu-operator", 40)))
+    kit::names(&wait_pods(plane, pods, job, workers, generation).await)
 }
 
-fn container_status(state: Value) -> Value {
-    json!([{"name": "worker", "ready": state.get("running").is_some(), "restartCount": 0,
-            "image": "rdu-worker:0.1.0", "imageID": "", "state": state}])
-}
-
-/// Reports `phase` for a pod as the kubelet would.
-async fn report(
-    pods: &Api<Pod>,
-    name: &str,
-    phase: &str,
-    exit_code: Option<i32>,
-    message: Option<&str>,
-) {
-    let now = "2026-01-01T00:00:00Z";
-    let state = match exit_code {
-        None => json!({"running": {"startedAt": now}}),
-        Some(code) => {
-            let mut t = json!({"exitCode": code, "reason": if code == 0 {"Completed"} else {"Error"},
-                               "startedAt": now, "finishedAt": now});
-            if let Some(m) = message {
-                t["message"] = json!(m);
-            }
-            json!({"terminated": t})
-        }
-    };
-    let ready = if phase == "Running" { "True" } else { "False" };
-    let patch = json!({"status": {"phase": phase, "podIP": "10.1.0.1", "startTime": now,
-        "conditions": [{"type": "Ready", "status": ready, "lastTransitionTime": now}],
-        "containerStatuses": container_status(state)}});
-    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .unwrap_or_else(|e| panic!("status of {name}: {e}"));
-}
-
-async fn report_all(pods: &Api<Pod>, names: &[String], phase: &str, exit_code: Option<i32>) {
-    join_all(
-        names
-            .iter()
-            .map(|n| report(pods, n, phase, exit_code, None)),
-    )
-    .await;
+/// Every pod of `names` Running, as the kubelet would report it.
+async fn report_all_running(pods: &Api<Pod>, names: &[String]) {
+    join_all(names.iter().map(|n| report_running(pods, n))).await;
 }
 
 async fn wait_gone<K>(api: &Api<K>, what: &str, selector: &str)
@@ -155,47 +64,23 @@ where
     .unwrap_or_else(|e| panic!("{e}"));
 }
 
-/// Starts the control plane, applies the chart, and runs the operator as the chart's ServiceAccount; returns the
-/// plane and the operator's /metrics address.
-async fn operator_plane() -> Option<(ControlPlane, SocketAddr)> {
-    let assets = assets_or_skip("operator")?;
-    let components = Components {
-        scheduler: false,
-        controller_manager: true,
-        node: None,
-    };
-    let mut plane = ControlPlane::start(&assets, components)
-        .await
-        .expect("control plane");
-    install_crd(&plane).await.expect("CRD");
-    create_namespace(&plane, OPERATOR_NAMESPACE)
-        .await
-        .expect("namespace");
-    create_namespace(&plane, JOBS).await.expect("namespace");
-    // The PodGroup CRD exists before the operator starts, so gang jobs get a PodGroup.
-    let pod_group_crd = rdu_e2e::workspace_root().join("e2e/fixtures/podgroup-crd.yaml");
-    let pod_group_crd = pod_group_crd.display().to_string();
-    kubectl(&plane, &["apply", "-f", &pod_group_crd], None).expect("PodGroup CRD");
-    kubectl(
-        &plane,
-        &[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/podgroups.scheduling.x-k8s.io",
-        ],
-        None,
-    )
-    .expect("PodGroup CRD established");
-    let metrics = start_operator_as_chart(&mut plane, OPERATOR_NAMESPACE).expect("operator starts");
-    Some((plane, metrics))
+/// The control plane with the garbage collector and the PodGroup CRD (installed before the operator starts, so
+/// gang jobs get a PodGroup), the chart applied, and the operator running as the chart's ServiceAccount; the
+/// operator's /metrics address.
+async fn operator_plane(test: &str) -> (ControlPlane, SocketAddr) {
+    let (plane, addrs) = kit::plane(test)
+        .controller_manager()
+        .namespaces(&[JOBS])
+        .pod_group_crd()
+        .start_operator()
+        .await;
+    (plane, addrs.metrics)
 }
 
 #[tokio::test]
+#[ignore = "needs the control-plane binaries: bash e2e/control-plane/run.sh"]
 async fn the_operator_runs_the_job_lifecycle_under_the_charts_rbac() {
-    let Some((mut plane, _)) = operator_plane().await else {
-        return;
-    };
+    let (mut plane, _) = operator_plane("operator lifecycle").await;
     let client = plane.admin_client().await.expect("client");
     let jobs: Api<RduJob> = Api::namespaced(client.clone(), JOBS);
     let pods: Api<Pod> = Api::namespaced(client.clone(), JOBS);
@@ -204,13 +89,8 @@ async fn the_operator_runs_the_job_lifecycle_under_the_charts_rbac() {
     let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), JOBS);
 
     // Every child of a 16-rank job.
-    kubectl(
-        &plane,
-        &["apply", "-f", "-"],
-        Some(&job("life", 16, json!({"backoffLimit": 3}))),
-    )
-    .expect("apply");
-    let names = wait_pods(&plane, &pods, "life", 16, 0).await;
+    kit::apply(&plane, &job("life", 16, json!({"backoffLimit": 3}))).expect("apply");
+    let names = wait_pod_names(&plane, &pods, "life", 16, 0).await;
     services.get("life").await.expect("headless Service life");
     secrets.get("life-token").await.expect("Secret life-token");
     let policy = policies
@@ -233,11 +113,11 @@ async fn the_operator_runs_the_job_lifecycle_under_the_charts_rbac() {
     assert!(plane.dead_process().is_none(), "{:?}", plane.dead_process());
 
     // Running -> rank 3 exits 75 -> the gang restarts with generation 1.
-    report_all(&pods, &names, "Running", None).await;
+    report_all_running(&pods, &names).await;
     wait_phase(&plane, &jobs, "life", "Running").await;
-    report(&pods, "life-worker-3", "Failed", Some(75), None).await;
-    let names = wait_pods(&plane, &pods, "life", 16, 1).await;
-    let restarted = status(&jobs, "life").await.unwrap();
+    report_terminated(&pods, "life-worker-3", "Failed", 75, None).await;
+    let names = wait_pod_names(&plane, &pods, "life", 16, 1).await;
+    let restarted = job_status(&jobs, "life").await.unwrap();
     assert_eq!(restarted["restarts"], 1, "{restarted}");
     let env = pods
         .get("life-worker-0")
@@ -256,7 +136,7 @@ async fn the_operator_runs_the_job_lifecycle_under_the_charts_rbac() {
     assert_eq!(generation.as_deref(), Some("1"));
 
     // All exit 0, rank 0 with its result -> Succeeded, result copied.
-    report_all(&pods, &names, "Running", None).await;
+    report_all_running(&pods, &names).await;
     wait_phase(&plane, &jobs, "life", "Running").await;
 
     // The device plugin publishes a rank's tiles on its pod; the operator reports them per rank.
@@ -264,20 +144,20 @@ async fn the_operator_runs_the_job_lifecycle_under_the_charts_rbac() {
         .annotate(JOBS, "life-worker-2", "rdu1-tile0,rdu1-tile1")
         .await
         .expect("annotate as the device plugin does");
-    poll_until("rank 2's tiles in status", TIMEOUT, || async {
-        let s = status(&jobs, "life").await?;
+    let waited = poll_until("rank 2's tiles in status", TIMEOUT, || async {
+        let s = job_status(&jobs, "life").await?;
         if s["ranks"][2]["tiles"] == json!(["rdu1-tile0", "rdu1-tile1"]) {
             Ok(())
         } else {
             Err(s["ranks"][2].to_string())
         }
     })
-    .await
-    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", plane.log_tail("rdu-operator", 40)));
+    .await;
+    or_operator_log(&plane, waited);
 
     for name in &names {
         let message = (name == "life-worker-0").then_some(RESULT);
-        report(&pods, name, "Succeeded", Some(0), message).await;
+        report_terminated(&pods, name, "Succeeded", 0, message).await;
     }
     let done = wait_phase(&plane, &jobs, "life", "Succeeded").await;
     assert_eq!(done["result"]["testAccuracy"], 0.96, "{done}");
@@ -303,12 +183,7 @@ async fn the_operator_runs_the_job_lifecycle_under_the_charts_rbac() {
     .await;
 
     // Suspend deletes the pods, resume recreates them.
-    kubectl(
-        &plane,
-        &["apply", "-f", "-"],
-        Some(&job("pause", 2, json!({}))),
-    )
-    .expect("apply");
+    kit::apply(&plane, &job("pause", 2, json!({}))).expect("apply");
     wait_pods(&plane, &pods, "pause", 2, 0).await;
     let suspend = json!({"spec": {"runPolicy": {"suspend": true}}});
     jobs.patch("pause", &PatchParams::default(), &Patch::Merge(&suspend))
@@ -340,24 +215,18 @@ async fn the_operator_runs_the_job_lifecycle_under_the_charts_rbac() {
     .unwrap_or_else(|e| panic!("{e}"));
 
     // activeDeadlineSeconds -> Failed.
-    kubectl(
-        &plane,
-        &["apply", "-f", "-"],
-        Some(&job("late", 2, json!({"activeDeadlineSeconds": 2}))),
-    )
-    .expect("apply");
+    kit::apply(&plane, &job("late", 2, json!({"activeDeadlineSeconds": 2}))).expect("apply");
     let failed = wait_phase(&plane, &jobs, "late", "Failed").await;
     assert!(failed.to_string().contains("DeadlineExceeded"), "{failed}");
 
     // ttlSecondsAfterFinished deletes a finished job.
-    kubectl(
+    kit::apply(
         &plane,
-        &["apply", "-f", "-"],
-        Some(&job("brief", 1, json!({"ttlSecondsAfterFinished": 1}))),
+        &job("brief", 1, json!({"ttlSecondsAfterFinished": 1})),
     )
     .expect("apply");
-    let names = wait_pods(&plane, &pods, "brief", 1, 0).await;
-    report(&pods, &names[0], "Succeeded", Some(0), Some(RESULT)).await;
+    let names = wait_pod_names(&plane, &pods, "brief", 1, 0).await;
+    report_terminated(&pods, &names[0], "Succeeded", 0, Some(RESULT)).await;
     poll_until("brief deleted by its TTL", TIMEOUT, || async {
         match jobs.get_opt("brief").await.map_err(|e| e.to_string())? {
             None => Ok(()),
@@ -370,23 +239,17 @@ async fn the_operator_runs_the_job_lifecycle_under_the_charts_rbac() {
 }
 
 #[tokio::test]
+#[ignore = "needs the control-plane binaries: bash e2e/control-plane/run.sh"]
 async fn a_gang_job_gets_a_pod_group_and_its_pods_join_it() {
-    let Some((plane, _)) = operator_plane().await else {
-        return;
-    };
+    let (plane, _) = operator_plane("operator gang").await;
     let client = plane.admin_client().await.expect("client");
     let pods: Api<Pod> = Api::namespaced(client.clone(), JOBS);
-    kubectl(
+    kit::apply(
         &plane,
-        &["apply", "-f", "-"],
-        Some(&job(
-            "gang",
-            4,
-            json!({"schedulingPolicy": {"minAvailable": 3}}),
-        )),
+        &job("gang", 4, json!({"schedulingPolicy": {"minAvailable": 3}})),
     )
     .expect("apply");
-    let names = wait_pods(&plane, &pods, "gang", 4, 0).await;
+    let names = wait_pod_names(&plane, &pods, "gang", 4, 0).await;
     let group = kubectl(
         &plane,
         &[
@@ -403,7 +266,7 @@ async fn a_gang_job_gets_a_pod_group_and_its_pods_join_it() {
     .unwrap_or_else(|e| {
         panic!(
             "no PodGroup gang: {e}\noperator log:\n{}",
-            plane.log_tail("rdu-operator", 40)
+            operator_log(&plane)
         )
     });
     let group: Value = serde_json::from_str(&group).expect("PodGroup JSON");
@@ -427,20 +290,14 @@ async fn a_gang_job_gets_a_pod_group_and_its_pods_join_it() {
 }
 
 #[tokio::test]
+#[ignore = "needs the control-plane binaries: bash e2e/control-plane/run.sh"]
 async fn bench_apply_to_pods_256() {
-    let Some((plane, _)) = operator_plane().await else {
-        return;
-    };
+    let (plane, _) = operator_plane("operator bench").await;
     let client = plane.admin_client().await.expect("client");
     let pods: Api<Pod> = Api::namespaced(client, JOBS);
     let start = Instant::now();
-    kubectl(
-        &plane,
-        &["apply", "-f", "-"],
-        Some(&job("wide", 256, json!({}))),
-    )
-    .expect("apply");
-    poll_until("256 pods", Duration::from_secs(300), || async {
+    kit::apply(&plane, &job("wide", 256, json!({}))).expect("apply");
+    let waited = poll_until("256 pods", Duration::from_secs(300), || async {
         let list = pods
             .list_metadata(&ListParams::default().labels("rdu.dev/job-name=wide"))
             .await
@@ -451,8 +308,8 @@ async fn bench_apply_to_pods_256() {
             Err(format!("{} pods", list.items.len()))
         }
     })
-    .await
-    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", plane.log_tail("rdu-operator", 30)));
+    .await;
+    or_operator_log(&plane, waited);
     let seconds = start.elapsed().as_secs_f64();
 
     // Baseline in the same run: the same 256 pods (the operator's builder) created straight through the
@@ -507,7 +364,7 @@ async fn jobs_by_phase(metrics: SocketAddr) -> Result<Vec<(String, f64)>, String
 /// Polls /metrics until every phase has the count `want` gives it (0 when it gives none).
 async fn wait_jobs_by_phase(plane: &ControlPlane, metrics: SocketAddr, want: &[(&str, f64)]) {
     let what = format!("rdu_operator_jobs {want:?}");
-    poll_until(&what, TIMEOUT, || async {
+    let waited = poll_until(&what, TIMEOUT, || async {
         let seen = jobs_by_phase(metrics).await?;
         let expected = |phase: &str| {
             want.iter()
@@ -521,38 +378,32 @@ async fn wait_jobs_by_phase(plane: &ControlPlane, metrics: SocketAddr, want: &[(
             Err(format!("{seen:?}"))
         }
     })
-    .await
-    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", plane.log_tail("rdu-operator", 40)));
+    .await;
+    or_operator_log(plane, waited);
 }
 
 #[tokio::test]
+#[ignore = "needs the control-plane binaries: bash e2e/control-plane/run.sh"]
 async fn jobs_by_phase_follow_the_jobs_and_a_deleted_job_leaves_the_count() {
-    let Some((plane, metrics)) = operator_plane().await else {
-        return;
-    };
+    let (plane, metrics) = operator_plane("operator metrics").await;
     let client = plane.admin_client().await.expect("client");
     let jobs: Api<RduJob> = Api::namespaced(client.clone(), JOBS);
     let pods: Api<Pod> = Api::namespaced(client.clone(), JOBS);
-    poll_until("the operator's /readyz", TIMEOUT, || async {
+    let waited = poll_until("the operator's /readyz", TIMEOUT, || async {
         match rdu_e2e::metrics::http_get(metrics, "/readyz").await {
             Ok((200, _)) => Ok(()),
             Ok((code, body)) => Err(format!("{code} {body}")),
             Err(e) => Err(e.to_string()),
         }
     })
-    .await
-    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", plane.log_tail("rdu-operator", 40)));
+    .await;
+    or_operator_log(&plane, waited);
     wait_jobs_by_phase(&plane, metrics, &[]).await;
 
-    kubectl(
-        &plane,
-        &["apply", "-f", "-"],
-        Some(&job("counted", 2, json!({}))),
-    )
-    .expect("apply");
-    let names = wait_pods(&plane, &pods, "counted", 2, 0).await;
+    kit::apply(&plane, &job("counted", 2, json!({}))).expect("apply");
+    let names = wait_pod_names(&plane, &pods, "counted", 2, 0).await;
     wait_jobs_by_phase(&plane, metrics, &[("Pending", 1.0)]).await;
-    report_all(&pods, &names, "Running", None).await;
+    report_all_running(&pods, &names).await;
     wait_phase(&plane, &jobs, "counted", "Running").await;
     wait_jobs_by_phase(&plane, metrics, &[("Running", 1.0)]).await;
 

@@ -6,33 +6,15 @@
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
-use rdu_e2e::{
-    Components, ControlPlane, assets_or_skip, create_namespace, install_crd, kubectl, poll_until,
-    start_operator_as_chart_with,
-};
-use serde_json::{Value, json};
-use std::time::Duration;
+use rdu_e2e::kit::{self, JobFixture, TIMEOUT, operator_log, progress_url_flag, wait_pods};
+use rdu_e2e::{kubectl, poll_until};
+use serde_json::json;
 
-const OPERATOR_NAMESPACE: &str = "rdu-system";
 const RESTRICTED: &str = "restricted";
-const TIMEOUT: Duration = Duration::from_secs(90);
 
-fn job(name: &str, extra: Value) -> String {
-    let mut spec = json!({
-        "workers": 3, "tilesPerWorker": 1, "image": "rdu-worker:0.1.0",
-        "model": {"name": "ffn-logreg", "hiddenSizes": [16]},
-        "data": {"source": "synthetic", "samples": 512},
-        "training": {"epochs": 1, "batchSize": 8, "learningRate": 0.1}
-    });
-    for (key, value) in extra.as_object().into_iter().flatten() {
-        spec[key] = value.clone();
-    }
-    json!({
-        "apiVersion": "rdu.dev/v1alpha1", "kind": "RduJob",
-        "metadata": {"name": name, "namespace": RESTRICTED},
-        "spec": spec,
-    })
-    .to_string()
+/// A 3-rank job in the restricted namespace.
+fn job(name: &str) -> JobFixture {
+    JobFixture::new(RESTRICTED, name).workers(3)
 }
 
 async fn pods_of(pods: &Api<Pod>, job: &str) -> Vec<Pod> {
@@ -42,33 +24,15 @@ async fn pods_of(pods: &Api<Pod>, job: &str) -> Vec<Pod> {
         .items
 }
 
-async fn wait_for_pods(plane: &ControlPlane, pods: &Api<Pod>, job: &str, count: usize) -> Vec<Pod> {
-    poll_until(&format!("{job}: {count} pods"), TIMEOUT, || async {
-        let list = pods_of(pods, job).await;
-        if list.len() == count {
-            Ok(list)
-        } else {
-            Err(format!("{} pods", list.len()))
-        }
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", plane.log_tail("rdu-operator", 40)))
-}
-
 #[tokio::test]
+#[ignore = "needs the control-plane binaries: bash e2e/control-plane/run.sh"]
 async fn default_jobs_are_admitted_under_the_restricted_pod_security_level() {
-    let Some(assets) = assets_or_skip("pod security") else {
-        return;
-    };
-    let mut plane = ControlPlane::start(&assets, Components::default())
-        .await
-        .expect("control plane");
-    install_crd(&plane).await.expect("CRD");
-    for namespace in [OPERATOR_NAMESPACE, RESTRICTED] {
-        create_namespace(&plane, namespace)
-            .await
-            .expect("namespace");
-    }
+    let (plane, _) = kit::plane("pod security")
+        .namespaces(&[RESTRICTED])
+        .operator_flags(&[&progress_url_flag()])
+        .start_operator()
+        .await;
+    // Labelled before any job is applied: every pod the operator makes here meets the enforced level.
     kubectl(
         &plane,
         &[
@@ -81,21 +45,14 @@ async fn default_jobs_are_admitted_under_the_restricted_pod_security_level() {
         None,
     )
     .expect("label the namespace");
-    start_operator_as_chart_with(
-        &mut plane,
-        OPERATOR_NAMESPACE,
-        &["--progress-url=http://rdu-rdu-operator-progress.rdu-system.svc:8081"],
-    )
-    .expect("operator starts");
     let client = plane.admin_client().await.expect("client");
     let pods: Api<Pod> = Api::namespaced(client, RESTRICTED);
 
     // The level is enforced here: a pod that states runAsNonRoot false is refused, and the template's word is kept.
-    let loose = job(
-        "loose",
-        json!({"template": {"spec": {"securityContext": {"runAsNonRoot": false}, "containers": []}}}),
-    );
-    kubectl(&plane, &["apply", "-f", "-"], Some(&loose)).expect("apply loose");
+    let loose = job("loose")
+        .template(json!({"spec": {"securityContext": {"runAsNonRoot": false}, "containers": []}}))
+        .manifest();
+    kit::apply(&plane, &loose).expect("apply loose");
     poll_until("the loose job's pods refused", TIMEOUT, || async {
         let log = plane.log_tail("rdu-operator", 200);
         if log.contains("loose-worker-0")
@@ -107,25 +64,19 @@ async fn default_jobs_are_admitted_under_the_restricted_pod_security_level() {
         }
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}\n{}", plane.log_tail("rdu-operator", 40)));
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", operator_log(&plane)));
     assert!(pods_of(&pods, "loose").await.is_empty());
 
     // Default jobs: every pod admitted, rank 0 with its progress token, a checkpoint claim and TensorBoard.
-    for (name, extra) in [
-        ("plain", json!({})),
-        (
-            "kept",
-            json!({
-                "checkpoint": {"intervalSteps": 10,
-                               "volumeClaimTemplate": {"resources": {"requests": {"storage": "64Mi"}}}},
-                "tensorboard": {}
-            }),
-        ),
-    ] {
-        kubectl(&plane, &["apply", "-f", "-"], Some(&job(name, extra))).expect("apply");
+    let kept = job("kept")
+        .checkpoint(json!({"intervalSteps": 10,
+                           "volumeClaimTemplate": {"resources": {"requests": {"storage": "64Mi"}}}}))
+        .set("tensorboard", json!({}));
+    for fixture in [job("plain"), kept] {
+        kit::apply(&plane, &fixture.manifest()).expect("apply");
     }
     for name in ["plain", "kept"] {
-        let created = wait_for_pods(&plane, &pods, name, 3).await;
+        let created = wait_pods(&plane, &pods, name, 3, 0).await;
         for pod in &created {
             let spec = pod.spec.as_ref().expect("spec");
             assert_eq!(spec.automount_service_account_token, Some(false));

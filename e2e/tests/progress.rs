@@ -6,58 +6,22 @@
 //! (`progress_flood.rs` floods the endpoint.)
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, PostParams};
 use rdu_crds::{ProgressReport, RduJob, StepPoint, TrainingProgress, consts};
-use rdu_e2e::metrics::http_post;
-use rdu_e2e::{
-    Components, ControlPlane, OperatorAddrs, assets_or_skip, create_namespace, install_crd,
-    kubectl, poll_until, start_operator_as_chart_at,
+use rdu_e2e::kit::{
+    self, JobFixture, TIMEOUT, or_operator_log, progress_url_flag, report_running, wait_pods,
 };
-use serde_json::{Value, json};
+use rdu_e2e::metrics::http_post;
+use rdu_e2e::{kubectl, poll_until};
+use serde_json::Value;
 
-const OPERATOR_NAMESPACE: &str = "rdu-system";
 const JOBS: &str = "jobs";
-const TIMEOUT: Duration = Duration::from_secs(90);
-
-async fn plane() -> Option<(ControlPlane, OperatorAddrs)> {
-    let assets = assets_or_skip("progress")?;
-    let components = Components {
-        scheduler: false,
-        // The ServiceAccount controller makes each namespace's `default` account, which the pods run as.
-        controller_manager: true,
-        node: None,
-    };
-    let mut plane = ControlPlane::start(&assets, components)
-        .await
-        .expect("control plane");
-    install_crd(&plane).await.expect("CRD");
-    create_namespace(&plane, OPERATOR_NAMESPACE)
-        .await
-        .expect("namespace");
-    create_namespace(&plane, JOBS).await.expect("namespace");
-    let operator = start_operator_as_chart_at(
-        &mut plane,
-        OPERATOR_NAMESPACE,
-        &["--progress-url=http://rdu-rdu-operator-progress.rdu-system.svc:8081"],
-    )
-    .expect("operator starts");
-    Some((plane, operator))
-}
 
 fn job_yaml(name: &str) -> String {
-    json!({
-        "apiVersion": "rdu.dev/v1alpha1", "kind": "RduJob",
-        "metadata": {"name": name, "namespace": JOBS},
-        "spec": {"workers": 2, "tilesPerWorker": 1, "image": "rdu-worker:0.1.0",
-                 "model": {"name": "ffn-logreg", "hiddenSizes": [16]},
-                 "data": {"source": "synthetic", "samples": 512},
-                 "training": {"epochs": 2, "batchSize": 8, "learningRate": 0.1}}
-    })
-    .to_string()
+    JobFixture::new(JOBS, name).epochs(2).manifest()
 }
 
 /// A token the TokenRequest API binds to `pod`, for `audience`, as the kubelet would mint it.
@@ -132,33 +96,23 @@ async fn progress_of(jobs: &Api<RduJob>) -> Value {
 }
 
 #[tokio::test]
+#[ignore = "needs the control-plane binaries: bash e2e/control-plane/run.sh"]
 async fn only_rank_zero_of_the_current_generation_sets_status_progress() {
-    let Some((plane, addrs)) = plane().await else {
-        return;
-    };
+    let (plane, addrs) = kit::plane("progress")
+        // The ServiceAccount controller makes each namespace's `default` account, which the pods run as.
+        .controller_manager()
+        .namespaces(&[JOBS])
+        .operator_flags(&[&progress_url_flag()])
+        .start_operator()
+        .await;
     let operator = addrs.progress;
     let client = plane.admin_client().await.expect("client");
     let jobs: Api<RduJob> = Api::namespaced(client.clone(), JOBS);
     let pods: Api<Pod> = Api::namespaced(client.clone(), JOBS);
-    kubectl(&plane, &["apply", "-f", "-"], Some(&job_yaml("watched"))).expect("apply");
-    let (rank0, rank1) = poll_until("both pods", TIMEOUT, || async {
-        let list = pods
-            .list(&ListParams::default().labels("rdu.dev/job-name=watched"))
-            .await
-            .map_err(|e| e.to_string())?;
-        let find = |name: &str| {
-            list.items
-                .iter()
-                .find(|p| p.metadata.name.as_deref() == Some(name))
-                .cloned()
-        };
-        match (find("watched-worker-0"), find("watched-worker-1")) {
-            (Some(a), Some(b)) => Ok((a, b)),
-            _ => Err(format!("{} pods", list.items.len())),
-        }
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}\n{}", plane.log_tail("rdu-operator", 40)));
+    kit::apply(&plane, &job_yaml("watched")).expect("apply");
+    // Sorted by name: watched-worker-0, watched-worker-1.
+    let created = wait_pods(&plane, &pods, "watched", 2, 0).await;
+    let (rank0, rank1) = (created[0].clone(), created[1].clone());
 
     // Only rank 0 is given the means to report.
     let has_token_volume = |pod: &Pod| {
@@ -269,16 +223,9 @@ async fn only_rank_zero_of_the_current_generation_sets_status_progress() {
 
     // The reconciler's own status writes (the job turning Running) keep it.
     for pod in ["watched-worker-0", "watched-worker-1"] {
-        let now = "2026-01-01T00:00:00Z";
-        let patch = json!({"status": {"phase": "Running", "podIP": "10.1.0.1", "startTime": now,
-            "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now}],
-            "containerStatuses": [{"name": "worker", "ready": true, "restartCount": 0,
-                "image": "rdu-worker:0.1.0", "imageID": "", "state": {"running": {"startedAt": now}}}]}});
-        pods.patch_status(pod, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .expect("pod status");
+        report_running(&pods, pod).await;
     }
-    poll_until("Running with progress kept", TIMEOUT, || async {
+    let waited = poll_until("Running with progress kept", TIMEOUT, || async {
         let job = jobs.get("watched").await.map_err(|e| e.to_string())?;
         let status = job.status.unwrap_or_default();
         match (status.phase, status.progress) {
@@ -286,8 +233,8 @@ async fn only_rank_zero_of_the_current_generation_sets_status_progress() {
             other => Err(format!("{other:?}")),
         }
     })
-    .await
-    .unwrap_or_else(|e| panic!("{e}\n{}", plane.log_tail("rdu-operator", 40)));
+    .await;
+    or_operator_log(&plane, waited);
 
     let metrics = rdu_e2e::metrics::scrape(addrs.metrics)
         .await

@@ -17,19 +17,15 @@ use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, T
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use kube::api::{Api, PostParams};
 use rdu_crds::{ProgressReport, StepPoint, TrainingProgress, consts};
+use rdu_e2e::kit::{self, JobFixture, TIMEOUT, or_operator_log, progress_url_flag};
 use rdu_e2e::metrics::{http_get, http_post};
-use rdu_e2e::{
-    Components, ControlPlane, assets_or_skip, create_namespace, install_crd, kubectl, poll_until,
-    start_operator_as_chart_at,
-};
+use rdu_e2e::poll_until;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-const OPERATOR_NAMESPACE: &str = "rdu-system";
 const JOBS: &str = "jobs";
 const OTHER: &str = "other-team";
-const TIMEOUT: Duration = Duration::from_secs(90);
 /// Bogus reports sent, and how many at once.
 const FLOOD: usize = 4000;
 const FLOOD_CONCURRENCY: usize = 32;
@@ -39,15 +35,7 @@ const SLOW_LORIS: usize = 100;
 const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 
 fn job_yaml(name: &str, namespace: &str) -> String {
-    json!({
-        "apiVersion": "rdu.dev/v1alpha1", "kind": "RduJob",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"workers": 2, "tilesPerWorker": 1, "image": "rdu-worker:0.1.0",
-                 "model": {"name": "ffn-logreg", "hiddenSizes": [16]},
-                 "data": {"source": "synthetic", "samples": 512},
-                 "training": {"epochs": 2, "batchSize": 8, "learningRate": 0.1}}
-    })
-    .to_string()
+    JobFixture::new(namespace, name).epochs(2).manifest()
 }
 
 async fn pod(client: &kube::Client, namespace: &str, name: &str) -> Pod {
@@ -217,38 +205,17 @@ async fn slow_loris(addr: SocketAddr, give_up: Duration) -> Option<Duration> {
 }
 
 #[tokio::test]
+#[ignore = "needs the control-plane binaries: bash e2e/control-plane/run.sh"]
 async fn a_flood_of_bogus_reports_costs_bounded_token_reviews_and_starves_no_one() {
-    let Some(assets) = assets_or_skip("progress flood") else {
-        return;
-    };
-    let components = Components {
-        scheduler: false,
-        controller_manager: true,
-        node: None,
-    };
-    let mut plane = ControlPlane::start(&assets, components)
-        .await
-        .expect("control plane");
-    install_crd(&plane).await.expect("CRD");
-    for namespace in [OPERATOR_NAMESPACE, JOBS, OTHER] {
-        create_namespace(&plane, namespace)
-            .await
-            .expect("namespace");
-    }
-    let addrs = start_operator_as_chart_at(
-        &mut plane,
-        OPERATOR_NAMESPACE,
-        &["--progress-url=http://rdu-rdu-operator-progress.rdu-system.svc:8081"],
-    )
-    .expect("operator starts");
+    let (plane, addrs) = kit::plane("progress flood")
+        .controller_manager()
+        .namespaces(&[JOBS, OTHER])
+        .operator_flags(&[&progress_url_flag()])
+        .start_operator()
+        .await;
     let client = plane.admin_client().await.expect("client");
     for (name, namespace) in [("watched", JOBS), ("hidden", OTHER)] {
-        kubectl(
-            &plane,
-            &["apply", "-f", "-"],
-            Some(&job_yaml(name, namespace)),
-        )
-        .expect("apply");
+        kit::apply(&plane, &job_yaml(name, namespace)).expect("apply");
     }
     let rank0 = pod(&client, JOBS, "watched-worker-0").await;
     let rank1 = pod(&client, JOBS, "watched-worker-1").await;
@@ -259,14 +226,14 @@ async fn a_flood_of_bogus_reports_costs_bounded_token_reviews_and_starves_no_one
 
     // Rank 0's first report: accepted, its token reviewed once and remembered.
     let progress = addrs.progress;
-    poll_until("rank 0's first report", TIMEOUT, || async {
+    let waited = poll_until("rank 0's first report", TIMEOUT, || async {
         match post(progress, JOBS, "watched", &token0, 1).await {
             202 => Ok(()),
             other => Err(format!("status {other}")),
         }
     })
-    .await
-    .unwrap_or_else(|e| panic!("{e}\n{}", plane.log_tail("rdu-operator", 40)));
+    .await;
+    or_operator_log(&plane, waited);
 
     // A stranger learns nothing from the answers: a job of another namespace whose rank 0 it names (with a guessed
     // UID) answers exactly as a job that does not exist.

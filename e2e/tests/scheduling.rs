@@ -4,9 +4,8 @@
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use rdu_crds::RduJob;
-use rdu_e2e::{
-    Components, ControlPlane, assets_or_skip, create_namespace, install_crd, kubectl, poll_until,
-};
+use rdu_e2e::kit::{self, JobFixture};
+use rdu_e2e::poll_until;
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -45,37 +44,26 @@ async fn fake_node(nodes: &Api<Node>, name: &str) {
 }
 
 #[tokio::test]
+#[ignore = "needs the control-plane binaries: bash e2e/control-plane/run.sh"]
 async fn the_scheduler_packs_16_ranks_of_4_tiles_onto_two_32_tile_nodes_and_leaves_the_17th_pending()
  {
-    let Some(assets) = assets_or_skip("scheduling") else {
-        return;
-    };
-    let components = Components {
-        scheduler: true,
-        controller_manager: false,
-        node: None,
-    };
-    let plane = ControlPlane::start(&assets, components)
-        .await
-        .expect("control plane");
-    install_crd(&plane).await.expect("CRD");
-    create_namespace(&plane, NAMESPACE)
-        .await
-        .expect("namespace");
+    let plane = kit::plane("scheduling")
+        .scheduler()
+        .namespaces(&[NAMESPACE])
+        .start()
+        .await;
     let client = plane.admin_client().await.expect("client");
     let nodes: Api<Node> = Api::all(client.clone());
     for name in NODES {
         fake_node(&nodes, name).await;
     }
 
-    let job = json!({
-        "apiVersion": "rdu.dev/v1alpha1", "kind": "RduJob",
-        "metadata": {"name": "packed", "namespace": NAMESPACE},
-        "spec": {"workers": 17, "tilesPerWorker": 4, "image": "rdu-worker:0.1.0",
-                 "model": {"name": "ffn-logreg"}, "data": {"source": "synthetic"},
-                 "training": {"epochs": 1, "batchSize": 8, "learningRate": 0.1}}
-    });
-    kubectl(&plane, &["apply", "-f", "-"], Some(&job.to_string())).expect("job");
+    let job = JobFixture::new(NAMESPACE, "packed")
+        .workers(17)
+        .tiles_per_worker(4)
+        .model(json!({"name": "ffn-logreg"}))
+        .data(json!({"source": "synthetic"}));
+    kit::apply(&plane, &job.manifest()).expect("job");
     let job: RduJob = Api::namespaced(client.clone(), NAMESPACE)
         .get("packed")
         .await

@@ -14,70 +14,28 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Resource, ResourceExt};
 use rdu_crds::RduJob;
 use rdu_crds::consts::{MAX_WORKERS, MAX_WORKERS_MESSAGE};
-use rdu_e2e::{
-    Components, ControlPlane, assets_or_skip, create_namespace, install_crd, kubectl, poll_until,
-    start_operator_as_chart_with,
-};
+use rdu_e2e::kit::{self, JobFixture, TIMEOUT, wait_status};
+use rdu_e2e::{ControlPlane, kubectl, poll_until};
 use serde_json::{Value, json};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-const OPERATOR_NAMESPACE: &str = "rdu-system";
 const JOBS: &str = "tenants";
-const TIMEOUT: Duration = Duration::from_secs(90);
 
 fn job(name: &str, workers: u32) -> String {
-    json!({
-        "apiVersion": "rdu.dev/v1alpha1", "kind": "RduJob",
-        "metadata": {"name": name, "namespace": JOBS},
-        "spec": {"workers": workers, "tilesPerWorker": 1, "image": "rdu-worker:0.1.0",
-                 "model": {"name": "ffn-logreg", "hiddenSizes": [16]},
-                 "data": {"source": "synthetic", "samples": 512},
-                 "training": {"epochs": 1, "batchSize": 8, "learningRate": 0.1}}
-    })
-    .to_string()
+    JobFixture::new(JOBS, name).workers(workers).manifest()
 }
 
-/// A control plane with the CRD, the chart and the operator started with `flags`; the operator's /metrics address.
-async fn plane(test: &str, flags: &[&str]) -> Option<(ControlPlane, SocketAddr)> {
-    let assets = assets_or_skip(test)?;
-    let components = Components {
-        scheduler: false,
-        controller_manager: true,
-        node: None,
-    };
-    let mut plane = ControlPlane::start(&assets, components)
-        .await
-        .expect("control plane");
-    install_crd(&plane).await.expect("CRD");
-    create_namespace(&plane, OPERATOR_NAMESPACE)
-        .await
-        .expect("namespace");
-    create_namespace(&plane, JOBS).await.expect("namespace");
-    let metrics = start_operator_as_chart_with(&mut plane, OPERATOR_NAMESPACE, flags)
-        .expect("operator starts");
-    Some((plane, metrics))
-}
-
-/// The job's status once `ready` says so.
-async fn wait_status(
-    plane: &ControlPlane,
-    jobs: &Api<RduJob>,
-    name: &str,
-    what: &str,
-    ready: impl Fn(&Value) -> bool,
-) -> Value {
-    poll_until(&format!("{name}: {what}"), TIMEOUT, || async {
-        let job = jobs.get(name).await.map_err(|e| e.to_string())?;
-        let status = serde_json::to_value(&job.status).unwrap_or(Value::Null);
-        if ready(&status) {
-            Ok(status)
-        } else {
-            Err(status.to_string())
-        }
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", plane.log_tail("rdu-operator", 40)))
+/// A control plane with the garbage collector, the CRD, the chart and the operator started with `flags`; the
+/// operator's /metrics address.
+async fn plane(test: &str, flags: &[&str]) -> (ControlPlane, SocketAddr) {
+    let (plane, addrs) = kit::plane(test)
+        .controller_manager()
+        .namespaces(&[JOBS])
+        .operator_flags(flags)
+        .start_operator()
+        .await;
+    (plane, addrs.metrics)
 }
 
 fn failed_condition(status: &Value) -> Value {
@@ -96,21 +54,16 @@ async fn pods_of(pods: &Api<Pod>, job: &str) -> Vec<Pod> {
 }
 
 #[tokio::test]
+#[ignore = "needs the control-plane binaries: bash e2e/control-plane/run.sh"]
 async fn an_oversized_job_is_refused_by_the_api_and_one_above_the_operators_limit_fails() {
-    let Some((plane, _)) = plane("tenancy limits", &["--max-workers-per-job=8"]).await else {
-        return;
-    };
+    let (plane, _) = plane("tenancy limits", &["--max-workers-per-job=8"]).await;
     let client = plane.admin_client().await.expect("client");
     let jobs: Api<RduJob> = Api::namespaced(client.clone(), JOBS);
     let pods: Api<Pod> = Api::namespaced(client.clone(), JOBS);
 
     // Above the API's ceiling: refused by the API server itself, with the message validate_spec gives.
-    let refused = kubectl(
-        &plane,
-        &["apply", "-f", "-"],
-        Some(&job("huge", MAX_WORKERS + 1)),
-    )
-    .expect_err("the API server refuses 4097 ranks");
+    let refused = kit::apply(&plane, &job("huge", MAX_WORKERS + 1))
+        .expect_err("the API server refuses 4097 ranks");
     let text = refused.to_string();
     assert!(text.contains(MAX_WORKERS_MESSAGE), "{text}");
     let rust = rdu_crds::validate_spec(
@@ -122,17 +75,13 @@ async fn an_oversized_job_is_refused_by_the_api_and_one_above_the_operators_limi
     assert!(rust[0].message.starts_with(MAX_WORKERS_MESSAGE), "{rust:?}");
     assert!(jobs.get_opt("huge").await.expect("get").is_none());
     // A world of 100 million ranks is refused the same way, before the operator ever sees it.
-    let text = kubectl(
-        &plane,
-        &["apply", "-f", "-"],
-        Some(&job("enormous", 100_000_000)),
-    )
-    .expect_err("refused")
-    .to_string();
+    let text = kit::apply(&plane, &job("enormous", 100_000_000))
+        .expect_err("refused")
+        .to_string();
     assert!(text.contains(MAX_WORKERS_MESSAGE), "{text}");
 
     // The operator's limit + 1: accepted by the API, failed by the operator naming the field, value and limit.
-    kubectl(&plane, &["apply", "-f", "-"], Some(&job("wide", 9))).expect("apply");
+    kit::apply(&plane, &job("wide", 9)).expect("apply");
     let status = wait_status(&plane, &jobs, "wide", "Failed", |s| s["phase"] == "Failed").await;
     let failed = failed_condition(&status);
     assert_eq!(failed["reason"], "InvalidSpec", "{status}");
@@ -151,7 +100,7 @@ async fn an_oversized_job_is_refused_by_the_api_and_one_above_the_operators_limi
     );
 
     // At the limit the job runs.
-    kubectl(&plane, &["apply", "-f", "-"], Some(&job("fits", 8))).expect("apply");
+    kit::apply(&plane, &job("fits", 8)).expect("apply");
     poll_until("8 pods of fits", TIMEOUT, || async {
         let n = pods_of(&pods, "fits").await.len();
         if n == 8 {
@@ -161,7 +110,7 @@ async fn an_oversized_job_is_refused_by_the_api_and_one_above_the_operators_limi
         }
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", plane.log_tail("rdu-operator", 40)));
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", kit::operator_log(&plane)));
 }
 
 /// The operator's pid, found by the unique `--metrics-addr` on its command line.
@@ -201,11 +150,10 @@ const LARGE: u32 = 2000;
 const RSS_BOUND_MIB: u64 = 96;
 
 #[tokio::test]
+#[ignore = "needs the control-plane binaries: bash e2e/control-plane/run.sh"]
 async fn a_large_job_is_created_without_the_operators_memory_passing_its_bound() {
     let limit = format!("--max-workers-per-job={LARGE}");
-    let Some((plane, metrics)) = plane("tenancy memory", &[&limit]).await else {
-        return;
-    };
+    let (plane, metrics) = plane("tenancy memory", &[&limit]).await;
     let client = plane.admin_client().await.expect("client");
     let pods: Api<Pod> = Api::namespaced(client, JOBS);
     let pid = operator_pid(metrics);
@@ -216,11 +164,11 @@ async fn a_large_job_is_created_without_the_operators_memory_passing_its_bound()
         }
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", plane.log_tail("rdu-operator", 40)));
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", kit::operator_log(&plane)));
     let (idle, _) = memory_kib(pid);
 
     let start = Instant::now();
-    kubectl(&plane, &["apply", "-f", "-"], Some(&job("large", LARGE))).expect("apply");
+    kit::apply(&plane, &job("large", LARGE)).expect("apply");
     poll_until(
         &format!("{LARGE} pods"),
         Duration::from_secs(600),
@@ -237,7 +185,7 @@ async fn a_large_job_is_created_without_the_operators_memory_passing_its_bound()
         },
     )
     .await
-    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", plane.log_tail("rdu-operator", 40)));
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", kit::operator_log(&plane)));
     let seconds = start.elapsed().as_secs_f64();
     // Let the watch bring every pod into the cache and the job's status follow.
     let jobs: Api<RduJob> = Api::namespaced(plane.admin_client().await.expect("client"), JOBS);
@@ -287,10 +235,9 @@ fn version_and_owners<K: Resource>(object: &K) -> (Option<String>, usize) {
 }
 
 #[tokio::test]
+#[ignore = "needs the control-plane binaries: bash e2e/control-plane/run.sh"]
 async fn foreign_objects_named_like_a_jobs_children_are_left_untouched_and_the_job_fails() {
-    let Some((plane, _)) = plane("tenancy ownership", &[]).await else {
-        return;
-    };
+    let (plane, _) = plane("tenancy ownership", &[]).await;
     let client = plane.admin_client().await.expect("client");
     let jobs: Api<RduJob> = Api::namespaced(client.clone(), JOBS);
     let pods: Api<Pod> = Api::namespaced(client.clone(), JOBS);
@@ -303,12 +250,7 @@ async fn foreign_objects_named_like_a_jobs_children_are_left_untouched_and_the_j
         ("NetworkPolicy", "pol-workers"),
         ("Secret", "sec-token"),
     ] {
-        kubectl(
-            &plane,
-            &["apply", "-f", "-"],
-            Some(&foreign(kind, object).to_string()),
-        )
-        .expect("a foreign object");
+        kit::apply(&plane, &foreign(kind, object).to_string()).expect("a foreign object");
     }
     let before = (
         version_and_owners(&services.get("svc").await.expect("svc")),
@@ -320,7 +262,7 @@ async fn foreign_objects_named_like_a_jobs_children_are_left_untouched_and_the_j
         ("pol", "NetworkPolicy", "pol-workers"),
         ("sec", "Secret", "sec-token"),
     ] {
-        kubectl(&plane, &["apply", "-f", "-"], Some(&job(name, 2))).expect("apply");
+        kit::apply(&plane, &job(name, 2)).expect("apply");
         let status = wait_status(&plane, &jobs, name, "Failed", |s| s["phase"] == "Failed").await;
         let failed = failed_condition(&status);
         assert_eq!(failed["reason"], "ChildConflict", "{status}");
@@ -365,7 +307,7 @@ async fn foreign_objects_named_like_a_jobs_children_are_left_untouched_and_the_j
     pods.create(&PostParams::default(), &impostor)
         .await
         .expect("impostor");
-    kubectl(&plane, &["apply", "-f", "-"], Some(&job("imp", 2))).expect("apply");
+    kit::apply(&plane, &job("imp", 2)).expect("apply");
     let status = wait_status(&plane, &jobs, "imp", "2 active ranks", |s| {
         s["workers"]["active"] == 2 && s["ranks"].as_array().is_some_and(|r| r.len() == 2)
     })
@@ -392,7 +334,7 @@ async fn foreign_objects_named_like_a_jobs_children_are_left_untouched_and_the_j
     })
     .await
     .unwrap_or_else(|e| panic!("{e}"));
-    kubectl(&plane, &["apply", "-f", "-"], Some(&job("imp", 2))).expect("apply again");
+    kit::apply(&plane, &job("imp", 2)).expect("apply again");
     let new_uid = jobs.get("imp").await.expect("imp").uid().expect("uid");
     assert_ne!(old_uid, new_uid);
     poll_until("the new imp's own children", TIMEOUT, || async {
@@ -417,7 +359,7 @@ async fn foreign_objects_named_like_a_jobs_children_are_left_untouched_and_the_j
         }
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", plane.log_tail("rdu-operator", 40)));
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", kit::operator_log(&plane)));
     let status = wait_status(&plane, &jobs, "imp", "not failed", |s| {
         s["phase"] == "Pending"
     })
