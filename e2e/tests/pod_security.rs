@@ -5,8 +5,10 @@
 //! `runAsNonRoot: false` keeps it, and the API server refuses its pods (so the level is enforced in this test).
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams};
-use rdu_e2e::kit::{self, JobFixture, TIMEOUT, operator_log, progress_url_flag, wait_pods};
+use kube::api::Api;
+use rdu_e2e::kit::{
+    self, JobFixture, TIMEOUT, operator_log, pods_of, progress_url_flag, wait_pods,
+};
 use rdu_e2e::{kubectl, poll_until};
 use serde_json::json;
 
@@ -15,13 +17,6 @@ const RESTRICTED: &str = "restricted";
 /// A 3-rank job in the restricted namespace.
 fn job(name: &str) -> JobFixture {
     JobFixture::new(RESTRICTED, name).workers(3)
-}
-
-async fn pods_of(pods: &Api<Pod>, job: &str) -> Vec<Pod> {
-    pods.list(&ListParams::default().labels(&format!("rdu.dev/job-name={job}")))
-        .await
-        .expect("list pods")
-        .items
 }
 
 #[tokio::test]

@@ -7,12 +7,12 @@
 
 use std::net::SocketAddr;
 
-use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
-use kube::api::{Api, PostParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
 use rdu_crds::{ProgressReport, RduJob, StepPoint, TrainingProgress, consts};
 use rdu_e2e::kit::{
-    self, JobFixture, TIMEOUT, or_operator_log, progress_url_flag, report_running, wait_pods,
+    self, JobFixture, TIMEOUT, or_operator_log, pod_token, progress_url_flag, report_running,
+    wait_pods,
 };
 use rdu_e2e::metrics::http_post;
 use rdu_e2e::{kubectl, poll_until};
@@ -22,38 +22,6 @@ const JOBS: &str = "jobs";
 
 fn job_yaml(name: &str) -> String {
     JobFixture::new(JOBS, name).epochs(2).manifest()
-}
-
-/// A token the TokenRequest API binds to `pod`, for `audience`, as the kubelet would mint it.
-async fn pod_token(client: &kube::Client, pod: &Pod, audience: &str) -> String {
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), JOBS);
-    let account = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.service_account_name.clone())
-        .unwrap_or_else(|| "default".into());
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: vec![audience.to_string()],
-            bound_object_ref: Some(BoundObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Pod".into()),
-                name: pod.metadata.name.clone(),
-                uid: pod.metadata.uid.clone(),
-            }),
-            expiration_seconds: Some(600),
-        },
-        ..Default::default()
-    };
-    let answer = poll_until("a pod-bound token", TIMEOUT, || async {
-        accounts
-            .create_token_request(&account, &PostParams::default(), &request)
-            .await
-            .map_err(|e| e.to_string())
-    })
-    .await
-    .expect("TokenRequest");
-    answer.status.expect("token status").token
 }
 
 fn report(generation: u32, step: u64) -> Vec<u8> {

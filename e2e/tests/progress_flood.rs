@@ -13,11 +13,10 @@ use std::time::{Duration, Instant};
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
-use kube::api::{Api, PostParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
 use rdu_crds::{ProgressReport, StepPoint, TrainingProgress, consts};
-use rdu_e2e::kit::{self, JobFixture, TIMEOUT, or_operator_log, progress_url_flag};
+use rdu_e2e::kit::{self, JobFixture, TIMEOUT, or_operator_log, pod_token, progress_url_flag};
 use rdu_e2e::metrics::{http_get, http_post};
 use rdu_e2e::poll_until;
 use serde_json::json;
@@ -45,34 +44,6 @@ async fn pod(client: &kube::Client, namespace: &str, name: &str) -> Pod {
     })
     .await
     .expect("pod")
-}
-
-/// A progress token the TokenRequest API binds to `pod`, as the kubelet mints it.
-async fn pod_token(client: &kube::Client, pod: &Pod) -> String {
-    let namespace = pod.metadata.namespace.clone().expect("namespace");
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), &namespace);
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: vec![consts::PROGRESS_TOKEN_AUDIENCE.to_string()],
-            bound_object_ref: Some(BoundObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Pod".into()),
-                name: pod.metadata.name.clone(),
-                uid: pod.metadata.uid.clone(),
-            }),
-            expiration_seconds: Some(600),
-        },
-        ..Default::default()
-    };
-    let answer = poll_until("a pod-bound token", TIMEOUT, || async {
-        accounts
-            .create_token_request("default", &PostParams::default(), &request)
-            .await
-            .map_err(|e| e.to_string())
-    })
-    .await
-    .expect("TokenRequest");
-    answer.status.expect("token status").token
 }
 
 /// A token with the claims the API server would write for `namespace/pod` (UID `uid`), signed by no one.
@@ -221,8 +192,8 @@ async fn a_flood_of_bogus_reports_costs_bounded_token_reviews_and_starves_no_one
     let rank1 = pod(&client, JOBS, "watched-worker-1").await;
     let hidden0 = pod(&client, OTHER, "hidden-worker-0").await;
     let uid = |pod: &Pod| pod.metadata.uid.clone().expect("uid");
-    let token0 = pod_token(&client, &rank0).await;
-    let token1 = pod_token(&client, &rank1).await;
+    let token0 = pod_token(&client, &rank0, consts::PROGRESS_TOKEN_AUDIENCE).await;
+    let token1 = pod_token(&client, &rank1, consts::PROGRESS_TOKEN_AUDIENCE).await;
 
     // Rank 0's first report: accepted, its token reviewed once and remembered.
     let progress = addrs.progress;
@@ -363,7 +334,7 @@ async fn a_flood_of_bogus_reports_costs_bounded_token_reviews_and_starves_no_one
     );
 
     // A fresh token of rank 0 (the kubelet rotated it) is reviewed and accepted.
-    let fresh = pod_token(&client, &rank0).await;
+    let fresh = pod_token(&client, &rank0, consts::PROGRESS_TOKEN_AUDIENCE).await;
     poll_until("a fresh rank-0 token accepted", TIMEOUT, || async {
         match post(progress, JOBS, "watched", &fresh, 4).await {
             202 => Ok(()),

@@ -14,7 +14,7 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Resource, ResourceExt};
 use rdu_crds::RduJob;
 use rdu_crds::consts::{MAX_WORKERS, MAX_WORKERS_MESSAGE};
-use rdu_e2e::kit::{self, JobFixture, TIMEOUT, wait_status};
+use rdu_e2e::kit::{self, JobFixture, TIMEOUT, pods_of, wait_status};
 use rdu_e2e::{ControlPlane, kubectl, poll_until};
 use serde_json::{Value, json};
 use std::net::SocketAddr;
@@ -44,13 +44,6 @@ fn failed_condition(status: &Value) -> Value {
         .and_then(|c| c.iter().find(|c| c["type"] == "Failed"))
         .cloned()
         .unwrap_or(Value::Null)
-}
-
-async fn pods_of(pods: &Api<Pod>, job: &str) -> Vec<Pod> {
-    pods.list(&ListParams::default().labels(&format!("rdu.dev/job-name={job}")))
-        .await
-        .expect("list pods")
-        .items
 }
 
 #[tokio::test]

@@ -1,11 +1,14 @@
-//! What a kubelet would report of a rank's pod, written through the pods/status subresource: the control-plane
-//! tests run no kubelet.
+//! What a kubelet would do for a rank's pod, which the control-plane tests run without: report its state through
+//! the pods/status subresource, and mint its pod-bound ServiceAccount token.
 
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, Patch, PatchParams};
+use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 use super::fixture::WORKER_IMAGE;
+use super::wait::TIMEOUT;
+use crate::poll::poll_until;
 
 /// The time every reported state started (and ended).
 pub const REPORTED_AT: &str = "2026-01-01T00:00:00Z";
@@ -50,4 +53,38 @@ async fn report(pods: &Api<Pod>, name: &str, phase: &str, state: Value) {
     pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .unwrap_or_else(|e| panic!("status of {name}: {e}"));
+}
+
+/// A token of `pod`'s ServiceAccount for `audience`, bound to the pod (its name and UID) by the TokenRequest API,
+/// valid for 10 minutes, as the kubelet mints it for a projected volume. Retried until the API server issues it.
+pub async fn pod_token(client: &kube::Client, pod: &Pod, audience: &str) -> String {
+    let namespace = pod.metadata.namespace.clone().expect("a pod's namespace");
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), &namespace);
+    let account = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.service_account_name.clone())
+        .unwrap_or_else(|| "default".into());
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: vec![audience.to_string()],
+            bound_object_ref: Some(BoundObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: pod.metadata.name.clone(),
+                uid: pod.metadata.uid.clone(),
+            }),
+            expiration_seconds: Some(600),
+        },
+        ..Default::default()
+    };
+    let answer = poll_until("a pod-bound token", TIMEOUT, || async {
+        accounts
+            .create_token_request(&account, &PostParams::default(), &request)
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("TokenRequest: {e}"));
+    answer.status.expect("token status").token
 }

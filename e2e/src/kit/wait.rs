@@ -105,3 +105,11 @@ pub fn names(pods: &[Pod]) -> Vec<String> {
         .filter_map(|p| p.metadata.name.clone())
         .collect()
 }
+
+/// Every pod labelled as `job`'s, of any generation, terminating ones too.
+pub async fn pods_of(pods: &Api<Pod>, job: &str) -> Vec<Pod> {
+    pods.list(&ListParams::default().labels(&format!("rdu.dev/job-name={job}")))
+        .await
+        .expect("list pods")
+        .items
+}
