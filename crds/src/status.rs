@@ -30,6 +30,10 @@ pub struct RduJobStatus {
     /// preemption); they do not count against `backoffLimit`.
     #[serde(default)]
     pub disruption_restarts: u32,
+    /// Times a queue (Kueue) evicted the running job, a preemption among them: its pods were stopped (rank 0
+    /// checkpointing on SIGTERM) and it waited to be admitted again. Never counted against `backoffLimit`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub evictions: u32,
     /// While a failed generation is being stopped: which, and what its end is blamed on so far.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stopping: Option<GenerationEnd>,
@@ -219,4 +223,8 @@ pub struct AllReduceTiming {
     /// Values of rank 0's first all-reduce of this size that were not the sum of every rank's (nccl-tests'
     /// `#wrong`): 0 unless the collective is broken.
     pub wrong_values: u64,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }

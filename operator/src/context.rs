@@ -34,6 +34,8 @@ pub struct Context {
     pub pod_groups: bool,
     /// Whether every job gets a NetworkPolicy admitting only its own pods to the worker ports.
     pub network_policies: bool,
+    /// Whether jobs labelled `kueue.x-k8s.io/queue-name` wait for Kueue's admission (`--kueue`).
+    pub kueue: bool,
     /// The operator's own base URL for rank 0's progress reports (DESIGN 4.8); none: ranks do not report.
     pub progress_url: Option<String>,
     /// What this operator runs at most (`--max-workers-per-job`).

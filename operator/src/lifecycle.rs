@@ -90,10 +90,32 @@ pub fn decide_from<'a>(
     cluster: &ClusterView,
     now: Timestamp,
 ) -> Decision {
+    decide_held(job, pods, cluster, now, None)
+}
+
+/// Why a job that its spec lets run must not have pods for now (a queue has not admitted it, or evicted it): the
+/// job is held as suspended, its `Suspended` condition giving this reason and message.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Hold {
+    pub reason: &'static str,
+    pub message: String,
+    /// The hold is an eviction (a preemption, a timeout): counted in `status.evictions`, never as a failure.
+    pub eviction: bool,
+}
+
+/// [`decide_from`] for a job that `hold`, when given, keeps from having pods.
+pub fn decide_held<'a>(
+    job: &RduJob,
+    pods: impl IntoIterator<Item = &'a Pod>,
+    cluster: &ClusterView,
+    now: Timestamp,
+    hold: Option<&Hold>,
+) -> Decision {
     let mut step = Step {
         job,
         pods: pods.into_iter().filter_map(PodView::from_pod).collect(),
         cluster,
+        hold,
         now,
         status: job.status.clone().unwrap_or_default(),
         actions: Vec::new(),
@@ -119,6 +141,7 @@ struct Step<'a> {
     job: &'a RduJob,
     pods: Vec<PodView>,
     cluster: &'a ClusterView,
+    hold: Option<&'a Hold>,
     now: Timestamp,
     status: RduJobStatus,
     actions: Vec<Action>,
@@ -132,14 +155,25 @@ impl Step<'_> {
             return self.after_finish();
         }
         if self.job.spec.run_policy.suspend {
-            return self.suspend();
+            return self.suspend(
+                "Suspended",
+                "spec.runPolicy.suspend is true: the pods are deleted".into(),
+            );
+        }
+        if let Some(hold) = self.hold {
+            if hold.eviction && self.status.phase != Some(JobPhase::Suspended) {
+                self.status.evictions += 1;
+            }
+            return self.suspend(hold.reason, hold.message.clone());
         }
         if self.status.phase == Some(JobPhase::Suspended) {
             self.set_condition(
                 condition::SUSPENDED,
                 false,
                 "Resumed",
-                "spec.runPolicy.suspend is false: recreating the pods".into(),
+                "the job may run (spec.runPolicy.suspend is false, and a queued job is admitted): recreating \
+                 the pods"
+                    .into(),
             );
             self.event(false, "Resumed", "job resumed: recreating the pods".into());
             self.status.phase = Some(JobPhase::Pending);
@@ -308,7 +342,8 @@ impl Step<'_> {
         }
     }
 
-    fn suspend(&mut self) {
+    /// Deletes every pod and holds the job as Suspended, the condition saying `reason` and `message`.
+    fn suspend(&mut self, reason: &'static str, message: String) {
         self.status.stopping = None;
         let names = self
             .pods
@@ -317,23 +352,27 @@ impl Step<'_> {
             .map(|p| p.name.clone())
             .collect();
         self.delete(names);
+        let said =
+            self.status.conditions.iter().any(|c| {
+                c.type_ == condition::SUSPENDED && c.status == "True" && c.message == message
+            });
+        if self.status.phase == Some(JobPhase::Suspended) && !said {
+            self.set_condition(condition::SUSPENDED, true, reason, message.clone());
+            self.event(false, reason, message.clone());
+        }
         if self.status.phase != Some(JobPhase::Suspended) {
             self.status.phase = Some(JobPhase::Suspended);
-            self.set_condition(
-                condition::SUSPENDED,
-                true,
-                "Suspended",
-                "spec.runPolicy.suspend is true: the pods are deleted".into(),
-            );
+            self.set_condition(condition::SUSPENDED, true, reason, message.clone());
             self.clear_condition(condition::RUNNING, "Suspended", "the job is suspended");
             self.clear_condition(condition::RESTARTING, "Suspended", "the job is suspended");
             self.clear_condition(condition::CREATED, "Suspended", "the job is suspended");
             self.clear_condition(condition::PODS_BLOCKED, "Suspended", "the job is suspended");
-            self.event(
-                false,
-                "Suspended",
-                "job suspended: deleting its pods".into(),
-            );
+            let note = if reason == "Suspended" {
+                "job suspended: deleting its pods".to_string()
+            } else {
+                message
+            };
+            self.event(false, reason, note);
         }
         self.status.start_time = None;
         self.status.ranks.clear();

@@ -67,6 +67,11 @@ struct Args {
     /// pending pods: pods held back would never make it scale.
     #[arg(long, env = "RDU_WAIT_FOR_ROOM", default_value_t = true, action = clap::ArgAction::Set)]
     wait_for_room: bool,
+    /// Queue jobs labelled `kueue.x-k8s.io/queue-name` in Kueue (needs Kueue installed with
+    /// `integrations.externalFrameworks: ["RduJob.v1alpha1.rdu.dev"]` and RBAC for its Workloads and
+    /// ResourceFlavors; chart value `kueue.enabled`). Off: the label is ignored and such jobs run at once.
+    #[arg(long, env = "RDU_KUEUE", default_value_t = false, action = clap::ArgAction::Set)]
+    kueue: bool,
     /// This operator's progress endpoint as rank 0's pods reach it (`http://<service>.<namespace>.svc:<port>`,
     /// a Service in front of --progress-addr): rank 0 reports progress there with a projected ServiceAccount token
     /// (DESIGN 4.8). Unset: no progress in status, and no progress listener.
@@ -159,6 +164,7 @@ async fn main() -> anyhow::Result<()> {
         status_writes: Default::default(),
         pod_groups,
         network_policies: args.network_policy,
+        kueue: args.kueue,
         progress_url: args.progress_url.clone(),
         limits: Limits {
             max_workers_per_job: args.max_workers_per_job,

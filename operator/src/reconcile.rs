@@ -21,9 +21,11 @@ use crate::apply::{Stop, apply};
 use crate::builders;
 use crate::context::{Context, FIELD_MANAGER};
 use crate::expectations::Cached;
-use crate::lifecycle::{Action, Decision, JobEvent, Refusal, decide_from, refuse};
+use crate::kueue::{self, plan::Gate};
+use crate::lifecycle::{Action, Decision, Hold, JobEvent, Refusal, decide_held, refuse};
 use crate::ownership::controlled_by;
 use crate::step::ReconcileError;
+use crate::validate::ValidJob;
 
 /// How often a job is looked at again when no timer or watch event asks sooner.
 pub const RESYNC: Duration = Duration::from_secs(300);
@@ -106,11 +108,21 @@ async fn run_pipeline(job: &RduJob, ctx: &Context) -> Result<Requeue, ReconcileE
             let status = job.status.clone().unwrap_or_default();
             refuse(job, status, Refusal::InvalidSpec, &errors.to_string(), now)
         }
-        Ok(valid) => {
+        Ok(mut valid) => {
+            let queued = queue(job, &valid, ctx).await?;
+            let hold = queued.as_ref().and_then(|q| hold_of(&q.gate));
+            valid.placement = queued.as_ref().and_then(|q| q.placement.clone());
             let cluster = ctx.nodes.view(job, &pods, &ctx.pods);
-            let decision = decide_from(job, pods.iter().map(|p| p.as_ref()), &cluster, now);
+            let pod_refs = pods.iter().map(|p| p.as_ref());
+            let decision = decide_held(job, pod_refs, &cluster, now, hold.as_ref());
             match apply(&valid, ctx, &decision.actions).await {
-                Ok(()) => decision,
+                Ok(()) => {
+                    if let Some(queued) = &queued {
+                        kueue::sync::after(&ctx.client, job, queued, &decision.status, pods.len())
+                            .await?;
+                    }
+                    decision
+                }
                 Err(Stop::Failed(error)) => return Err(error),
                 Err(Stop::Conflict(conflict)) => {
                     warn!(job = valid.name, namespace = valid.namespace, %conflict, "the job cannot run");
@@ -132,6 +144,35 @@ async fn run_pipeline(job: &RduJob, ctx: &Context) -> Result<Requeue, ReconcileE
         .flatten()
         .min();
     Ok(Requeue::requeue(after.unwrap_or(RESYNC)))
+}
+
+/// Step 2b, for a job queued in Kueue (`--kueue` and the queue label): its Workload read or created, whether it
+/// may have pods, and where Kueue's admission puts them.
+async fn queue(
+    job: &RduJob,
+    valid: &ValidJob<'_>,
+    ctx: &Context,
+) -> Result<Option<kueue::sync::Queued>, ReconcileError> {
+    let Some(queue) = kueue::queue_name(job).filter(|_| ctx.kueue) else {
+        return Ok(None);
+    };
+    let generation = job.status.as_ref().map_or(0, |s| s.restarts);
+    let rank0 = builders::rank_pod(valid, 0, generation, None);
+    Ok(Some(
+        kueue::sync::before(&ctx.client, job, valid, queue, &rank0).await?,
+    ))
+}
+
+/// The lifecycle's hold for a Kueue gate that is not open.
+fn hold_of(gate: &Gate) -> Option<Hold> {
+    match gate {
+        Gate::Admitted => None,
+        Gate::Held { reason, message } => Some(Hold {
+            reason,
+            message: message.clone(),
+            eviction: *reason == kueue::plan::EVICTED,
+        }),
+    }
 }
 
 /// Step 1: the job's pods from the controller's cache, unless it is behind this job's own writes. No API call.

@@ -45,6 +45,8 @@ pub enum ReconcileError {
     DeleteJob { source: kube::Error },
     #[error("cannot write the job's status: {source}")]
     Status { source: kube::Error },
+    #[error(transparent)]
+    Kueue(#[from] crate::kueue::sync::KueueError),
 }
 
 impl ReconcileError {
@@ -58,6 +60,8 @@ impl ReconcileError {
             | ReconcileError::SharedChildren { .. }
             | ReconcileError::DeleteJob { .. } => Step::Apply,
             ReconcileError::Status { .. } => Step::Status,
+            ReconcileError::Kueue(e) if e.is_read() => Step::Fetch,
+            ReconcileError::Kueue(_) => Step::Apply,
         }
     }
 }

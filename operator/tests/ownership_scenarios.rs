@@ -238,6 +238,7 @@ async fn a_job_above_the_operators_limit_fails_naming_the_field_the_value_and_th
         status_writes: Default::default(),
         pod_groups: false,
         network_policies: true,
+        kueue: false,
         progress_url: None,
         limits: Limits {
             max_workers_per_job: 4,

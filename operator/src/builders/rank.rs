@@ -1,5 +1,6 @@
 //! The pod of one rank, whole: its contract (`env::rank_contract`), the pod built from it (`children`), and the
-//! volumes the contract's paths need: rank 0's TensorBoard directory and its progress token.
+//! volumes the contract's paths need (rank 0's TensorBoard directory and its progress token), and where a queue's
+//! admission puts it (`ValidJob::placement`).
 
 use k8s_openapi::api::core::v1::Pod;
 
@@ -19,6 +20,13 @@ pub fn rank_pod(job: &ValidJob, rank: u32, generation: u32, progress_url: Option
     }
     if contract.progress.is_some() {
         add_progress_token(&mut pod);
+    }
+    if let Some(placement) = &job.placement
+        && let Err(conflict) = placement.apply(&mut pod)
+    {
+        // The Kueue step tried the placement on rank 0's pod before letting the job run; ranks differ only in
+        // labels the admission does not set.
+        tracing::warn!(job = job.name, namespace = job.namespace, rank, %conflict, "placement not applied whole");
     }
     pod
 }

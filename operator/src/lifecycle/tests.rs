@@ -852,3 +852,90 @@ fn a_failed_ranks_termination_message_is_the_reason_in_the_condition() {
         c.message
     );
 }
+
+fn held(reason: &'static str, eviction: bool) -> Hold {
+    Hold {
+        reason,
+        message: format!("{reason} by the queue"),
+        eviction,
+    }
+}
+
+fn decide_held(job: &RduJob, pods: &[Pod], now: Timestamp, hold: Option<&Hold>) -> Decision {
+    super::decide_held(job, pods, &ClusterView::default(), now, hold)
+}
+
+#[test]
+fn a_held_job_creates_no_pod_and_says_why() {
+    let j = job("mnist", None, 2);
+    let d = decide_held(&j, &[], at(1), Some(&held("Queued", false)));
+    assert!(d.actions.is_empty(), "{:?}", d.actions);
+    assert_eq!(d.status.phase, Some(JobPhase::Suspended));
+    let c = condition(&d, condition::SUSPENDED).expect("Suspended");
+    assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", "Queued"));
+    assert_eq!(c.message, "Queued by the queue");
+    assert_eq!(d.status.evictions, 0, "waiting for a first admission is no eviction");
+
+    // Admitted: the gang is created whole at generation 0.
+    let mut j = j;
+    j.status = Some(d.status);
+    let d = decide_held(&j, &[], at(2), None);
+    assert_eq!(
+        d.actions,
+        vec![Action::CreatePods {
+            generation: 0,
+            ranks: vec![0, 1]
+        }]
+    );
+    assert!(condition(&d, condition::SUSPENDED).is_none());
+    assert!(d.events.iter().any(|e| e.reason == "Resumed"));
+}
+
+#[test]
+fn an_eviction_stops_the_gang_without_counting_and_resumes_it_whole() {
+    let mut j = with_status(job("mnist", None, 2), JobPhase::Running, 1, &[0, 1]);
+    let running = pods(&[p(0, 1, "Running"), p(1, 1, "Running")]);
+    let evicted = held("Evicted", true);
+    let d = decide_held(&j, &running, at(3), Some(&evicted));
+    assert_eq!(
+        d.actions,
+        vec![Action::DeletePods {
+            names: names(&[0, 1])
+        }]
+    );
+    assert_eq!(d.status.phase, Some(JobPhase::Suspended));
+    assert_eq!(d.status.evictions, 1);
+    assert_eq!(
+        (d.status.restarts, d.status.failure_restarts, d.status.disruption_restarts),
+        (1, 0, 0),
+        "an eviction is neither a failure nor a gang restart"
+    );
+    assert!(d.events.iter().any(|e| e.reason == "Evicted"));
+    // Held again while the pods go and after: counted once.
+    j.status = Some(d.status);
+    let terminating = pods(&[p(0, 1, "Running").terminating()]);
+    let d = decide_held(&j, &terminating, at(4), Some(&evicted));
+    assert_eq!(d.status.evictions, 1);
+    // Readmitted once the pods are gone: the same generation again, resumed from rank 0's checkpoint.
+    j.status = Some(d.status);
+    let d = decide_held(&j, &[], at(5), None);
+    assert_eq!(
+        d.actions,
+        vec![Action::CreatePods {
+            generation: 1,
+            ranks: vec![0, 1]
+        }]
+    );
+}
+
+#[test]
+fn a_new_reason_to_hold_updates_the_condition() {
+    let j = job("mnist", None, 2);
+    let d = decide_held(&j, &[], at(1), Some(&held("Queued", false)));
+    let mut j = j;
+    j.status = Some(d.status);
+    let d = decide_held(&j, &[], at(2), Some(&held("PlacementConflict", false)));
+    let c = condition(&d, condition::SUSPENDED).expect("Suspended");
+    assert_eq!(c.reason, "PlacementConflict");
+    assert!(d.events.iter().any(|e| e.reason == "PlacementConflict"));
+}

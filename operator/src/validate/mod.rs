@@ -70,6 +70,11 @@ pub struct ValidJob<'a> {
     /// Gang scheduling through a PodGroup, when the job asks for it.
     pub gang: Option<Gang>,
     pub scheduling: Scheduling,
+    /// `spec.workers`.
+    pub workers: u32,
+    /// Where Kueue's admission puts the pods (its flavors' node labels and tolerations, admission checks' pod set
+    /// updates), for a queued job once admitted; set by the Kueue step after validation.
+    pub placement: Option<crate::placement::Placement>,
 }
 
 impl ValidJob<'_> {
@@ -134,6 +139,8 @@ pub fn validate<'a>(job: &'a RduJob, limits: &Limits) -> Result<ValidJob<'a>, Va
                 tensorboard: TensorBoardLog::of(spec),
                 gang: Gang::of(spec),
                 scheduling: Scheduling::of(spec),
+                workers,
+                placement: None,
             })
         }
         _ => Err(ValidationErrors(errors)),

@@ -69,6 +69,7 @@ pub fn setup(workers: u32, run_policy: Value) -> (FakeApi, Harness) {
         status_writes: Default::default(),
         pod_groups: false,
         network_policies: true,
+        kueue: false,
         progress_url: None,
         limits: Limits::default(),
     });

@@ -1,0 +1,151 @@
+//! The decisions of the Kueue step, pure: whether a queued job may have pods (`gate`), and what the Workload's
+//! status and spec must say after the lifecycle decided (`writes`), as `jobframework.ReconcileGenericJob` decides
+//! for Kueue's own job kinds.
+
+use rdu_crds::{JobPhase, RduJobStatus};
+
+use super::view::{Condition, WorkloadView};
+
+/// Whether a queued job may have pods.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Gate {
+    /// Kueue admitted the Workload: the pods may run.
+    Admitted,
+    /// No pod may exist: the lifecycle holds the job as suspended, with this reason and message.
+    Held {
+        reason: &'static str,
+        message: String,
+    },
+}
+
+/// `Held`'s reason while the Workload waits for admission.
+pub const QUEUED: &str = "Queued";
+/// `Held`'s reason once Kueue evicted the Workload (preemption, a PodsReady timeout, deactivation…).
+pub const EVICTED: &str = "Evicted";
+
+/// Whether job pods may exist, given its Workload (`None`: not created yet) in LocalQueue `queue`.
+pub fn gate(workload: Option<&WorkloadView>, queue: &str) -> Gate {
+    match workload {
+        None => Gate::Held {
+            reason: QUEUED,
+            message: format!(
+                "waiting for Kueue: its Workload in LocalQueue {queue} is being created"
+            ),
+        },
+        Some(w) if w.evicted.is_some() => {
+            let e = w.evicted.as_ref().expect("checked");
+            Gate::Held {
+                reason: EVICTED,
+                message: format!(
+                    "Kueue evicted Workload {} ({}: {}); the job waits to be admitted again",
+                    w.name, e.reason, e.message
+                ),
+            }
+        }
+        Some(w) if w.admitted && !w.finished => Gate::Admitted,
+        Some(w) => Gate::Held {
+            reason: QUEUED,
+            message: format!(
+                "waiting for Kueue to admit Workload {} in LocalQueue {queue}",
+                w.name
+            ),
+        },
+    }
+}
+
+/// A write to the Workload.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Write {
+    /// `spec.active`: false while `spec.runPolicy.suspend` is true (Kueue then evicts and releases the quota).
+    SetActive(bool),
+    /// The `PodsReady` condition (Kueue's reasons: `WaitForStart`, `WaitForRecovery`, `Started`, `Recovered`).
+    PodsReady {
+        ready: bool,
+        reason: &'static str,
+        message: &'static str,
+    },
+    /// After an eviction, once no pod is left: the quota reservation cleared, `Requeued` set (True for a
+    /// preemption or node failures), `Admitted` synced.
+    ReleaseQuota {
+        requeued: bool,
+        reason: String,
+        message: String,
+    },
+    /// The job ended: `Finished` True with reason `Succeeded` or `Failed`.
+    Finish { succeeded: bool, message: String },
+}
+
+/// What the Workload must be told after the lifecycle produced `status` for a job whose spec asks
+/// `suspend`, with `live_pods` of its pods still there (not yet deleted).
+pub fn writes(
+    w: &WorkloadView,
+    suspend: bool,
+    status: &RduJobStatus,
+    live_pods: usize,
+) -> Vec<Write> {
+    let mut out = Vec::new();
+    if w.finished {
+        return out;
+    }
+    if let Some(phase @ (JobPhase::Succeeded | JobPhase::Failed)) = status.phase {
+        let message = status
+            .conditions
+            .iter()
+            .rev()
+            .find(|c| c.type_ == phase.as_str())
+            .map(|c| c.message.clone())
+            .unwrap_or_else(|| format!("the job {}", phase.as_str().to_lowercase()));
+        out.push(Write::Finish {
+            succeeded: phase == JobPhase::Succeeded,
+            message,
+        });
+        return out;
+    }
+    if w.active == suspend {
+        out.push(Write::SetActive(!suspend));
+    }
+    if let Some(evicted) = &w.evicted {
+        if w.quota_reserved && live_pods == 0 {
+            out.push(Write::ReleaseQuota {
+                requeued: matches!(evicted.reason.as_str(), "Preempted" | "NodeFailures"),
+                reason: evicted.reason.clone(),
+                message: evicted.message.clone(),
+            });
+        }
+        return out;
+    }
+    let wanted = pods_ready(w, status);
+    let current = w.pods_ready.as_ref();
+    if current.is_none_or(|c| c.status != wanted.0 || c.reason != wanted.1) {
+        out.push(Write::PodsReady {
+            ready: wanted.0,
+            reason: wanted.1,
+            message: wanted.2,
+        });
+    }
+    out
+}
+
+/// `PodsReady` as Kueue's `generatePodsReadyCondition` makes it: (status, reason, message).
+fn pods_ready(w: &WorkloadView, status: &RduJobStatus) -> (bool, &'static str, &'static str) {
+    const NOT_READY: &str = "Not all pods are ready or succeeded";
+    const RECOVERING: &str = "At least one pod has failed, waiting for recovery";
+    const READY: &str = "All pods reached readiness and the workload is running";
+    let was = w.pods_ready.as_ref();
+    let recovering = |c: &Condition| matches!(c.reason.as_str(), "WaitForRecovery" | "Recovered");
+    if !w.admitted {
+        return (false, "WaitForStart", NOT_READY);
+    }
+    let all_ready = status.phase == Some(JobPhase::Running);
+    match was {
+        _ if all_ready && was.is_some_and(recovering) => (true, "Recovered", READY),
+        _ if all_ready => (true, "Started", READY),
+        Some(c) if c.status || c.reason == "WaitForRecovery" => {
+            (false, "WaitForRecovery", RECOVERING)
+        }
+        _ => (false, "WaitForStart", NOT_READY),
+    }
+}
+
+#[cfg(test)]
+mod tests;

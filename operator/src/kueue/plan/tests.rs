@@ -1,0 +1,189 @@
+use super::*;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition as JobCondition;
+
+fn cond(status: bool, reason: &str) -> Option<Condition> {
+    Some(Condition {
+        status,
+        reason: reason.into(),
+        message: format!("{reason} message"),
+    })
+}
+
+fn admitted() -> WorkloadView {
+    WorkloadView {
+        name: "rdujob-a-00000".into(),
+        active: true,
+        quota_reserved: true,
+        admitted: true,
+        ..Default::default()
+    }
+}
+
+fn evicted(reason: &str) -> WorkloadView {
+    WorkloadView {
+        evicted: cond(true, reason),
+        admitted: false,
+        ..admitted()
+    }
+}
+
+fn status(phase: JobPhase) -> RduJobStatus {
+    RduJobStatus {
+        phase: Some(phase),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn the_gate_opens_only_on_admission() {
+    let queued = WorkloadView {
+        admitted: false,
+        quota_reserved: false,
+        ..admitted()
+    };
+    let finished = WorkloadView {
+        finished: true,
+        ..admitted()
+    };
+    let cases: [(Option<&WorkloadView>, Option<&str>); 5] = [
+        (None, Some(QUEUED)),
+        (Some(&queued), Some(QUEUED)),
+        (Some(&admitted()), None),
+        (Some(&evicted("Preempted")), Some(EVICTED)),
+        (Some(&finished), Some(QUEUED)),
+    ];
+    for (workload, held) in cases {
+        let gate = gate(workload, "lq");
+        match (held, &gate) {
+            (None, Gate::Admitted) => {}
+            (Some(want), Gate::Held { reason, message }) => {
+                assert_eq!(reason, &want, "{workload:?}");
+                assert!(message.contains("Kueue"), "{message}");
+            }
+            _ => panic!("{workload:?}: {gate:?}"),
+        }
+    }
+    let Gate::Held { message, .. } = gate(Some(&evicted("Preempted")), "lq") else {
+        panic!()
+    };
+    assert!(
+        message.contains("Preempted: Preempted message"),
+        "{message}"
+    );
+}
+
+#[test]
+fn pods_ready_follows_kueues_reasons() {
+    let with = |ready: Option<Condition>| WorkloadView {
+        pods_ready: ready,
+        ..admitted()
+    };
+    let cases = [
+        // (current PodsReady, job phase, wanted (status, reason))
+        (None, JobPhase::Pending, (false, "WaitForStart")),
+        (None, JobPhase::Running, (true, "Started")),
+        (
+            cond(true, "Started"),
+            JobPhase::Restarting,
+            (false, "WaitForRecovery"),
+        ),
+        (
+            cond(false, "WaitForRecovery"),
+            JobPhase::Running,
+            (true, "Recovered"),
+        ),
+        (
+            cond(false, "WaitForStart"),
+            JobPhase::Running,
+            (true, "Started"),
+        ),
+    ];
+    for (current, phase, (ready, reason)) in cases {
+        let w = with(current.clone());
+        let out = writes(&w, false, &status(phase), 4);
+        let expected = Write::PodsReady {
+            ready,
+            reason,
+            message: match (ready, reason) {
+                (true, _) => "All pods reached readiness and the workload is running",
+                (false, "WaitForRecovery") => "At least one pod has failed, waiting for recovery",
+                _ => "Not all pods are ready or succeeded",
+            },
+        };
+        assert_eq!(out, vec![expected], "{current:?} {phase:?}");
+    }
+    // Unchanged: nothing written.
+    let w = with(cond(true, "Started"));
+    assert!(writes(&w, false, &status(JobPhase::Running), 4).is_empty());
+    let w = with(cond(false, "WaitForRecovery"));
+    assert!(writes(&w, false, &status(JobPhase::Pending), 4).is_empty());
+}
+
+#[test]
+fn the_quota_is_released_only_once_the_evicted_gang_is_gone() {
+    let w = evicted("Preempted");
+    assert!(
+        writes(&w, false, &status(JobPhase::Suspended), 3).is_empty(),
+        "pods still there: the quota stays"
+    );
+    assert_eq!(
+        writes(&w, false, &status(JobPhase::Suspended), 0),
+        vec![Write::ReleaseQuota {
+            requeued: true,
+            reason: "Preempted".into(),
+            message: "Preempted message".into(),
+        }]
+    );
+    let timeout = evicted("PodsReadyTimeout");
+    assert!(matches!(
+        writes(&timeout, false, &status(JobPhase::Suspended), 0)[..],
+        [Write::ReleaseQuota {
+            requeued: false,
+            ..
+        }]
+    ));
+    let released = WorkloadView {
+        quota_reserved: false,
+        ..evicted("Preempted")
+    };
+    assert!(writes(&released, false, &status(JobPhase::Suspended), 0).is_empty());
+}
+
+#[test]
+fn suspend_deactivates_and_the_end_finishes() {
+    assert_eq!(
+        writes(&admitted(), true, &status(JobPhase::Suspended), 0)[0],
+        Write::SetActive(false)
+    );
+    let inactive = WorkloadView {
+        active: false,
+        ..admitted()
+    };
+    assert_eq!(
+        writes(&inactive, false, &status(JobPhase::Pending), 0)[0],
+        Write::SetActive(true)
+    );
+    let mut done = status(JobPhase::Failed);
+    done.conditions.push(JobCondition {
+        type_: "Failed".into(),
+        status: "True".into(),
+        reason: "PermanentFailure".into(),
+        message: "rank 1 exited with code 64".into(),
+        last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            jiff::Timestamp::UNIX_EPOCH,
+        ),
+        observed_generation: None,
+    });
+    assert_eq!(
+        writes(&admitted(), false, &done, 0),
+        vec![Write::Finish {
+            succeeded: false,
+            message: "rank 1 exited with code 64".into()
+        }]
+    );
+    let finished = WorkloadView {
+        finished: true,
+        ..admitted()
+    };
+    assert!(writes(&finished, false, &done, 0).is_empty());
+}
