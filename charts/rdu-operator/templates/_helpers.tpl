@@ -97,4 +97,14 @@ app.kubernetes.io/component: device-plugin
 - apiGroups: ["scheduling.x-k8s.io"]
   resources: ["podgroups"]
   verbs: ["get", "create", "patch"]
+{{- if .Values.kueue.enabled }}
+# Kueue (kueue.enabled): a queued job's Workload, created, read, its spec.active patched; its status (PodsReady,
+# the quota released after an eviction, Finished) applied as Kueue's own job controllers apply it.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["get", "create", "patch"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads/status"]
+  verbs: ["patch"]
+{{- end }}
 {{- end -}}

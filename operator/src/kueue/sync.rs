@@ -33,6 +33,14 @@ pub enum KueueError {
         #[source]
         source: kube::Error,
     },
+    #[error(
+        "cannot read PriorityClass {name} (spec.runPolicy.schedulingPolicy.priorityClassName): {source}"
+    )]
+    PriorityClass {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
 }
 
 impl KueueError {
@@ -40,7 +48,9 @@ impl KueueError {
     pub fn is_read(&self) -> bool {
         matches!(
             self,
-            KueueError::Flavor { .. } | KueueError::Workload { action: "read", .. }
+            KueueError::Flavor { .. }
+                | KueueError::PriorityClass { .. }
+                | KueueError::Workload { action: "read", .. }
         )
     }
 }
@@ -77,11 +87,16 @@ pub async fn before(
         .and_then(|s| s.phase)
         .is_some_and(rdu_crds::JobPhase::is_finished);
     if found.is_none() && !finished {
+        let priority = match &valid.scheduling.priority_class_name {
+            Some(class) => Some(priority_of(client, class).await?),
+            None => None,
+        };
         let body = workload::build(
             valid,
             queue,
             workload::pod_set_template(rank0),
             !job.spec.run_policy.suspend,
+            priority,
         );
         let object: DynamicObject = serde_json::from_value(body).expect("a Workload is an object");
         match api.create(&PostParams::default(), &object).await {
@@ -137,6 +152,19 @@ pub async fn before(
         workload,
         placement,
     })
+}
+
+/// The value of PriorityClass `class`.
+async fn priority_of(client: &kube::Client, class: &str) -> Result<i32, KueueError> {
+    let classes: Api<k8s_openapi::api::scheduling::v1::PriorityClass> = Api::all(client.clone());
+    let found = classes
+        .get(class)
+        .await
+        .map_err(|source| KueueError::PriorityClass {
+            name: class.to_string(),
+            source,
+        })?;
+    Ok(found.value)
 }
 
 /// Writes to the Workload what the lifecycle's `status` (with `live_pods` pods not yet deleted) calls for.

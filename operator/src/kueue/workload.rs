@@ -39,11 +39,20 @@ pub fn workload_name(name: &str, uid: &str) -> String {
 /// do not stand for all of them.
 pub fn pod_set_template(rank0: &Pod) -> Value {
     let spec = rank0.spec.clone().unwrap_or_default();
-    let slim = |c: &Container| Container {
-        name: c.name.clone(),
-        image: c.image.clone(),
-        resources: c.resources.clone(),
-        ..Default::default()
+    // Requests default to limits, as the API server defaults a pod's (the template here is not defaulted).
+    let slim = |c: &Container| {
+        let mut resources = c.resources.clone().unwrap_or_default();
+        let limits = resources.limits.clone().unwrap_or_default();
+        let requests = resources.requests.get_or_insert_default();
+        for (name, quantity) in limits {
+            requests.entry(name).or_insert(quantity);
+        }
+        Container {
+            name: c.name.clone(),
+            image: c.image.clone(),
+            resources: Some(resources),
+            ..Default::default()
+        }
     };
     let spec = PodSpec {
         containers: spec.containers.iter().map(slim).collect(),
@@ -61,8 +70,15 @@ pub fn pod_set_template(rank0: &Pod) -> Value {
     json!({"spec": spec})
 }
 
-/// The Workload of `job` in LocalQueue `queue`; `template` from [`pod_set_template`].
-pub fn build(job: &ValidJob, queue: &str, template: Value, active: bool) -> Value {
+/// The Workload of `job` in LocalQueue `queue`; `template` from [`pod_set_template`]; `priority` the value of the
+/// job's PriorityClass (Kueue orders and preempts by `spec.priority`, which the job's controller fills in).
+pub fn build(
+    job: &ValidJob,
+    queue: &str,
+    template: Value,
+    active: bool,
+    priority: Option<i32>,
+) -> Value {
     let mut spec = json!({
         "queueName": queue,
         "active": active,
@@ -74,6 +90,9 @@ pub fn build(job: &ValidJob, queue: &str, template: Value, active: bool) -> Valu
             "kind": "PriorityClass",
             "name": class,
         });
+    }
+    if let Some(priority) = priority {
+        spec["priority"] = json!(priority);
     }
     json!({
         "apiVersion": "kueue.x-k8s.io/v1beta2",
@@ -107,5 +126,46 @@ mod tests {
         let long = workload_name(&"a".repeat(300), "u");
         assert_eq!(long.len(), MAX_NAME);
         assert!(long.starts_with("rdujob-aaa"));
+    }
+
+    #[test]
+    fn the_pod_set_is_the_ranks_with_what_kueue_reads() {
+        use crate::test_fixtures::job;
+        let mut j = job("mnist", Some("ml"), 4);
+        j.spec.run_policy.scheduling_policy = Some(rdu_crds::SchedulingPolicy {
+            priority_class_name: Some("high".into()),
+            ..Default::default()
+        });
+        let valid = crate::validate::valid(&j);
+        let rank0 = crate::builders::rank_pod(&valid, 0, 0, None);
+        let template = pod_set_template(&rank0);
+        let worker = &template["spec"]["containers"][0];
+        assert!(
+            worker["env"].is_null(),
+            "one rank's env does not stand for all: {worker}"
+        );
+        assert_eq!(
+            worker["resources"]["requests"]["rdu.dev/tile"],
+            rank0.spec.as_ref().unwrap().containers[0]
+                .resources
+                .as_ref()
+                .unwrap()
+                .limits
+                .as_ref()
+                .unwrap()["rdu.dev/tile"]
+                .0
+        );
+        let w = build(&valid, "lq", template, true, Some(1000));
+        assert_eq!(w["spec"]["podSets"][0]["count"], 4);
+        assert_eq!(w["spec"]["podSets"][0]["name"], "main");
+        assert_eq!(w["spec"]["queueName"], "lq");
+        assert_eq!(w["spec"]["priority"], 1000);
+        assert_eq!(w["spec"]["priorityClassRef"]["name"], "high");
+        assert_eq!(w["metadata"]["ownerReferences"][0]["kind"], "RduJob");
+        assert_eq!(w["metadata"]["ownerReferences"][0]["controller"], true);
+        assert_eq!(
+            w["metadata"]["labels"]["kueue.x-k8s.io/job-uid"],
+            valid.uid()
+        );
     }
 }

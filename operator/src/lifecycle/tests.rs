@@ -874,7 +874,10 @@ fn a_held_job_creates_no_pod_and_says_why() {
     let c = condition(&d, condition::SUSPENDED).expect("Suspended");
     assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", "Queued"));
     assert_eq!(c.message, "Queued by the queue");
-    assert_eq!(d.status.evictions, 0, "waiting for a first admission is no eviction");
+    assert_eq!(
+        d.status.evictions, 0,
+        "waiting for a first admission is no eviction"
+    );
 
     // Admitted: the gang is created whole at generation 0.
     let mut j = j;
@@ -906,7 +909,11 @@ fn an_eviction_stops_the_gang_without_counting_and_resumes_it_whole() {
     assert_eq!(d.status.phase, Some(JobPhase::Suspended));
     assert_eq!(d.status.evictions, 1);
     assert_eq!(
-        (d.status.restarts, d.status.failure_restarts, d.status.disruption_restarts),
+        (
+            d.status.restarts,
+            d.status.failure_restarts,
+            d.status.disruption_restarts
+        ),
         (1, 0, 0),
         "an eviction is neither a failure nor a gang restart"
     );
