@@ -14,6 +14,7 @@ pub mod control_plane;
 pub mod image;
 pub mod kit;
 pub mod kubeconfig;
+pub mod kueue;
 pub mod logs;
 pub mod metrics;
 pub mod node;

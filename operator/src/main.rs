@@ -11,13 +11,14 @@ use clap::{Parser, ValueEnum};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::Api;
+use kube::api::{Api, DynamicObject};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
 use kube::{Client, ResourceExt};
 use rdu_crds::{JobPhase, RduJob};
 use rdu_operator::health::Health;
+use rdu_operator::kueue;
 use rdu_operator::leader::LeaderElector;
 use rdu_operator::metrics::Metrics;
 use rdu_operator::node_cache::NodeCache;
@@ -205,12 +206,22 @@ async fn main() -> anyhow::Result<()> {
         synced,
     );
     let jobs_of_nodes = job_store.clone();
-    let controller = Controller::for_stream(job_events, job_store)
+    let mut controller = Controller::for_stream(job_events, job_store)
         .owns_stream(pod_events)
         .owns(services, child_watch)
         .watches_stream(node_events, move |node| {
             jobs_woken_by(&jobs_of_nodes, &node)
         });
+    if args.kueue {
+        // A Workload's admission, eviction or finish wakes the job that controls it.
+        let resource = kueue::workload_resource();
+        let workloads: Api<DynamicObject> = match &args.namespace {
+            Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+            None => Api::all_with(client.clone(), &resource),
+        };
+        let owned = watcher::Config::default().labels(kueue::JOB_UID_LABEL);
+        controller = controller.owns_with(workloads, resource, owned);
+    }
     let run = controller
         .graceful_shutdown_on(shutdown_signal())
         .run(reconcile, error_policy, ctx)

@@ -98,11 +98,12 @@ app.kubernetes.io/component: device-plugin
   resources: ["podgroups"]
   verbs: ["get", "create", "patch"]
 {{- if .Values.kueue.enabled }}
-# Kueue (kueue.enabled): a queued job's Workload, created, read, its spec.active patched; its status (PodsReady,
-# the quota released after an eviction, Finished) applied as Kueue's own job controllers apply it.
+# Kueue (kueue.enabled): a queued job's Workload, watched (owned: its admission, eviction or finish wakes the
+# job), created, its spec.active patched; its status (PodsReady, the quota released after an eviction, Finished)
+# applied as Kueue's own job controllers apply it.
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["list", "watch", "get", "create", "patch"]
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads/status"]
   verbs: ["patch"]

@@ -1,0 +1,184 @@
+//! Kueue's manager beside the test control plane: its CRDs applied server-side, its Configuration (RduJob as an
+//! external framework, internal certificate management off, a self-signed certificate for its webhook server,
+//! which nothing calls as no webhook configuration is registered), run as the admin. Its metrics server reads
+//! its certificate from the fixed path `/etc/kueue/metrics/certs`, so it runs in a mount namespace of its own
+//! where a directory of the test is bound over `/etc/kueue`: nothing is written to the host's `/etc` but an
+//! empty `/etc/kueue` mount point, removed at the end if the test made it.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use crate::cluster::{ClusterError, create_namespace, kubectl};
+use crate::control_plane::ControlPlane;
+use crate::poll::poll_until;
+use crate::ports::free_port;
+
+/// Env var naming Kueue's directory (`bin/kueue`, `crds/*.yaml`), as `e2e/kueue/build.sh` prints it.
+pub const KUEUE_ENV: &str = "RDU_E2E_KUEUE";
+/// Kueue's namespace.
+pub const KUEUE_NAMESPACE: &str = "kueue-system";
+const MOUNT_POINT: &str = "/etc/kueue";
+
+/// Kueue's directory, or why there is none.
+pub fn kueue_dir() -> Result<PathBuf, String> {
+    let dir = std::env::var_os(KUEUE_ENV)
+        .map(PathBuf::from)
+        .ok_or_else(|| format!("{KUEUE_ENV} is not set: run bash e2e/kueue/run.sh"))?;
+    if dir.join("bin/kueue").is_file() && dir.join("crds").is_dir() {
+        Ok(dir)
+    } else {
+        Err(format!(
+            "{} has no bin/kueue and crds/: run bash e2e/kueue/build.sh",
+            dir.display()
+        ))
+    }
+}
+
+/// A running Kueue manager; removes the mount point it made when dropped (the process is the plane's).
+pub struct Kueue {
+    made_mount_point: bool,
+}
+
+impl Drop for Kueue {
+    fn drop(&mut self) {
+        if self.made_mount_point {
+            let _ = std::fs::remove_dir(MOUNT_POINT);
+        }
+    }
+}
+
+fn self_signed(dir: &Path) -> Result<(), ClusterError> {
+    std::fs::create_dir_all(dir)?;
+    let status = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=kueue",
+        ])
+        .args(["-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"])
+        .arg("-keyout")
+        .arg(dir.join("tls.key"))
+        .arg("-out")
+        .arg(dir.join("tls.crt"))
+        .output()?;
+    if status.status.success() {
+        Ok(())
+    } else {
+        Err(ClusterError::Io(std::io::Error::other(format!(
+            "openssl: {}",
+            String::from_utf8_lossy(&status.stderr)
+        ))))
+    }
+}
+
+/// Installs Kueue's CRDs, starts its manager (log `kueue`) and waits until it is ready. `wait_for_pods_ready`
+/// turns on `waitForPodsReady` with that timeout.
+pub async fn start(
+    plane: &mut ControlPlane,
+    dir: &Path,
+    wait_for_pods_ready: Option<Duration>,
+) -> Result<Kueue, ClusterError> {
+    let crds = dir.join("crds").display().to_string();
+    kubectl(plane, &["apply", "--server-side", "-f", &crds], None)?;
+    poll_until(
+        "Kueue's CRDs established",
+        Duration::from_secs(60),
+        || async {
+            kubectl(
+                plane,
+                &[
+                    "wait",
+                    "--for=condition=Established",
+                    "--timeout=5s",
+                    "crd/workloads.kueue.x-k8s.io",
+                    "crd/clusterqueues.kueue.x-k8s.io",
+                    "crd/localqueues.kueue.x-k8s.io",
+                    "crd/resourceflavors.kueue.x-k8s.io",
+                ],
+                None,
+            )
+            .map_err(|e| e.to_string())
+        },
+    )
+    .await?;
+    create_namespace(plane, KUEUE_NAMESPACE).await?;
+    let root = plane.dir().join("kueue");
+    let etc = root.join("etc");
+    self_signed(&etc.join("metrics/certs"))?;
+    self_signed(&root.join("webhook-certs"))?;
+    let health = free_port()?;
+    let pods_ready = wait_for_pods_ready
+        .map(|t| {
+            format!(
+                "waitForPodsReady:\n  timeout: {}s\n  recoveryTimeout: {}s\n  blockAdmission: false\n  \
+                 requeuingStrategy: {{timestamp: Eviction, backoffBaseSeconds: 1, backoffMaxSeconds: 5}}\n",
+                t.as_secs(),
+                t.as_secs()
+            )
+        })
+        .unwrap_or_default();
+    let config = format!(
+        "apiVersion: config.kueue.x-k8s.io/v1beta2\nkind: Configuration\nnamespace: {KUEUE_NAMESPACE}\n\
+         health:\n  healthProbeBindAddress: 127.0.0.1:{health}\nmetrics:\n  bindAddress: 127.0.0.1:{}\n\
+         webhook:\n  host: 127.0.0.1\n  port: {}\n  certDir: {}\nleaderElection:\n  leaderElect: false\n\
+         internalCertManagement:\n  enable: false\nmanageJobsWithoutQueueName: false\n\
+         integrations:\n  frameworks: []\n  externalFrameworks: [\"RduJob.v1alpha1.rdu.dev\"]\n{pods_ready}",
+        free_port()?,
+        free_port()?,
+        root.join("webhook-certs").display(),
+    );
+    let config_file = root.join("config.yaml");
+    std::fs::write(&config_file, config)?;
+    let made_mount_point = !Path::new(MOUNT_POINT).exists();
+    std::fs::create_dir_all(MOUNT_POINT)?;
+    let kueue = Kueue { made_mount_point };
+    let mut command = Command::new("unshare");
+    command
+        .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+        .arg(format!(
+            "mount --bind \"$0\" {MOUNT_POINT} && exec \"$1\" --config=\"$2\" --kubeconfig=\"$3\" --feature-gates=VisibilityOnDemand=false --zap-log-level=3"
+        ))
+        .arg(&etc)
+        .arg(dir.join("bin/kueue"))
+        .arg(&config_file)
+        .arg(&plane.admin_kubeconfig);
+    plane.spawn("kueue", command)?;
+    let up = poll_until(
+        "Kueue's manager ready",
+        Duration::from_secs(120),
+        || async { ready(health).map_err(|e| format!("{e}")) },
+    )
+    .await;
+    if let Err(e) = up {
+        return Err(ClusterError::Io(std::io::Error::other(format!(
+            "{e}\n--- kueue's log\n{}",
+            plane.log_tail("kueue", 40)
+        ))));
+    }
+    Ok(kueue)
+}
+
+/// Whether `GET /readyz` on 127.0.0.1:`port` answers 200.
+fn ready(port: u16) -> std::io::Result<()> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    stream.write_all(b"GET /readyz HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer)?;
+    if answer.starts_with("HTTP/1.1 200") || answer.starts_with("HTTP/1.0 200") {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(
+            answer.lines().next().unwrap_or_default().to_string(),
+        ))
+    }
+}

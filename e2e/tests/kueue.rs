@@ -1,0 +1,411 @@
+//! RduJobs queued in Kueue (issue 25) on the real control plane with Kueue's manager built from its module: a job
+//! waits with no pods while its ClusterQueue lacks quota; admission's node labels and tolerations reach the pods;
+//! a higher-priority job preempts a running one, whose pods go, whose quota is released, and which is admitted
+//! again later and runs whole, the eviction counted in `status.evictions` and never against `backoffLimit`. No
+//! kubelet: the test reports pod phases as one would. `bash e2e/kueue/run.sh` runs it and prints its JSON line.
+
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
+use rdu_crds::RduJob;
+use rdu_e2e::assets::assets_or_skip;
+use rdu_e2e::cluster::{create_namespace, install_crd, kubectl, start_operator_with_chart_values};
+use rdu_e2e::control_plane::{Components, ControlPlane};
+use rdu_e2e::kueue;
+use rdu_e2e::poll::poll_until;
+use serde_json::{Value, json};
+
+const OPERATOR_NAMESPACE: &str = "rdu-system";
+const JOBS: &str = "ml";
+const TIMEOUT: Duration = Duration::from_secs(120);
+const BENCH_OUT_ENV: &str = "RDU_KUEUE_BENCH_OUT";
+
+/// Two PriorityClasses, a flavor with a node label and a toleration, a ClusterQueue of 4 tiles that preempts
+/// lower priorities, and LocalQueue `team` in the jobs' namespace.
+const QUEUES: &str = r#"
+apiVersion: scheduling.k8s.io/v1
+kind: PriorityClass
+metadata: {name: low}
+value: 10
+---
+apiVersion: scheduling.k8s.io/v1
+kind: PriorityClass
+metadata: {name: high}
+value: 1000
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ResourceFlavor
+metadata: {name: pool-a}
+spec:
+  nodeLabels: {rdu.dev/pool: a}
+  tolerations: [{key: rdu.dev/dedicated, operator: Equal, value: rdu, effect: NoSchedule}]
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ClusterQueue
+metadata: {name: rdu}
+spec:
+  namespaceSelector: {}
+  preemption: {withinClusterQueue: LowerPriority}
+  resourceGroups:
+  - coveredResources: [rdu.dev/tile]
+    flavors:
+    - name: pool-a
+      resources: [{name: rdu.dev/tile, nominalQuota: 4}]
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: LocalQueue
+metadata: {name: team, namespace: ml}
+spec: {clusterQueue: rdu}
+"#;
+
+fn job(name: &str, workers: u32, priority: &str) -> String {
+    json!({
+        "apiVersion": "rdu.dev/v1alpha1", "kind": "RduJob",
+        "metadata": {"name": name, "namespace": JOBS, "labels": {"kueue.x-k8s.io/queue-name": "team"}},
+        "spec": {
+            "workers": workers, "tilesPerWorker": 1, "image": "rdu-worker:0.1.0",
+            "model": {"name": "ffn-logreg"}, "data": {"source": "synthetic"},
+            "training": {"steps": 10, "batchSize": 8, "learningRate": 0.1},
+            "runPolicy": {"backoffLimit": 0, "schedulingPolicy": {"priorityClassName": priority}},
+        }
+    })
+    .to_string()
+}
+
+struct Bed {
+    plane: ControlPlane,
+    jobs: Api<RduJob>,
+    pods: Api<Pod>,
+    workloads: Api<DynamicObject>,
+}
+
+impl Bed {
+    fn logs(&self) -> String {
+        format!(
+            "--- operator\n{}\n--- kueue\n{}",
+            self.plane.log_tail("rdu-operator", 40),
+            self.plane.log_tail("kueue", 40)
+        )
+    }
+
+    /// The live pods of job `name`.
+    async fn pods_of(&self, name: &str) -> Result<Vec<Pod>, String> {
+        let list = self
+            .pods
+            .list(&ListParams::default().labels(&format!("rdu.dev/job-name={name}")))
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(list
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .collect())
+    }
+
+    /// Job `name`'s Workload (the one its UID labels).
+    async fn workload_of(&self, name: &str) -> Result<Value, String> {
+        let job = self.jobs.get(name).await.map_err(|e| e.to_string())?;
+        let uid = job.metadata.uid.unwrap_or_default();
+        let list = self
+            .workloads
+            .list(&ListParams::default().labels(&format!("kueue.x-k8s.io/job-uid={uid}")))
+            .await
+            .map_err(|e| e.to_string())?;
+        match &list.items[..] {
+            [one] => serde_json::to_value(one).map_err(|e| e.to_string()),
+            other => Err(format!("{} Workloads of {name}", other.len())),
+        }
+    }
+
+    async fn wait<T>(&self, what: &str, check: impl AsyncFnMut() -> Result<T, String>) -> T {
+        poll_until(what, TIMEOUT, check)
+            .await
+            .unwrap_or_else(|e| panic!("{e}\n{}", self.logs()))
+    }
+
+    /// Waits for all `workers` pods of `name`, then reports them `phase` (exit code `code` once terminated).
+    async fn run_pods(
+        &self,
+        name: &str,
+        workers: usize,
+        phase: &str,
+        code: Option<i32>,
+    ) -> Vec<Pod> {
+        let pods = self
+            .wait(&format!("{workers} pods of {name}"), async || {
+                let pods = self.pods_of(name).await?;
+                if pods.len() == workers {
+                    Ok(pods)
+                } else {
+                    Err(format!("{} pods", pods.len()))
+                }
+            })
+            .await;
+        join_all(pods.iter().map(|p| report(&self.pods, p, phase, code))).await;
+        pods
+    }
+
+    async fn wait_phase(&self, name: &str, phase: &str) -> Value {
+        self.wait(&format!("{name} {phase}"), async || {
+            let job = self.jobs.get(name).await.map_err(|e| e.to_string())?;
+            let status = serde_json::to_value(&job.status).unwrap_or_default();
+            if status["phase"] == phase {
+                Ok(status)
+            } else {
+                Err(status.to_string())
+            }
+        })
+        .await
+    }
+}
+
+async fn report(pods: &Api<Pod>, pod: &Pod, phase: &str, code: Option<i32>) {
+    let now = "2026-01-01T00:00:00Z";
+    let state = match code {
+        None => json!({"running": {"startedAt": now}}),
+        Some(c) => {
+            json!({"terminated": {"exitCode": c, "reason": "Completed", "startedAt": now, "finishedAt": now}})
+        }
+    };
+    let ready = if phase == "Running" { "True" } else { "False" };
+    let patch = json!({"status": {"phase": phase, "podIP": "10.1.0.1", "startTime": now,
+        "conditions": [{"type": "Ready", "status": ready, "lastTransitionTime": now}],
+        "containerStatuses": [{"name": "worker", "ready": code.is_none(), "restartCount": 0,
+            "image": "rdu-worker:0.1.0", "imageID": "", "state": state}]}});
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap_or_else(|e| panic!("status of {name}: {e}"));
+}
+
+fn condition<'a>(workload: &'a Value, type_: &str) -> Option<&'a Value> {
+    workload["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+}
+
+fn is_true(workload: &Value, type_: &str) -> bool {
+    condition(workload, type_).is_some_and(|c| c["status"] == "True")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the control-plane binaries and Kueue's manager: bash e2e/kueue/run.sh"]
+async fn queued_jobs_wait_for_admission_and_survive_preemption() {
+    let assets = assets_or_skip("kueue").expect("the control-plane binaries (KUBEBUILDER_ASSETS)");
+    let dir = kueue::kueue_dir().unwrap_or_else(|e| panic!("{e}"));
+    let components = Components {
+        scheduler: false,
+        controller_manager: true,
+        node: None,
+    };
+    let mut plane = ControlPlane::start(&assets, components)
+        .await
+        .expect("control plane");
+    install_crd(&plane).await.expect("CRD");
+    for ns in [OPERATOR_NAMESPACE, JOBS] {
+        create_namespace(&plane, ns).await.expect("namespace");
+    }
+    let _kueue = kueue::start(&mut plane, &dir, None)
+        .await
+        .expect("Kueue starts");
+    start_operator_with_chart_values(
+        &mut plane,
+        OPERATOR_NAMESPACE,
+        &["--set", "kueue.enabled=true"],
+        &["--kueue=true"],
+    )
+    .expect("operator starts");
+    kubectl(&plane, &["apply", "-f", "-"], Some(QUEUES)).expect("queues");
+    let client = plane.admin_client().await.expect("client");
+    let bed = Bed {
+        jobs: Api::namespaced(client.clone(), JOBS),
+        pods: Api::namespaced(client.clone(), JOBS),
+        workloads: Api::namespaced_with(client, JOBS, &rdu_operator::kueue::workload_resource()),
+        plane,
+    };
+    let mut summary = serde_json::Map::new();
+    summary.insert("bench".into(), json!("kueue"));
+
+    // 1. Admission: a 4-rank job fills the queue's 4 tiles; its pods carry the flavor's placement.
+    let applied = Instant::now();
+    kubectl(
+        &bed.plane,
+        &["apply", "-f", "-"],
+        Some(&job("low", 4, "low")),
+    )
+    .expect("low");
+    let pods = bed.run_pods("low", 4, "Running", None).await;
+    summary.insert(
+        "admission_to_pods_seconds".into(),
+        json!(applied.elapsed().as_secs_f64()),
+    );
+    for pod in &pods {
+        let spec = pod.spec.as_ref().expect("spec");
+        assert_eq!(
+            spec.node_selector
+                .as_ref()
+                .and_then(|s| s.get("rdu.dev/pool"))
+                .map(String::as_str),
+            Some("a"),
+            "the flavor's node label"
+        );
+        assert!(
+            spec.tolerations
+                .iter()
+                .flatten()
+                .any(|t| t.key.as_deref() == Some("rdu.dev/dedicated")),
+            "the flavor's toleration"
+        );
+        let labels = pod.metadata.labels.as_ref().expect("labels");
+        assert_eq!(
+            labels.get("kueue.x-k8s.io/podset").map(String::as_str),
+            Some("main")
+        );
+    }
+    let low_workload = bed.workload_of("low").await.expect("workload");
+    assert_eq!(low_workload["spec"]["priority"], 10);
+    assert_eq!(low_workload["spec"]["podSets"][0]["count"], 4);
+    bed.wait_phase("low", "Running").await;
+    bed.wait("PodsReady on low's Workload", async || {
+        let w = bed.workload_of("low").await?;
+        if is_true(&w, "PodsReady") {
+            Ok(())
+        } else {
+            Err(w["status"].to_string())
+        }
+    })
+    .await;
+
+    // 2. No quota left: a second job waits whole, with no pod, and says why.
+    kubectl(
+        &bed.plane,
+        &["apply", "-f", "-"],
+        Some(&job("waiting", 2, "low")),
+    )
+    .expect("waiting");
+    bed.wait("waiting's Workload pending in Kueue", async || {
+        let w = bed.workload_of("waiting").await?;
+        match condition(&w, "QuotaReserved") {
+            Some(c) if c["status"] == "False" => Ok(()),
+            _ => Err(w["status"].to_string()),
+        }
+    })
+    .await;
+    let status = bed.wait_phase("waiting", "Suspended").await;
+    assert!(bed.pods_of("waiting").await.expect("pods").is_empty());
+    let suspended = status["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == "Suspended")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(suspended["reason"], "Queued", "{status}");
+
+    // 3. Preemption: a high-priority job evicts low, whose pods go and whose quota is released.
+    let preempted = Instant::now();
+    kubectl(
+        &bed.plane,
+        &["apply", "-f", "-"],
+        Some(&job("urgent", 4, "high")),
+    )
+    .expect("urgent");
+    bed.wait("low's quota released", async || {
+        let w = bed.workload_of("low").await?;
+        let released = condition(&w, "QuotaReserved").is_some_and(|c| c["status"] == "False");
+        if released && is_true(&w, "Evicted") {
+            Ok(())
+        } else {
+            Err(w["status"].to_string())
+        }
+    })
+    .await;
+    summary.insert(
+        "preemption_to_quota_released_seconds".into(),
+        json!(preempted.elapsed().as_secs_f64()),
+    );
+    let low = bed.wait_phase("low", "Suspended").await;
+    assert!(bed.pods_of("low").await.expect("pods").is_empty());
+    assert_eq!(low["evictions"], 1, "{low}");
+    assert_eq!(low["failureRestarts"], 0, "{low}");
+    summary.insert(
+        "restarts_counted_for_preemption".into(),
+        low["failureRestarts"].clone(),
+    );
+    bed.run_pods("urgent", 4, "Running", None).await;
+    summary.insert(
+        "preemption_to_preemptor_pods_seconds".into(),
+        json!(preempted.elapsed().as_secs_f64()),
+    );
+
+    // 4. The preemptor ends: its Workload finishes, and the queued jobs run in turn, low whole again at its
+    //    generation, its eviction still not counted.
+    bed.run_pods("urgent", 4, "Succeeded", Some(0)).await;
+    bed.wait_phase("urgent", "Succeeded").await;
+    bed.wait("urgent's Workload finished", async || {
+        let w = bed.workload_of("urgent").await?;
+        if is_true(&w, "Finished") {
+            Ok(())
+        } else {
+            Err(w["status"].to_string())
+        }
+    })
+    .await;
+    let readmitted = Instant::now();
+    let mut done = Vec::new();
+    bed.wait("waiting and low to run and succeed", async || {
+        for (name, workers) in [("waiting", 2), ("low", 4)] {
+            if done.contains(&name) {
+                continue;
+            }
+            let pods = bed.pods_of(name).await?;
+            if pods.len() == workers {
+                join_all(
+                    pods.iter()
+                        .map(|p| report(&bed.pods, p, "Succeeded", Some(0))),
+                )
+                .await;
+                done.push(name);
+            }
+        }
+        if done.len() == 2 {
+            Ok(())
+        } else {
+            Err(format!("done: {done:?}"))
+        }
+    })
+    .await;
+    summary.insert(
+        "requeued_to_all_ran_seconds".into(),
+        json!(readmitted.elapsed().as_secs_f64()),
+    );
+    let low = bed.wait_phase("low", "Succeeded").await;
+    assert_eq!(
+        (
+            low["evictions"].as_u64(),
+            low["failureRestarts"].as_u64(),
+            low["restarts"].as_u64()
+        ),
+        (Some(1), Some(0), Some(0)),
+        "{low}"
+    );
+    bed.wait_phase("waiting", "Succeeded").await;
+    bed.wait("low's Workload finished", async || {
+        let w = bed.workload_of("low").await?;
+        if is_true(&w, "Finished") {
+            Ok(())
+        } else {
+            Err(w["status"].to_string())
+        }
+    })
+    .await;
+
+    let line = Value::Object(summary).to_string();
+    println!("{line}");
+    if let Some(path) = std::env::var_os(BENCH_OUT_ENV) {
+        std::fs::write(path, format!("{line}\n")).expect("write the summary");
+    }
+}
