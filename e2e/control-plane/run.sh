@@ -23,7 +23,7 @@ targets=()
 for file in e2e/tests/*.rs; do
   name="$(basename "$file" .rs)"
   case "$name" in
-    node | multi_node) ;;
+    node | multi_node | kueue) ;;
     *) targets+=(--test "$name") ;;
   esac
 done

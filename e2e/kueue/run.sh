@@ -10,7 +10,7 @@ for tool in kubectl openssl unshare mount; do command -v "$tool" >/dev/null || f
 
 BIN="$(bash e2e/control-plane/build.sh | tail -n 1)"
 KUEUE="$(bash e2e/kueue/build.sh | tail -n 1)"
-export KUBEBUILDER_ASSETS="$BIN" RDU_E2E_HELM="$BIN/helm" RDU_E2E_KUEUE="$KUEUE" RDU_REQUIRE_CONTROL_PLANE=1
+export KUBEBUILDER_ASSETS="$BIN" RDU_E2E_HELM="$BIN/helm" RDU_E2E_KUEUE="$KUEUE"
 
 cargo build -p rdu-operator >&2
 OUT="$(mktemp)"

@@ -8,16 +8,15 @@ use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, ListParams};
 use rdu_crds::RduJob;
-use rdu_e2e::assets::assets_or_skip;
-use rdu_e2e::cluster::{create_namespace, install_crd, kubectl, start_operator_with_chart_values};
-use rdu_e2e::control_plane::{Components, ControlPlane};
+use rdu_e2e::cluster::{SYSTEM_NAMESPACE, kubectl, start_operator_with_chart_values};
+use rdu_e2e::control_plane::ControlPlane;
+use rdu_e2e::kit::{self, WORKER_IMAGE, report_running, report_terminated};
 use rdu_e2e::kueue;
 use rdu_e2e::poll::poll_until;
 use serde_json::{Value, json};
 
-const OPERATOR_NAMESPACE: &str = "rdu-system";
 const JOBS: &str = "ml";
 const TIMEOUT: Duration = Duration::from_secs(120);
 const BENCH_OUT_ENV: &str = "RDU_KUEUE_BENCH_OUT";
@@ -65,7 +64,7 @@ fn job(name: &str, workers: u32, priority: &str) -> String {
         "apiVersion": "rdu.dev/v1alpha1", "kind": "RduJob",
         "metadata": {"name": name, "namespace": JOBS, "labels": {"kueue.x-k8s.io/queue-name": "team"}},
         "spec": {
-            "workers": workers, "tilesPerWorker": 1, "image": "rdu-worker:0.1.0",
+            "workers": workers, "tilesPerWorker": 1, "image": WORKER_IMAGE,
             "model": {"name": "ffn-logreg"}, "data": {"source": "synthetic"},
             "training": {"steps": 10, "batchSize": 8, "learningRate": 0.1},
             "runPolicy": {"backoffLimit": 0, "schedulingPolicy": {"priorityClassName": priority}},
@@ -125,14 +124,8 @@ impl Bed {
             .unwrap_or_else(|e| panic!("{e}\n{}", self.logs()))
     }
 
-    /// Waits for all `workers` pods of `name`, then reports them `phase` (exit code `code` once terminated).
-    async fn run_pods(
-        &self,
-        name: &str,
-        workers: usize,
-        phase: &str,
-        code: Option<i32>,
-    ) -> Vec<Pod> {
+    /// Waits for all `workers` pods of `name`, then reports them running, or ended with exit code `code`.
+    async fn run_pods(&self, name: &str, workers: usize, code: Option<i32>) -> Vec<Pod> {
         let pods = self
             .wait(&format!("{workers} pods of {name}"), async || {
                 let pods = self.pods_of(name).await?;
@@ -143,7 +136,7 @@ impl Bed {
                 }
             })
             .await;
-        join_all(pods.iter().map(|p| report(&self.pods, p, phase, code))).await;
+        join_all(pods.iter().map(|p| report(&self.pods, p, code))).await;
         pods
     }
 
@@ -161,23 +154,14 @@ impl Bed {
     }
 }
 
-async fn report(pods: &Api<Pod>, pod: &Pod, phase: &str, code: Option<i32>) {
-    let now = "2026-01-01T00:00:00Z";
-    let state = match code {
-        None => json!({"running": {"startedAt": now}}),
-        Some(c) => {
-            json!({"terminated": {"exitCode": c, "reason": "Completed", "startedAt": now, "finishedAt": now}})
-        }
-    };
-    let ready = if phase == "Running" { "True" } else { "False" };
-    let patch = json!({"status": {"phase": phase, "podIP": "10.1.0.1", "startTime": now,
-        "conditions": [{"type": "Ready", "status": ready, "lastTransitionTime": now}],
-        "containerStatuses": [{"name": "worker", "ready": code.is_none(), "restartCount": 0,
-            "image": "rdu-worker:0.1.0", "imageID": "", "state": state}]}});
+/// Reports `pod` running, or, with an exit `code`, ended (Succeeded for 0).
+async fn report(pods: &Api<Pod>, pod: &Pod, code: Option<i32>) {
     let name = pod.metadata.name.clone().unwrap_or_default();
-    pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .unwrap_or_else(|e| panic!("status of {name}: {e}"));
+    match code {
+        None => report_running(pods, &name).await,
+        Some(0) => report_terminated(pods, &name, "Succeeded", 0, None).await,
+        Some(c) => report_terminated(pods, &name, "Failed", c, None).await,
+    }
 }
 
 fn condition<'a>(workload: &'a Value, type_: &str) -> Option<&'a Value> {
@@ -194,26 +178,18 @@ fn is_true(workload: &Value, type_: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the control-plane binaries and Kueue's manager: bash e2e/kueue/run.sh"]
 async fn queued_jobs_wait_for_admission_and_survive_preemption() {
-    let assets = assets_or_skip("kueue").expect("the control-plane binaries (KUBEBUILDER_ASSETS)");
     let dir = kueue::kueue_dir().unwrap_or_else(|e| panic!("{e}"));
-    let components = Components {
-        scheduler: false,
-        controller_manager: true,
-        node: None,
-    };
-    let mut plane = ControlPlane::start(&assets, components)
-        .await
-        .expect("control plane");
-    install_crd(&plane).await.expect("CRD");
-    for ns in [OPERATOR_NAMESPACE, JOBS] {
-        create_namespace(&plane, ns).await.expect("namespace");
-    }
+    let mut plane = kit::plane("kueue")
+        .controller_manager()
+        .namespaces(&[SYSTEM_NAMESPACE, JOBS])
+        .start()
+        .await;
     let _kueue = kueue::start(&mut plane, &dir, None)
         .await
         .expect("Kueue starts");
     start_operator_with_chart_values(
         &mut plane,
-        OPERATOR_NAMESPACE,
+        SYSTEM_NAMESPACE,
         &["--set", "kueue.enabled=true"],
         &["--kueue=true"],
     )
@@ -237,7 +213,7 @@ async fn queued_jobs_wait_for_admission_and_survive_preemption() {
         Some(&job("low", 4, "low")),
     )
     .expect("low");
-    let pods = bed.run_pods("low", 4, "Running", None).await;
+    let pods = bed.run_pods("low", 4, None).await;
     summary.insert(
         "admission_to_pods_seconds".into(),
         json!(applied.elapsed().as_secs_f64()),
@@ -335,7 +311,7 @@ async fn queued_jobs_wait_for_admission_and_survive_preemption() {
         "restarts_counted_for_preemption".into(),
         low["failureRestarts"].clone(),
     );
-    bed.run_pods("urgent", 4, "Running", None).await;
+    bed.run_pods("urgent", 4, None).await;
     summary.insert(
         "preemption_to_preemptor_pods_seconds".into(),
         json!(preempted.elapsed().as_secs_f64()),
@@ -343,7 +319,7 @@ async fn queued_jobs_wait_for_admission_and_survive_preemption() {
 
     // 4. The preemptor ends: its Workload finishes, and the queued jobs run in turn, low whole again at its
     //    generation, its eviction still not counted.
-    bed.run_pods("urgent", 4, "Succeeded", Some(0)).await;
+    bed.run_pods("urgent", 4, Some(0)).await;
     bed.wait_phase("urgent", "Succeeded").await;
     bed.wait("urgent's Workload finished", async || {
         let w = bed.workload_of("urgent").await?;
@@ -363,11 +339,7 @@ async fn queued_jobs_wait_for_admission_and_survive_preemption() {
             }
             let pods = bed.pods_of(name).await?;
             if pods.len() == workers {
-                join_all(
-                    pods.iter()
-                        .map(|p| report(&bed.pods, p, "Succeeded", Some(0))),
-                )
-                .await;
+                join_all(pods.iter().map(|p| report(&bed.pods, p, Some(0)))).await;
                 done.push(name);
             }
         }
