@@ -108,7 +108,8 @@ async fn join(env: &WorkerEnv, stop: &StopRequest) -> Result<Communicator, Worke
     Ok(comm)
 }
 
-/// Leaves the job: a clean shutdown after success, else an abort that tells the peers why.
+/// Leaves the job: a clean shutdown after success, or after a stop at a step boundary (the peers take in every
+/// byte of the steps this rank finished, then see its streams end), else an abort that tells the peers why.
 async fn leave(
     comm: Communicator,
     ended: Result<RankOutcome, WorkerError>,
@@ -117,6 +118,10 @@ async fn leave(
         Ok(outcome) => {
             comm.shutdown().await;
             Ok(outcome)
+        }
+        Err(e @ WorkerError::Stopped { .. }) if comm.failure().is_none() => {
+            comm.shutdown().await;
+            Err(e)
         }
         Err(e) => {
             // A bad spec or bad data is every rank's: the peers fail permanently too, even one

@@ -1,11 +1,15 @@
 //! Stopping a rank before its end. SIGTERM (a pod's grace period, `kubectl drain`, local mode passing on
-//! Ctrl-C) or SIGINT becomes a [`StopRequest`]: the training loop reads it at every step boundary, and a
-//! watcher beside the rank's work aborts the collective in flight and tells the peers, so no rank waits for
-//! `timeoutSeconds`. The rank then exits 128 + the signal, as if the signal had killed it.
+//! Ctrl-C) or SIGINT becomes a [`StopRequest`]: the training loop reads it at every step boundary and ends
+//! there; the rank then leaves its peers gracefully (its streams closed after every byte of the steps it
+//! finished, so a peer still finishing the same step finishes it, and fails on the next), and exits 128 + the
+//! signal, as if the signal had killed it. A watcher beside the rank's work aborts the collective in flight and
+//! tells the peers only when the work has not reached a step boundary within [`STOP_GRACE`] (a collective that
+//! waits on a silent peer), so no rank waits for `timeoutSeconds`.
 
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use rdu_collective::Communicator;
 use signal_hook::consts::{SIGINT, SIGTERM};
@@ -13,6 +17,11 @@ use signal_hook::iterator::{Handle, Signals};
 use tokio::sync::watch;
 
 use crate::error::WorkerError;
+
+/// How long a stopped rank's work may take to reach its next step boundary before the collective in flight is
+/// aborted and the peers told. Aborting at once would cost the peers the step this rank just finished: a peer
+/// may still be taking in its last chunk of it (a ring forwards it through a third rank).
+pub const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// A request that the rank stop, with the signal that asked; one per rank, cloned to every part that reads it.
 #[derive(Clone, Debug)]
@@ -90,8 +99,9 @@ impl StopRequest {
         }
     }
 
-    /// Runs `work`; a stop requested meanwhile aborts `comm`, so a collective in flight fails at once on this
-    /// rank and the peers are told (retryably: a new generation can carry on).
+    /// Runs `work`; a stop requested meanwhile lets it end at its next step boundary, and aborts `comm` when it has
+    /// not within [`STOP_GRACE`], so a collective in flight fails on this rank and the peers are told (retryably:
+    /// a new generation can carry on).
     pub async fn abort_on_stop<T>(
         &self,
         comm: &Communicator,
@@ -99,9 +109,10 @@ impl StopRequest {
     ) -> Result<T, WorkerError> {
         let watcher = async {
             let signal = self.wait().await;
+            tokio::time::sleep(STOP_GRACE).await;
             tracing::warn!(
                 signal,
-                "stop requested: aborting the collective in flight and telling the peers"
+                "stop requested and no step boundary reached: aborting the collective in flight and telling the peers"
             );
             comm.abort(&format!("rank {} stopped by signal {signal}", comm.rank()))
                 .await;

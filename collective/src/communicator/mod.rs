@@ -228,6 +228,11 @@ impl Communicator {
         self.tell_peers_to_abort(reason, permanent).await;
     }
 
+    /// The error that failed this communicator (an abort, a lost peer, a timeout), if one did.
+    pub fn failure(&self) -> Option<CollectiveError> {
+        self.fail.current()
+    }
+
     /// Stops receiving, closes the streams to peers and waits (bounded) until every peer has
     /// taken them in full, then stops the servers. Call after a final barrier so no peer still
     /// needs data from this rank.
