@@ -30,6 +30,11 @@ pub struct Context {
     pub expectations: Expectations,
     /// Status writes the job cache has not shown yet.
     pub status_writes: StatusWrites,
+    /// Ready once the job, pod and node caches hold their first full list (what /readyz says). A reconcile woken
+    /// while the pod watch is still listing waits: the listed pods reach the store only when the list ends, so
+    /// deciding earlier would take a running gang's pods for vanished (an operator that just took over the Lease
+    /// failed running jobs so).
+    pub caches: Arc<crate::health::Health>,
     /// Whether scheduler-plugins' PodGroup CRD is installed (checked at start-up).
     pub pod_groups: bool,
     /// Whether every job gets a NetworkPolicy admitting only its own pods to the worker ports.

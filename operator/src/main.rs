@@ -163,6 +163,7 @@ async fn main() -> anyhow::Result<()> {
         nodes: node_cache.clone(),
         expectations: Default::default(),
         status_writes: Default::default(),
+        caches: health.clone(),
         pod_groups,
         network_policies: args.network_policy,
         kueue: args.kueue,

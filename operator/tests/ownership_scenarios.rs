@@ -236,6 +236,7 @@ async fn a_job_above_the_operators_limit_fails_naming_the_field_the_value_and_th
         nodes: Default::default(),
         expectations: Default::default(),
         status_writes: Default::default(),
+        caches: h.ctx.caches.clone(),
         pod_groups: false,
         network_policies: true,
         kueue: false,

@@ -377,3 +377,54 @@ async fn a_reconcile_from_a_job_cache_behind_its_own_status_write_changes_nothin
     );
     assert_eq!(env(&fake, 0, "RDU_GENERATION"), json!("1"));
 }
+
+/// An operator that just took over the Lease: its pod watch is still listing (the listed pods reach the store
+/// only at the list's end) when the first reconcile runs. It must wait, not take the running gang's pods for
+/// vanished: before the gate, that reconcile ended generation 0 as `PodVanished`, and a job with
+/// `backoffLimit: 0` failed.
+#[tokio::test]
+async fn a_new_leader_waits_for_its_caches_before_judging_a_running_gang() {
+    let (fake, h) = setup(2, json!({"backoffLimit": 0}));
+    reconcile_once(&fake, &h).await;
+    set_phase(&fake, 0, "Running", None);
+    set_phase(&fake, 1, "Running", None);
+    reconcile_once(&fake, &h).await;
+    assert_eq!(phase(&fake), json!("Running"));
+    let deletes_before = pod_requests(&fake, "DELETE");
+
+    // The new leader: an empty pod store whose list has not ended, caches not ready.
+    let (pods, mut writer) = kube::runtime::reflector::store::<k8s_openapi::api::core::v1::Pod>();
+    writer.apply_watcher_event(&kube::runtime::watcher::Event::Init);
+    for pod in fake.objects_under::<k8s_openapi::api::core::v1::Pod>(PODS) {
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::InitApply(pod));
+    }
+    let caches = ready_caches();
+    caches.set_ready(false);
+    let ctx = std::sync::Arc::new(rdu_operator::Context {
+        client: h.ctx.client.clone(),
+        recorder: h.ctx.recorder.clone(),
+        metrics: h.ctx.metrics.clone(),
+        pods,
+        nodes: Default::default(),
+        expectations: Default::default(),
+        status_writes: Default::default(),
+        caches: caches.clone(),
+        pod_groups: false,
+        network_policies: true,
+        kueue: false,
+        progress_url: None,
+        limits: Default::default(),
+    });
+    reconcile(job(&fake), ctx.clone()).await.expect("reconcile");
+    assert_eq!(phase(&fake), json!("Running"), "nothing decided yet");
+    assert_eq!(pod_requests(&fake, "DELETE"), deletes_before);
+
+    // The list ends: the same gang, running.
+    writer.apply_watcher_event(&kube::runtime::watcher::Event::InitDone);
+    caches.set_ready(true);
+    reconcile(job(&fake), ctx).await.expect("reconcile");
+    assert_eq!(phase(&fake), json!("Running"));
+    assert_eq!(pod_requests(&fake, "DELETE"), deletes_before);
+    let status = fake.get(JOB).expect("job")["status"].clone();
+    assert_eq!(status["failureRestarts"], 0, "{status}");
+}

@@ -67,6 +67,7 @@ pub fn setup(workers: u32, run_policy: Value) -> (FakeApi, Harness) {
         nodes: Default::default(),
         expectations: Default::default(),
         status_writes: Default::default(),
+        caches: ready_caches(),
         pod_groups: false,
         network_policies: true,
         kueue: false,
@@ -156,4 +157,14 @@ pub fn failed_condition(fake: &FakeApi) -> Option<Value> {
 pub fn owned_by_the_job() -> Value {
     json!([{"apiVersion": "rdu.dev/v1alpha1", "kind": "RduJob", "name": "mnist", "uid": "u-1",
             "controller": true, "blockOwnerDeletion": true}])
+}
+
+/// Caches that hold their first full list, as after the operator's start-up.
+pub fn ready_caches() -> Arc<rdu_operator::health::Health> {
+    let (store, _) = reflector::store::<RduJob>();
+    let health = Arc::new(rdu_operator::health::Health::new(Arc::new(Metrics::new(
+        store,
+    ))));
+    health.set_ready(true);
+    health
 }
