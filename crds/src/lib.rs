@@ -3,6 +3,7 @@
 
 pub mod byte_size;
 pub mod consts;
+pub mod failure_policy;
 pub mod policy;
 pub mod progress;
 pub mod progress_report;
@@ -13,6 +14,9 @@ pub mod status;
 pub mod token;
 pub mod validation;
 
+pub use failure_policy::{
+    ExitCodeMatcher, ExitCodeOperator, ExitCodeRange, FailurePolicy, FailureRule, PodConditionMatcher,
+};
 pub use progress::{StepPoint, TrainingProgress};
 pub use progress_report::{ProgressReport, ReportError};
 pub use rank_env::{ProgressEndpoint, RankEnv};

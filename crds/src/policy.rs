@@ -1,10 +1,13 @@
 //! The run-policy rules of DESIGN 5, written once for the operator and local mode: how a rank ended, which rank
-//! caused a failed generation, and whether the gang restarts or the job fails.
+//! caused a failed generation, and whether the gang restarts or the job fails (the failure rules of `rules`).
 
 use std::fmt;
 
 use crate::consts::exit_code;
-use crate::{EndCause, RestartPolicy};
+use crate::{EndCause, RestartPolicy, RunPolicy};
+
+mod rules;
+pub use rules::{CodeSet, Culprit, Restarts, Ruling, default_rules, judge};
 
 /// How one rank of a generation ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,6 +83,10 @@ pub enum FailureReason {
     PermanentFailure,
     /// The gang was already restarted `backoffLimit` times.
     BackoffLimitExceeded,
+    /// The gang was already restarted `maxInfrastructureRestarts` times without counting.
+    MaxInfrastructureRestartsExceeded,
+    /// A rule of `failurePolicy` with action `FailJob` matched.
+    FailurePolicy,
 }
 
 impl FailureReason {
@@ -89,7 +96,18 @@ impl FailureReason {
             FailureReason::RestartPolicyNever => "RestartPolicyNever",
             FailureReason::PermanentFailure => "PermanentFailure",
             FailureReason::BackoffLimitExceeded => "BackoffLimitExceeded",
+            FailureReason::MaxInfrastructureRestartsExceeded => "MaxInfrastructureRestartsExceeded",
+            FailureReason::FailurePolicy => "FailurePolicy",
         }
+    }
+
+    /// A spent budget: the operator waits for the generation to end before failing the job, as evidence that
+    /// arrives meanwhile may blame a rank whose end another rule (or budget) judges.
+    pub fn is_spent_budget(self) -> bool {
+        matches!(
+            self,
+            FailureReason::BackoffLimitExceeded | FailureReason::MaxInfrastructureRestartsExceeded
+        )
     }
 }
 
@@ -119,9 +137,10 @@ pub fn after_failure(
     )
 }
 
-/// Restart or fail after a generation ended with its culprit's `exit`, caused by `cause`. A disruption from outside
-/// the job (its node lost, a drain, a preemption) restarts the gang without counting against `backoffLimit`, as
-/// the Job API's pod failure policy `Ignore` does for `DisruptionTarget`; `restartPolicy: Never` fails on anything.
+/// Restart or fail after a generation ended with its culprit's `exit`, caused by `cause`, under the defaults of
+/// `policy` (no failure policy, no cap on uncounted restarts): a disruption from outside the job (its node lost, a
+/// drain, a preemption) restarts the gang without counting against `backoffLimit`, as the Job API's pod failure
+/// policy `Ignore` does for `DisruptionTarget`; `restartPolicy: Never` fails on anything.
 pub fn after_end(
     policy: RestartPolicy,
     backoff_limit: u32,
@@ -129,17 +148,16 @@ pub fn after_end(
     exit: RankExit,
     cause: EndCause,
 ) -> Verdict {
-    match (policy, cause) {
-        (RestartPolicy::Never, _) => Verdict::Fail(FailureReason::RestartPolicyNever),
-        (_, EndCause::Disruption) => Verdict::Restart { counted: false },
-        (RestartPolicy::ExitCode, EndCause::Failure) if !exit.is_retryable() => {
-            Verdict::Fail(FailureReason::PermanentFailure)
-        }
-        _ if failure_restarts >= backoff_limit => {
-            Verdict::Fail(FailureReason::BackoffLimitExceeded)
-        }
-        _ => Verdict::Restart { counted: true },
-    }
+    let run = RunPolicy {
+        restart_policy: policy,
+        backoff_limit,
+        ..RunPolicy::default()
+    };
+    let restarts = Restarts {
+        counted: failure_restarts,
+        not_counted: 0,
+    };
+    judge(&run, restarts, &Culprit::from_exit(0, exit, cause)).verdict
 }
 
 #[cfg(test)]

@@ -26,6 +26,7 @@ use crate::status::RduJobStatus;
 #[x_kube(validation = Rule::new("!has(self.compile) || self.workers >= self.compile.minWorldSize").message("spec.workers must be at least spec.compile.minWorldSize: raise workers or compile for a smaller world size"))]
 #[x_kube(validation = Rule::new("(has(self.runPolicy) && self.runPolicy.suspend) || (has(oldSelf.runPolicy) && oldSelf.runPolicy.suspend) || (self.workers == oldSelf.workers && self.model == oldSelf.model && self.data == oldSelf.data)").message("spec.workers, spec.model and spec.data are immutable while the job runs: set spec.runPolicy.suspend to true first"))]
 #[x_kube(validation = Rule::new("!has(self.runPolicy) || !has(self.runPolicy.schedulingPolicy) || !has(self.runPolicy.schedulingPolicy.minAvailable) || self.runPolicy.schedulingPolicy.minAvailable <= self.workers").message("spec.runPolicy.schedulingPolicy.minAvailable must be between 1 and spec.workers"))]
+#[x_kube(validation = Rule::new("!has(self.runPolicy) || !has(self.runPolicy.failurePolicy) || self.runPolicy.failurePolicy.rules.all(r, !has(r.onRanks) || r.onRanks.all(k, k < self.workers))").message(crate::failure_policy::RANK_BEYOND_WORKERS))]
 #[x_kube(validation = Rule::new("!has(self.mode) || self.mode != 'inference' || has(self.checkpoint)").message("spec.mode inference loads the newest checkpoint: set spec.checkpoint to the storage a training run of this job wrote"))]
 #[x_kube(validation = Rule::new("!has(self.mode) || self.mode != 'allReduceBenchmark' || !has(self.training.minThroughput)").message(crate::validation::BENCHMARK_HAS_NO_THROUGHPUT))]
 #[serde(rename_all = "camelCase")]
@@ -508,13 +509,31 @@ fn default_keep() -> u32 {
 /// Restarts, deadlines, clean-up, suspension and scheduling (as Kubeflow's RunPolicy).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.failurePolicy) || self.backoffLimit > 0 || self.failurePolicy.rules.all(r, r.action != 'RestartJob')").message(crate::failure_policy::RESTART_WITHOUT_BACKOFF))]
+#[x_kube(validation = Rule::new("!has(self.failurePolicy) || !has(self.maxInfrastructureRestarts) || self.maxInfrastructureRestarts > 0 || self.failurePolicy.rules.all(r, r.action != 'RestartJobNotCounted')").message(crate::failure_policy::NOT_COUNTED_WITHOUT_BUDGET))]
 pub struct RunPolicy {
-    /// Which failures restart the gang.
+    /// Which failures restart the gang when no rule of `failurePolicy` matches: `ExitCode` (75 and signals
+    /// restart, other codes fail), `OnFailure` (every failure restarts), `Never`; disruptions restart uncounted
+    /// except under `Never`.
     #[serde(default)]
     pub restart_policy: RestartPolicy,
-    /// Gang restarts allowed before the job fails.
+    /// Gang restarts counted against it (action `RestartJob`) allowed before the job fails.
     #[serde(default = "default_backoff_limit")]
     pub backoff_limit: u32,
+    /// Gang restarts not counted against `backoffLimit` (action `RestartJobNotCounted`: by default disruptions
+    /// from outside the job) allowed before the job fails with `MaxInfrastructureRestartsExceeded`; no limit when
+    /// omitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_infrastructure_restarts: Option<u32>,
+    /// Ordered rules deciding what follows a failed generation, first match wins; the defaults of
+    /// `restartPolicy` apply to what no rule matches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_policy: Option<crate::failure_policy::FailurePolicy>,
+    /// Hang detection: when rank 0's reported step has not increased for this long while every rank of the
+    /// generation runs, the gang is stopped and restarted as a `Hung` failure (at least 20).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 20").message(crate::failure_policy::PROGRESS_DEADLINE_MINIMUM))]
+    pub progress_deadline_seconds: Option<u64>,
     /// Wall-clock bound on the job from its start; then it fails with DeadlineExceeded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 1").message("spec.runPolicy.activeDeadlineSeconds must be at least 1"))]
@@ -543,6 +562,9 @@ impl Default for RunPolicy {
         RunPolicy {
             restart_policy: RestartPolicy::default(),
             backoff_limit: default_backoff_limit(),
+            max_infrastructure_restarts: None,
+            failure_policy: None,
+            progress_deadline_seconds: None,
             active_deadline_seconds: None,
             ttl_seconds_after_finished: None,
             clean_pod_policy: CleanPodPolicy::default(),

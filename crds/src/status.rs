@@ -26,14 +26,19 @@ pub struct RduJobStatus {
     /// Gang restarts caused by the job's own failures; `runPolicy.backoffLimit` caps them.
     #[serde(default)]
     pub failure_restarts: u32,
-    /// Gang restarts caused by disruptions from outside the job (its node lost, a drain or another eviction, a
-    /// preemption); they do not count against `backoffLimit`.
+    /// Gang restarts not counted against `backoffLimit` (action `RestartJobNotCounted`: by default disruptions
+    /// from outside the job, its node lost, a drain or another eviction, a preemption);
+    /// `runPolicy.maxInfrastructureRestarts` caps them.
     #[serde(default)]
     pub disruption_restarts: u32,
     /// Times a queue (Kueue) evicted the running job, a preemption among them: its pods were stopped (rank 0
     /// checkpointing on SIGTERM) and it waited to be admitted again. Never counted against `backoffLimit`.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub evictions: u32,
+    /// Hang detection (`runPolicy.progressDeadlineSeconds`), while every rank of the generation runs: the step
+    /// rank 0 last reported and since when the operator has seen it stand still.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_progress: Option<ProgressMark>,
     /// While a failed generation is being stopped: which, and what its end is blamed on so far.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stopping: Option<GenerationEnd>,
@@ -116,6 +121,14 @@ pub struct GenerationEnd {
     /// What followed; none while the generation is still being stopped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub action: Option<EndAction>,
+    /// The failure rule that chose the action.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<MatchedRule>,
+    /// `failureRestarts` and `disruptionRestarts` after the action.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_restarts: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disruption_restarts: Option<u32>,
     /// When the generation began to be stopped.
     pub time: Time,
 }
@@ -123,6 +136,54 @@ pub struct GenerationEnd {
 impl GenerationEnd {
     /// How many ended generations `status.history` keeps.
     pub const KEPT: usize = 10;
+}
+
+/// The failure rule that decided what followed a generation's end.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MatchedRule {
+    /// Where the rule is: `FailurePolicy` (`spec.runPolicy.failurePolicy.rules`) or `RestartPolicy` (the
+    /// defaults of `spec.runPolicy.restartPolicy`, for what no rule of the failure policy matched).
+    pub source: RuleSource,
+    /// Its index in that list.
+    pub index: u32,
+    /// Its name, if it has one (the defaults all do).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// Which list a matched rule comes from.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum RuleSource {
+    FailurePolicy,
+    RestartPolicy,
+}
+
+impl std::fmt::Display for MatchedRule {
+    /// `failurePolicy.rules[1] (oom-is-fatal)`, `restartPolicy ExitCode default (disruption)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.source {
+            RuleSource::FailurePolicy => write!(f, "failurePolicy.rules[{}]", self.index)?,
+            RuleSource::RestartPolicy => write!(f, "restartPolicy default {}", self.index)?,
+        }
+        match &self.name {
+            Some(name) => write!(f, " ({name})"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The step rank 0 last reported for `generation`, and since when the operator has seen that step: the start of
+/// the window `progressDeadlineSeconds` measures.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProgressMark {
+    pub generation: u32,
+    /// `status.progress.step` then; none before rank 0 ever reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<u64>,
+    /// When the step last changed, or every rank of the generation was first seen running.
+    pub since: Time,
 }
 
 /// Whose doing a generation's end was.

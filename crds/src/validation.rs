@@ -6,7 +6,9 @@ use std::fmt;
 use crate::{DataSource, RduJobSpec, byte_size, consts};
 
 mod job;
+mod rules;
 pub use job::validate_job;
+pub use rules::shadows;
 
 /// One rule a spec breaks.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -44,6 +46,15 @@ impl Checks {
         }
     }
 
+    /// How many errors were recorded so far.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     /// `Ok` when nothing was recorded, else every error in the order found.
     pub fn finish(self) -> Result<(), Vec<FieldError>> {
         if self.0.is_empty() {
@@ -62,6 +73,7 @@ pub fn validate_spec(spec: &RduJobSpec) -> Result<(), Vec<FieldError>> {
     check_training(&mut c, spec);
     check_benchmark(&mut c, spec);
     check_policies(&mut c, spec);
+    rules::check_failure_policy(&mut c, spec);
     c.finish()
 }
 

@@ -1,0 +1,302 @@
+//! Failure rules (DESIGN 5.2): what is known of a failed generation's culprit, the rule that matches it (the
+//! failure policy's first, then the defaults of `restartPolicy`), and the verdict the two budgets allow.
+
+use super::{FailureReason, RankExit, Verdict};
+use crate::consts::exit_code;
+use crate::{
+    EndAction, EndCause, ExitCodeMatcher, ExitCodeOperator, ExitCodeRange, FailureRule, MatchedRule,
+    RestartPolicy, RuleSource, RunPolicy,
+};
+
+/// What the rules can match of the rank a failed generation is blamed on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Culprit {
+    pub rank: u32,
+    pub exit: RankExit,
+    /// The reason its end is recorded with (`status.history[].reason`): `Error`, `OOMKilled`, `NodeLost`,
+    /// `EvictionByEvictionAPI`, `PodDeleted`, `Hung`…
+    pub reason: String,
+    /// The worker container's own reason, when it ended (`OOMKilled`, `Error`, `ContainerCannotRun`…).
+    pub container_reason: Option<String>,
+    /// The conditions True on its pod: (type, reason).
+    pub pod_conditions: Vec<(String, Option<String>)>,
+    pub cause: EndCause,
+}
+
+impl Culprit {
+    /// A culprit known only by its exit and cause (local mode; the defaults need no more). Its reason is the
+    /// kubelet's for a worker that exited on its own (`Error`), or `Lost`.
+    pub fn from_exit(rank: u32, exit: RankExit, cause: EndCause) -> Self {
+        let reason = match exit {
+            RankExit::Lost => "Lost",
+            _ => "Error",
+        };
+        Culprit {
+            rank,
+            exit,
+            reason: reason.to_string(),
+            container_reason: (exit != RankExit::Lost).then(|| "Error".to_string()),
+            pod_conditions: Vec::new(),
+            cause,
+        }
+    }
+
+    /// The exit code the rules match: the code, 128+N for signal N, none for a rank without one.
+    pub fn exit_code(&self) -> Option<i32> {
+        match self.exit {
+            RankExit::Lost => None,
+            exit => Some(exit.as_exit_code()),
+        }
+    }
+}
+
+/// A set of exit codes 0–255.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CodeSet([u64; 4]);
+
+impl CodeSet {
+    /// Every failing code, 1–255.
+    pub fn failures() -> Self {
+        let mut set = CodeSet([u64::MAX; 4]);
+        set.0[0] &= !1;
+        set
+    }
+
+    pub fn insert(&mut self, code: i32) {
+        if let Ok(code @ 0..=255) = u8::try_from(code).map(usize::from) {
+            self.0[code / 64] |= 1 << (code % 64);
+        }
+    }
+
+    pub fn contains(&self, code: i32) -> bool {
+        match u8::try_from(code).map(usize::from) {
+            Ok(code) => self.0[code / 64] & (1 << (code % 64)) != 0,
+            Err(_) => false,
+        }
+    }
+
+    pub fn intersection(self, other: CodeSet) -> CodeSet {
+        CodeSet(std::array::from_fn(|i| self.0[i] & other.0[i]))
+    }
+
+    /// The failing codes not in this set.
+    pub fn other_failures(self) -> CodeSet {
+        CodeSet(std::array::from_fn(|i| !self.0[i])).intersection(CodeSet::failures())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0 == [0; 4]
+    }
+
+    pub fn is_subset(&self, of: &CodeSet) -> bool {
+        self.intersection(*of) == *self
+    }
+}
+
+impl ExitCodeMatcher {
+    /// `values` and `ranges` together (codes outside 0–255 left out).
+    pub fn listed(&self) -> CodeSet {
+        let mut set = CodeSet::default();
+        for &code in &self.values {
+            set.insert(code);
+        }
+        for range in &self.ranges {
+            for code in range.from.max(0)..=range.to.min(255) {
+                set.insert(code);
+            }
+        }
+        set
+    }
+
+    /// The failing codes (1–255) this matcher accepts.
+    pub fn accepted(&self) -> CodeSet {
+        match self.operator {
+            ExitCodeOperator::In => self.listed().intersection(CodeSet::failures()),
+            ExitCodeOperator::NotIn => self.listed().other_failures(),
+        }
+    }
+}
+
+impl FailureRule {
+    /// The failing exit codes `onExitCodes` and `onSignals` together accept; none when neither is set (the rule
+    /// then matches ranks without an exit code too).
+    pub fn exit_codes(&self) -> Option<CodeSet> {
+        let codes = self.on_exit_codes.as_ref().map(ExitCodeMatcher::accepted);
+        let signals = self.on_signals.as_ref().map(|signals| {
+            let mut set = CodeSet::default();
+            for &signal in signals {
+                if (1..=64).contains(&signal) {
+                    set.insert(exit_code::SIGNAL_BASE + signal);
+                }
+            }
+            set
+        });
+        match (codes, signals) {
+            (Some(c), Some(s)) => Some(c.intersection(s)),
+            (c, s) => c.or(s),
+        }
+    }
+
+    /// Whether every matcher the rule sets holds for `culprit`.
+    pub fn matches(&self, culprit: &Culprit) -> bool {
+        let listed = |list: &Option<Vec<String>>, value: Option<&str>| {
+            list.as_ref()
+                .is_none_or(|l| value.is_some_and(|v| l.iter().any(|x| x == v)))
+        };
+        self.exit_codes()
+            .is_none_or(|set| culprit.exit_code().is_some_and(|c| set.contains(c)))
+            && listed(&self.on_reasons, Some(&culprit.reason))
+            && listed(&self.on_container_reasons, culprit.container_reason.as_deref())
+            && self.on_pod_conditions.as_ref().is_none_or(|wanted| {
+                wanted.iter().any(|w| {
+                    culprit.pod_conditions.iter().any(|(type_, reason)| {
+                        *type_ == w.type_
+                            && w.reason.as_ref().is_none_or(|r| Some(r) == reason.as_ref())
+                    })
+                })
+            })
+            && self.on_cause.is_none_or(|c| c == culprit.cause)
+            && self
+                .on_ranks
+                .as_ref()
+                .is_none_or(|ranks| ranks.contains(&culprit.rank))
+    }
+}
+
+/// The codes `restartPolicy: ExitCode` restarts on: 75 (transient) and above 128 (a signal).
+fn retryable_codes(operator: ExitCodeOperator) -> ExitCodeMatcher {
+    ExitCodeMatcher {
+        operator,
+        values: vec![exit_code::RETRYABLE],
+        ranges: vec![ExitCodeRange {
+            from: exit_code::SIGNAL_BASE + 1,
+            to: 255,
+        }],
+    }
+}
+
+fn named(name: &str, rule: FailureRule) -> FailureRule {
+    FailureRule {
+        name: Some(name.to_string()),
+        ..rule
+    }
+}
+
+/// The rules `restartPolicy` stands for, applied to whatever the failure policy's own rules do not match. Each
+/// list ends with a rule that matches everything.
+pub fn default_rules(policy: RestartPolicy) -> Vec<FailureRule> {
+    let disruption = named(
+        "disruption",
+        FailureRule {
+            on_cause: Some(EndCause::Disruption),
+            ..FailureRule::new(EndAction::RestartJobNotCounted)
+        },
+    );
+    match policy {
+        RestartPolicy::Never => vec![named("never", FailureRule::new(EndAction::FailJob))],
+        RestartPolicy::OnFailure => vec![
+            disruption,
+            named("any-failure", FailureRule::new(EndAction::RestartJob)),
+        ],
+        RestartPolicy::ExitCode => vec![
+            disruption,
+            named(
+                "retryable-exit-code",
+                FailureRule {
+                    on_exit_codes: Some(retryable_codes(ExitCodeOperator::In)),
+                    ..FailureRule::new(EndAction::RestartJob)
+                },
+            ),
+            named(
+                "permanent-exit-code",
+                FailureRule {
+                    on_exit_codes: Some(retryable_codes(ExitCodeOperator::NotIn)),
+                    ..FailureRule::new(EndAction::FailJob)
+                },
+            ),
+            named("no-exit-code", FailureRule::new(EndAction::RestartJob)),
+        ],
+    }
+}
+
+/// The gang restarts so far, by budget.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Restarts {
+    /// Counted against `backoffLimit` (`status.failureRestarts`).
+    pub counted: u32,
+    /// Counted against `maxInfrastructureRestarts` (`status.disruptionRestarts`).
+    pub not_counted: u32,
+}
+
+/// What the rules decide for a culprit: the rule that matched, its action, and what the budgets make of it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ruling {
+    pub rule: MatchedRule,
+    /// The matched rule's action.
+    pub action: EndAction,
+    pub verdict: Verdict,
+}
+
+impl Ruling {
+    /// What followed: the action, or `FailJob` when a budget was spent.
+    pub fn end_action(&self) -> EndAction {
+        match self.verdict {
+            Verdict::Restart { counted: true } => EndAction::RestartJob,
+            Verdict::Restart { counted: false } => EndAction::RestartJobNotCounted,
+            Verdict::Fail(_) => EndAction::FailJob,
+        }
+    }
+}
+
+/// The first rule of `run`'s failure policy that matches `culprit`, else the first of `restartPolicy`'s
+/// defaults, and the verdict: its action, unless that restart's budget is spent.
+pub fn judge(run: &RunPolicy, restarts: Restarts, culprit: &Culprit) -> Ruling {
+    let own = run
+        .failure_policy
+        .as_ref()
+        .map_or(&[][..], |p| p.rules.as_slice());
+    let defaults = default_rules(run.restart_policy);
+    let (source, index, rule) = own
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (RuleSource::FailurePolicy, i, r))
+        .chain(
+            defaults
+                .iter()
+                .enumerate()
+                .map(|(i, r)| (RuleSource::RestartPolicy, i, r)),
+        )
+        .find(|(_, _, rule)| rule.matches(culprit))
+        .unwrap_or((RuleSource::RestartPolicy, 0, &defaults[defaults.len() - 1]));
+    let verdict = match rule.action {
+        EndAction::FailJob => Verdict::Fail(match (source, rule.name.as_deref()) {
+            (RuleSource::FailurePolicy, _) => FailureReason::FailurePolicy,
+            (RuleSource::RestartPolicy, Some("never")) => FailureReason::RestartPolicyNever,
+            (RuleSource::RestartPolicy, _) => FailureReason::PermanentFailure,
+        }),
+        EndAction::RestartJob if restarts.counted >= run.backoff_limit => {
+            Verdict::Fail(FailureReason::BackoffLimitExceeded)
+        }
+        EndAction::RestartJob => Verdict::Restart { counted: true },
+        EndAction::RestartJobNotCounted
+            if run
+                .max_infrastructure_restarts
+                .is_some_and(|max| restarts.not_counted >= max) =>
+        {
+            Verdict::Fail(FailureReason::MaxInfrastructureRestartsExceeded)
+        }
+        EndAction::RestartJobNotCounted => Verdict::Restart { counted: false },
+    };
+    Ruling {
+        rule: MatchedRule {
+            source,
+            index: index as u32,
+            name: rule.name.clone(),
+        },
+        action: rule.action,
+        verdict,
+    }
+}
+
+#[cfg(test)]
+mod tests;
