@@ -116,6 +116,12 @@ pub struct GenerationEnd {
     /// The node the rank ran on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+    /// The worker container's own reason for its end (`OOMKilled`, `Error`…), when it ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_reason: Option<String>,
+    /// The conditions True on the rank's pod, with their reasons, as the failure rules saw them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pod_conditions: Vec<crate::PodConditionMatcher>,
     /// A failure of the job's own (counted against backoffLimit) or a disruption from outside it (not counted).
     pub cause: EndCause,
     /// What followed; none while the generation is still being stopped.

@@ -5,7 +5,7 @@ use super::{FailureReason, RankExit, Verdict};
 use crate::consts::exit_code;
 use crate::{
     EndAction, EndCause, ExitCodeMatcher, ExitCodeOperator, ExitCodeRange, FailureRule, MatchedRule,
-    RestartPolicy, RuleSource, RunPolicy,
+    PodConditionMatcher, RestartPolicy, RuleSource, RunPolicy,
 };
 
 /// What the rules can match of the rank a failed generation is blamed on.
@@ -18,8 +18,8 @@ pub struct Culprit {
     pub reason: String,
     /// The worker container's own reason, when it ended (`OOMKilled`, `Error`, `ContainerCannotRun`…).
     pub container_reason: Option<String>,
-    /// The conditions True on its pod: (type, reason).
-    pub pod_conditions: Vec<(String, Option<String>)>,
+    /// The conditions True on its pod, with their reasons.
+    pub pod_conditions: Vec<PodConditionMatcher>,
     pub cause: EndCause,
 }
 
@@ -149,9 +149,8 @@ impl FailureRule {
             && listed(&self.on_container_reasons, culprit.container_reason.as_deref())
             && self.on_pod_conditions.as_ref().is_none_or(|wanted| {
                 wanted.iter().any(|w| {
-                    culprit.pod_conditions.iter().any(|(type_, reason)| {
-                        *type_ == w.type_
-                            && w.reason.as_ref().is_none_or(|r| Some(r) == reason.as_ref())
+                    culprit.pod_conditions.iter().any(|c| {
+                        c.type_ == w.type_ && (w.reason.is_none() || w.reason == c.reason)
                     })
                 })
             })

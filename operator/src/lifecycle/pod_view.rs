@@ -4,13 +4,14 @@
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use rdu_crds::consts::{self, WORKER_CONTAINER};
+use rdu_crds::PodConditionMatcher;
 use rdu_crds::policy::RankExit;
 
 use super::blocked::{self, Blocked};
 
 /// The pod condition the control plane and the kubelet set on a pod they are about to take away (drain, eviction,
 /// preemption, taint manager, pod garbage collection, node-pressure eviction).
-pub const DISRUPTION_TARGET: &str = "DisruptionTarget";
+pub use rdu_crds::failure_policy::DISRUPTION_TARGET;
 
 /// One pod of the job.
 #[derive(Clone, Debug)]
@@ -25,6 +26,8 @@ pub(super) struct PodView {
     pub state: PodState,
     /// The reason of a true `DisruptionTarget` condition (`EvictionByEvictionAPI`, `PreemptionByScheduler`…).
     pub disruption: Option<String>,
+    /// Every condition True on the pod, with its reason (what failure rules' `onPodConditions` match).
+    pub conditions: Vec<PodConditionMatcher>,
     /// What keeps the pod from starting, if anything.
     pub blocked: Option<Blocked>,
 }
@@ -46,6 +49,8 @@ pub(super) struct Failure {
     pub kind: String,
     pub reason: String,
     pub finished: Option<Timestamp>,
+    /// The worker container's own reason for its end (`OOMKilled`, `Error`…), when it ended.
+    pub container_reason: Option<String>,
 }
 
 impl PodView {
@@ -70,6 +75,7 @@ impl PodView {
                 kind: "NodeLost".into(),
                 reason: "NodeLost".into(),
                 finished,
+                container_reason: terminated.and_then(|t| t.reason.clone()),
             })
         } else {
             match phase {
@@ -96,16 +102,24 @@ impl PodView {
                         .or_else(|| terminated.and_then(|t| t.reason.clone()))
                         .unwrap_or_else(|| phase.to_string()),
                     finished,
+                    container_reason: terminated.and_then(|t| t.reason.clone()),
                 }),
                 _ => PodState::Pending,
             }
         };
-        let disruption = status
+        let conditions: Vec<PodConditionMatcher> = status
             .and_then(|s| s.conditions.as_ref())
-            .and_then(|cs| {
-                cs.iter()
-                    .find(|c| c.type_ == DISRUPTION_TARGET && c.status == "True")
+            .into_iter()
+            .flatten()
+            .filter(|c| c.status == "True")
+            .map(|c| PodConditionMatcher {
+                type_: c.type_.clone(),
+                reason: c.reason.clone(),
             })
+            .collect();
+        let disruption = conditions
+            .iter()
+            .find(|c| c.type_ == DISRUPTION_TARGET)
             .map(|c| {
                 c.reason
                     .clone()
@@ -132,6 +146,7 @@ impl PodView {
             terminating: pod.metadata.deletion_timestamp.is_some(),
             state,
             disruption,
+            conditions,
             blocked: blocked::blocked(pod),
         })
     }

@@ -97,8 +97,13 @@ impl RankFailure {
             reason: self.kind.clone(),
             message: self.message.clone(),
             node: self.node.clone(),
+            container_reason: None,
+            pod_conditions: Vec::new(),
             cause: self.cause,
             action: None,
+            rule: None,
+            failure_restarts: None,
+            disruption_restarts: None,
             time,
         }
     }

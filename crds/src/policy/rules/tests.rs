@@ -1,5 +1,5 @@
 use super::*;
-use crate::{FailurePolicy, PodConditionMatcher};
+use crate::FailurePolicy;
 use EndAction::{FailJob, RestartJob, RestartJobNotCounted};
 use EndCause::{Disruption, Failure};
 use RankExit::{Code, Lost, Signal};
@@ -18,8 +18,14 @@ fn culprit(rank: u32, exit: RankExit, reason: &str, cause: EndCause) -> Culprit 
 fn evicted(reason: &str) -> Culprit {
     Culprit {
         pod_conditions: vec![
-            ("Ready".into(), None),
-            (crate::failure_policy::DISRUPTION_TARGET.into(), Some(reason.into())),
+            PodConditionMatcher {
+                type_: "Ready".into(),
+                reason: None,
+            },
+            PodConditionMatcher {
+                type_: crate::failure_policy::DISRUPTION_TARGET.into(),
+                reason: Some(reason.into()),
+            },
         ],
         container_reason: Some("Error".into()),
         ..culprit(2, Code(143), reason, Disruption)
