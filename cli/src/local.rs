@@ -1,6 +1,7 @@
 //! `rdujob run`: local mode (DESIGN 6). The job file, tiles from a simulated node, one process per
-//! rank on 127.0.0.1, and the operator's lifecycle: restart the gang on a retryable failure up to
-//! `backoffLimit`, else end with the failing rank's code. The result JSON is the last stdout line.
+//! rank on 127.0.0.1, and the operator's lifecycle: the failed generation's culprit goes through the same failure
+//! rules (`policy::judge`), which restart the gang within `backoffLimit` or `maxInfrastructureRestarts`, or end the
+//! run with the failing rank's code. The result JSON is the last stdout line.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -8,10 +9,10 @@ use std::time::Duration;
 
 use rdu_collective::RingMemory;
 use rdu_crds::consts::exit_code;
-use rdu_crds::policy::{self, Verdict};
+use rdu_crds::policy::{self, Culprit, Restarts, Verdict};
 use rdu_crds::rank_env::SuppliedValues;
 use rdu_crds::token::new_token;
-use rdu_crds::{AllReduceResult, JobResult, RduJob, RduJobSpec, RunMode};
+use rdu_crds::{AllReduceResult, EndCause, JobResult, RduJob, RduJobSpec, RunMode};
 use rdu_tiles::simulated::SimulatedNode;
 use rdu_worker::modes::all_reduce_benchmark;
 
@@ -119,6 +120,7 @@ pub async fn run(path: &Path, options: RunOptions) -> Result<i32, CliError> {
         );
     }
     let mut node = simulated_node(&job)?;
+    let mut restarts = Restarts::default();
     for generation in 0u32.. {
         let result_path = scratch.path().join(format!("result-{generation}.json"));
         let (tiles, device_ids) = allocate(&mut node, &job)?;
@@ -187,23 +189,44 @@ pub async fn run(path: &Path, options: RunOptions) -> Result<i32, CliError> {
             println!("{json}");
             return Ok(exit_code::SUCCESS);
         };
-        match policy::after_failure(
-            policy.restart_policy,
-            policy.backoff_limit,
-            generation,
-            exit,
-        ) {
-            Verdict::Restart { .. } => console.note(&format!(
-                "rank {rank} ended with {exit}: restarting the gang: generation {} (restart {} of at most {})",
-                generation + 1,
-                generation + 1,
-                policy.backoff_limit
-            )),
+        // Local mode has no cluster to disrupt it: every end is the job's own.
+        let ruling = policy::judge(
+            &policy,
+            restarts,
+            &Culprit::from_exit(rank, exit, EndCause::Failure),
+        );
+        match ruling.verdict {
+            Verdict::Restart { counted } => {
+                let budget = if counted {
+                    restarts.counted += 1;
+                    format!(
+                        "restart {} of at most {} (backoffLimit)",
+                        restarts.counted, policy.backoff_limit
+                    )
+                } else {
+                    restarts.not_counted += 1;
+                    match policy.max_infrastructure_restarts {
+                        Some(max) => format!(
+                            "not counted: {} of at most {max} (maxInfrastructureRestarts)",
+                            restarts.not_counted
+                        ),
+                        None => "not counted against backoffLimit".to_string(),
+                    }
+                };
+                console.note(&format!(
+                    "rank {rank} ended with {exit}: rule {}: {:?}: restarting the gang: generation {} ({budget})",
+                    ruling.rule,
+                    ruling.action,
+                    generation + 1,
+                ));
+            }
             Verdict::Fail(reason) => {
                 console.finish();
                 console.note(&format!(
-                    "job {name} failed: rank {rank} ended with {exit} after {generation} restart(s) ({})",
-                    reason.as_str()
+                    "job {name} failed: rank {rank} ended with {exit} after {generation} restart(s) ({}; rule {}: {:?})",
+                    reason.as_str(),
+                    ruling.rule,
+                    ruling.action
                 ));
                 return Ok(exit.as_exit_code());
             }

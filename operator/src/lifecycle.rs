@@ -642,6 +642,8 @@ impl Step<'_> {
 }
 
 #[cfg(test)]
+mod rules_tests;
+#[cfg(test)]
 mod teardown_tests;
 #[cfg(test)]
 mod tests;

@@ -4,14 +4,16 @@
 //! deleted (at once, with no grace, where its node is lost: its kubelet will never confirm). Evidence keeps
 //! arriving while the pods go (a node declared unreachable after its ranks' peers timed out, a pod the drain
 //! evicted) and may blame another rank. Only when no pod of the job is left does the generation *end*: its cause
-//! (the job's own failure, or a disruption from outside it) decides whether the next generation counts against
-//! `backoffLimit` (`policy::after_end`), and the next generation is created whole, with every pod name free.
+//! (the job's own failure, or a disruption from outside it) and what else is known of the culprit go through the
+//! failure rules (`policy::judge`: the job's `failurePolicy`, then the defaults of its `restartPolicy`), whose
+//! action and budgets decide between failing the job and the next generation, counted against `backoffLimit` or
+//! against `maxInfrastructureRestarts`; the next generation is created whole, with every pod name free.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use rdu_crds::policy::{self, FailureReason, RankExit, Verdict};
-use rdu_crds::{EndAction, EndCause, GenerationEnd, JobPhase};
+use rdu_crds::policy::{self, Culprit, FailureReason, RankExit, Restarts, Ruling, Verdict};
+use rdu_crds::{EndCause, GenerationEnd, JobPhase, PodConditionMatcher, RuleSource};
 
-use super::pod_view::PodState;
+use super::pod_view::{PodState, PodView};
 use super::{Action, Step, condition};
 
 /// A rank's end as the lifecycle sees it.
@@ -26,6 +28,10 @@ pub(super) struct RankFailure {
     pub message: String,
     pub cause: EndCause,
     pub node: Option<String>,
+    /// The worker container's own reason for its end (`OOMKilled`, `Error`…), when it ended.
+    pub container_reason: Option<String>,
+    /// The conditions True on the rank's pod.
+    pub pod_conditions: Vec<PodConditionMatcher>,
 }
 
 impl RankFailure {
@@ -52,6 +58,30 @@ impl RankFailure {
             message,
             cause,
             node,
+            container_reason: None,
+            pod_conditions: Vec::new(),
+        }
+    }
+
+    /// With what `pod` says of the end: its container's reason and its true conditions.
+    fn seen_on(mut self, pod: &PodView) -> Self {
+        self.container_reason = match &pod.state {
+            PodState::Failed(f) => f.container_reason.clone(),
+            _ => None,
+        };
+        self.pod_conditions = pod.conditions.clone();
+        self
+    }
+
+    /// What the failure rules match of this end.
+    fn as_culprit(&self) -> Culprit {
+        Culprit {
+            rank: self.rank,
+            exit: self.exit,
+            reason: self.kind.clone(),
+            container_reason: self.container_reason.clone(),
+            pod_conditions: self.pod_conditions.clone(),
+            cause: self.cause,
         }
     }
 
@@ -83,6 +113,8 @@ impl RankFailure {
             message: end.message.clone(),
             cause: end.cause,
             node: end.node.clone(),
+            container_reason: end.container_reason.clone(),
+            pod_conditions: end.pod_conditions.clone(),
         }
     }
 
@@ -97,8 +129,8 @@ impl RankFailure {
             reason: self.kind.clone(),
             message: self.message.clone(),
             node: self.node.clone(),
-            container_reason: None,
-            pod_conditions: Vec::new(),
+            container_reason: self.container_reason.clone(),
+            pod_conditions: self.pod_conditions.clone(),
             cause: self.cause,
             action: None,
             rule: None,
@@ -158,24 +190,30 @@ impl Step<'_> {
                 };
                 let node = pod.node.clone();
                 if let Some(loss) = self.lost(pod.node.as_deref()) {
-                    return Some(RankFailure::new(
-                        rank,
-                        RankExit::Lost,
-                        "NodeLost",
-                        &format!("NodeLost: {loss}"),
-                        EndCause::Disruption,
-                        node,
-                    ));
+                    return Some(
+                        RankFailure::new(
+                            rank,
+                            RankExit::Lost,
+                            "NodeLost",
+                            &format!("NodeLost: {loss}"),
+                            EndCause::Disruption,
+                            node,
+                        )
+                        .seen_on(pod),
+                    );
                 }
                 if let Some(kind) = &pod.disruption {
-                    return Some(RankFailure::new(
-                        rank,
-                        pod.exit_code().map_or(RankExit::Lost, RankExit::Code),
-                        kind,
-                        &format!("{kind}: the cluster took its pod away"),
-                        EndCause::Disruption,
-                        node,
-                    ));
+                    return Some(
+                        RankFailure::new(
+                            rank,
+                            pod.exit_code().map_or(RankExit::Lost, RankExit::Code),
+                            kind,
+                            &format!("{kind}: the cluster took its pod away"),
+                            EndCause::Disruption,
+                            node,
+                        )
+                        .seen_on(pod),
+                    );
                 }
                 if let PodState::Failed(f) = &pod.state {
                     // Times are whole seconds: an end in the second the stopping began may be the stop's doing.
@@ -190,9 +228,10 @@ impl Step<'_> {
                     } else {
                         EndCause::Failure
                     };
-                    return Some(RankFailure::new(
-                        rank, f.exit, &f.kind, &f.reason, cause, node,
-                    ));
+                    return Some(
+                        RankFailure::new(rank, f.exit, &f.kind, &f.reason, cause, node)
+                            .seen_on(pod),
+                    );
                 }
                 (pod.terminating && stopping_since.is_none() && seen_before(rank).is_some()).then(
                     || {
@@ -204,6 +243,7 @@ impl Step<'_> {
                             EndCause::Failure,
                             node,
                         )
+                        .seen_on(pod)
                     },
                 )
             })
@@ -226,16 +266,40 @@ impl Step<'_> {
             .min_by_key(RankFailure::blame_key)
     }
 
-    /// What follows the culprit's end under the run policy.
-    fn verdict(&self, culprit: &RankFailure) -> Verdict {
-        let policy = &self.job.spec.run_policy;
-        policy::after_end(
-            policy.restart_policy,
-            policy.backoff_limit,
+    /// What the failure rules make of the culprit's end, with the restarts so far.
+    fn ruling(&self, culprit: &RankFailure) -> Ruling {
+        let restarts = Restarts {
+            counted: self.status.failure_restarts,
+            not_counted: self.status.disruption_restarts,
+        };
+        policy::judge(&self.job.spec.run_policy, restarts, &culprit.as_culprit())
+    }
+
+    /// `rule failurePolicy.rules[0] (oom): FailJob; failureRestarts 0, disruptionRestarts 0`: the rule, what
+    /// followed and both counters, for conditions and events.
+    fn ruling_note(&self, ruling: &Ruling) -> String {
+        format!(
+            "rule {}: {:?}; failureRestarts {}, disruptionRestarts {}",
+            ruling.rule,
+            ruling.end_action(),
             self.status.failure_restarts,
-            culprit.exit,
-            culprit.cause,
+            self.status.disruption_restarts
         )
+    }
+
+    /// Why a job fails at once, before its generation ended: a rule that says so.
+    fn fail_at_once_message(&self, culprit: &RankFailure, ruling: &Ruling) -> String {
+        match ruling.rule.source {
+            RuleSource::RestartPolicy => format!(
+                "{}; restartPolicy {:?} does not restart it; {}",
+                culprit.describe(),
+                self.job.spec.run_policy.restart_policy,
+                self.ruling_note(ruling)
+            ),
+            RuleSource::FailurePolicy => {
+                format!("{}; {}", culprit.describe(), self.ruling_note(ruling))
+            }
+        }
     }
 
     /// The first sign that the generation failed, or news about one that is stopping: records the culprit, fails
@@ -248,15 +312,12 @@ impl Step<'_> {
             return false;
         };
         let generation = self.generation();
-        if let Verdict::Fail(reason) = self.verdict(&culprit)
-            && reason != FailureReason::BackoffLimitExceeded
+        let ruling = self.ruling(&culprit);
+        if let Verdict::Fail(reason) = ruling.verdict
+            && !reason.is_spent_budget()
         {
-            self.end_generation(&culprit, EndAction::FailJob);
-            let message = format!(
-                "{}; restartPolicy {:?} does not restart it",
-                culprit.describe(),
-                self.job.spec.run_policy.restart_policy
-            );
+            self.end_generation(&culprit, &ruling);
+            let message = self.fail_at_once_message(&culprit, &ruling);
             self.finish(JobPhase::Failed, reason.as_str(), message);
             return true;
         }
@@ -315,40 +376,65 @@ impl Step<'_> {
     /// The generation is over: restart the gang as the next one (counted or not) or fail the job.
     fn settle(&mut self, culprit: RankFailure) -> bool {
         let policy = &self.job.spec.run_policy;
-        let (limit, counted_so_far) = (policy.backoff_limit, self.status.failure_restarts);
-        match self.verdict(&culprit) {
+        let (limit, max_uncounted) = (policy.backoff_limit, policy.max_infrastructure_restarts);
+        let ruling = self.ruling(&culprit);
+        match ruling.verdict {
             Verdict::Fail(reason) => {
-                self.end_generation(&culprit, EndAction::FailJob);
-                let message = format!(
-                    "{}; the gang was already restarted {counted_so_far} times for failures (backoffLimit {limit})",
-                    culprit.describe()
-                );
+                self.end_generation(&culprit, &ruling);
+                let message = match reason {
+                    FailureReason::BackoffLimitExceeded => format!(
+                        "{}; the gang was already restarted {} times for failures (backoffLimit {limit}); {}",
+                        culprit.describe(),
+                        self.status.failure_restarts,
+                        self.ruling_note(&ruling)
+                    ),
+                    FailureReason::MaxInfrastructureRestartsExceeded => format!(
+                        "{}; the gang was already restarted {} times without counting (maxInfrastructureRestarts {}); {}",
+                        culprit.describe(),
+                        self.status.disruption_restarts,
+                        max_uncounted.unwrap_or_default(),
+                        self.ruling_note(&ruling)
+                    ),
+                    _ => self.fail_at_once_message(&culprit, &ruling),
+                };
                 self.finish(JobPhase::Failed, reason.as_str(), message);
                 true
             }
             Verdict::Restart { counted } => {
-                let action = if counted {
+                if counted {
                     self.status.failure_restarts += 1;
-                    EndAction::RestartJob
                 } else {
                     self.status.disruption_restarts += 1;
-                    EndAction::RestartJobNotCounted
-                };
-                self.end_generation(&culprit, action);
+                }
+                self.end_generation(&culprit, &ruling);
                 self.status.restarts += 1;
                 self.status.ranks.clear();
-                let why = if counted {
-                    format!(
+                let why = match (counted, culprit.cause, max_uncounted) {
+                    (true, _, _) => format!(
                         "counted against backoffLimit: {} of {limit}",
                         self.status.failure_restarts
-                    )
-                } else {
-                    "a disruption: not counted against backoffLimit".to_string()
+                    ),
+                    (false, EndCause::Disruption, None) => {
+                        "a disruption: not counted against backoffLimit".to_string()
+                    }
+                    (false, EndCause::Failure, None) => {
+                        "not counted against backoffLimit".to_string()
+                    }
+                    (false, cause, Some(max)) => format!(
+                        "{}not counted against backoffLimit; maxInfrastructureRestarts: {} of {max}",
+                        if cause == EndCause::Disruption {
+                            "a disruption: "
+                        } else {
+                            ""
+                        },
+                        self.status.disruption_restarts
+                    ),
                 };
                 let message = format!(
-                    "{}; restarting the gang as generation {} ({why})",
+                    "{}; restarting the gang as generation {} ({why}); {}",
                     culprit.describe(),
-                    self.status.restarts
+                    self.status.restarts,
+                    self.ruling_note(&ruling)
                 );
                 self.set_condition(condition::RESTARTING, true, "GangRestart", message.clone());
                 self.event(culprit.cause == EndCause::Failure, "Restarted", message);
@@ -358,7 +444,7 @@ impl Step<'_> {
     }
 
     /// Moves the stopping record (or a fresh one) into the history with what followed.
-    fn end_generation(&mut self, culprit: &RankFailure, action: EndAction) {
+    fn end_generation(&mut self, culprit: &RankFailure, ruling: &Ruling) {
         let generation = self.generation();
         let mut end = self
             .status
@@ -368,7 +454,10 @@ impl Step<'_> {
         if !RankFailure::from_record(&end).same_end(culprit) {
             end = culprit.record(generation, end.time);
         }
-        end.action = Some(action);
+        end.action = Some(ruling.end_action());
+        end.rule = Some(ruling.rule.clone());
+        end.failure_restarts = Some(self.status.failure_restarts);
+        end.disruption_restarts = Some(self.status.disruption_restarts);
         self.status.history.push(end);
         let excess = self
             .status

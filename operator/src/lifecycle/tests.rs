@@ -36,6 +36,8 @@ pub(super) struct P {
     disruption: Option<&'static str>,
     /// The worker container ended at this second.
     finished: Option<i64>,
+    /// The kubelet's reason for the worker container's end (`OOMKilled`, `Error`).
+    container_reason: Option<&'static str>,
 }
 
 pub(super) fn p(rank: u32, generation: u32, phase: &'static str) -> P {
@@ -51,6 +53,7 @@ pub(super) fn p(rank: u32, generation: u32, phase: &'static str) -> P {
         unschedulable: None,
         disruption: None,
         finished: None,
+        container_reason: None,
     }
 }
 
@@ -83,6 +86,10 @@ impl P {
         self.disruption = Some(reason);
         self
     }
+    pub(super) fn container_reason(mut self, reason: &'static str) -> P {
+        self.container_reason = Some(reason);
+        self
+    }
     pub(super) fn finished(mut self, second: i64) -> P {
         self.finished = Some(second);
         self
@@ -92,6 +99,7 @@ impl P {
             terminated: Some(ContainerStateTerminated {
                 exit_code: code,
                 message: self.message.map(str::to_string),
+                reason: self.container_reason.map(str::to_string),
                 finished_at: self.finished.map(|s| Time(at(s))),
                 ..Default::default()
             }),
