@@ -25,7 +25,7 @@ pub fn render(job: &RduJob, pods: &[Pod], now: Timestamp) -> String {
             age_text(now.duration_since(t.0).as_secs())
         });
     let mut out = format!(
-        "Job:        {namespace}/{name}\nPhase:      {phase}\nGeneration: {} (gang restarts: {} counted against backoffLimit, {} disruptions)\nAge:        {age}\n",
+        "Job:        {namespace}/{name}\nPhase:      {phase}\nGeneration: {} (gang restarts: {} counted against backoffLimit, {} not counted)\nAge:        {age}\n",
         status.restarts, status.failure_restarts, status.disruption_restarts
     );
     if let Some(p) = &status.progress {
@@ -56,7 +56,8 @@ pub fn render(job: &RduJob, pods: &[Pod], now: Timestamp) -> String {
     out
 }
 
-/// One row per ended (or stopping) generation: when, the rank it is blamed on, its node, cause, what followed, why.
+/// One row per ended (or stopping) generation: when, the rank it is blamed on, its node, cause, the failure rule
+/// that matched, what followed, both restart counters after it, why.
 pub fn history_table(ended: &[&GenerationEnd]) -> String {
     let mut rows = vec![[
         "GEN".to_string(),
@@ -64,9 +65,13 @@ pub fn history_table(ended: &[&GenerationEnd]) -> String {
         "RANK".into(),
         "NODE".into(),
         "CAUSE".into(),
+        "RULE".into(),
         "ACTION".into(),
+        "COUNTED".into(),
+        "NOT-COUNTED".into(),
         "MESSAGE".into(),
     ]];
+    let or_dash = |n: Option<u32>| n.map_or_else(|| "-".to_string(), |n| n.to_string());
     for end in ended {
         let action = match end.action {
             Some(EndAction::RestartJob) => "RestartJob",
@@ -80,7 +85,12 @@ pub fn history_table(ended: &[&GenerationEnd]) -> String {
             end.rank.to_string(),
             end.node.clone().unwrap_or_else(|| "-".into()),
             format!("{:?}", end.cause),
+            end.rule
+                .as_ref()
+                .map_or_else(|| "-".to_string(), ToString::to_string),
             action.to_string(),
+            or_dash(end.failure_restarts),
+            or_dash(end.disruption_restarts),
             end.message.clone(),
         ]);
     }

@@ -18,6 +18,7 @@ status:
   history:
   - {generation: 0, rank: 3, exitCode: null, reason: NodeLost, node: node-c, cause: Disruption,
      action: RestartJobNotCounted, time: "2026-11-24T10:00:02Z",
+     rule: {source: RestartPolicy, index: 0, name: disruption}, failureRestarts: 0, disruptionRestarts: 1,
      message: "rank 3 was lost (NodeLost: node node-c is unreachable)"}
   ranks: [{rank: 0, pod: digits-worker-0, node: node-a, tiles: [rdu0-tile0, rdu0-tile1]}]
   conditions:
@@ -55,7 +56,7 @@ fn a_running_job_shows_progress_true_conditions_and_a_row_per_rank() {
     let expected = "\
 Job:        ml/digits
 Phase:      Running
-Generation: 1 (gang restarts: 0 counted against backoffLimit, 1 disruptions)
+Generation: 1 (gang restarts: 0 counted against backoffLimit, 1 not counted)
 Age:        3m00s
 Progress:   25% (step 120/480, epoch 2/8), ETA 1m15s, loss 0.2500, 2140.5 samples/s, reported 3s ago
 Condition:  Running (AllRanksRunning): every rank runs
@@ -65,8 +66,8 @@ RANK  POD              NODE    TILES                  PHASE    RESTARTS
 1     digits-worker-1  -       -                      Pending  0
 
 Generations:
-GEN  TIME                  RANK  NODE    CAUSE       ACTION                MESSAGE
-0    2026-11-24T10:00:02Z  3     node-c  Disruption  RestartJobNotCounted  rank 3 was lost (NodeLost: node node-c is unreachable)
+GEN  TIME                  RANK  NODE    CAUSE       RULE                                  ACTION                COUNTED  NOT-COUNTED  MESSAGE
+0    2026-11-24T10:00:02Z  3     node-c  Disruption  restartPolicy default 0 (disruption)  RestartJobNotCounted  0        1            rank 3 was lost (NodeLost: node node-c is unreachable)
 ";
     assert_eq!(text, expected);
 }
