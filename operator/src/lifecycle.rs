@@ -18,6 +18,7 @@ use rdu_crds::{
 use crate::nodes::ClusterView;
 
 mod blocked;
+mod hang;
 mod pod_view;
 mod refusal;
 mod teardown;
@@ -345,6 +346,7 @@ impl Step<'_> {
     /// Deletes every pod and holds the job as Suspended, the condition saying `reason` and `message`.
     fn suspend(&mut self, reason: &'static str, message: String) {
         self.status.stopping = None;
+        self.status.last_progress = None;
         let names = self
             .pods
             .iter()
@@ -641,6 +643,8 @@ impl Step<'_> {
     }
 }
 
+#[cfg(test)]
+mod hang_tests;
 #[cfg(test)]
 mod rules_tests;
 #[cfg(test)]

@@ -3,8 +3,8 @@
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
-use rdu_crds::consts::{self, WORKER_CONTAINER};
 use rdu_crds::PodConditionMatcher;
+use rdu_crds::consts::{self, WORKER_CONTAINER};
 use rdu_crds::policy::RankExit;
 
 use super::blocked::{self, Blocked};

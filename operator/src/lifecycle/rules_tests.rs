@@ -1,7 +1,7 @@
 //! Table cases of the failure rules in the lifecycle: each action of a `failurePolicy` rule, both budgets, and
 //! what `status.history` and the events record of the rule that decided.
 
-use super::tests::{after, at, condition, decide, p, pods, with_status, P};
+use super::tests::{P, after, at, condition, decide, p, pods, with_status};
 use super::*;
 use crate::test_fixtures::job;
 use rdu_crds::{

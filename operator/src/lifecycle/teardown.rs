@@ -307,7 +307,8 @@ impl Step<'_> {
     /// stopping the generation, and ends it when no pod is left. Returns whether the lifecycle is done for this
     /// reconcile (the generation is still stopping, or the job failed).
     pub(super) fn handle_trouble(&mut self) -> bool {
-        let evidence = self.evidence();
+        let mut evidence = self.evidence();
+        evidence.extend(self.hang());
         let Some(culprit) = self.culprit(evidence) else {
             return false;
         };
