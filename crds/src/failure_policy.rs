@@ -25,14 +25,14 @@ pub const REASONS_WITHOUT_EXIT_CODE: [(&str, EndCause); 4] = [
 pub const DISRUPTION_TARGET: &str = "DisruptionTarget";
 
 // The messages of the CEL rules below; `validation::rules` prefixes each with the rule's path.
-pub const EMPTY_EXIT_CODES: &str = "onExitCodes lists no exit code, so the rule never matches: add values or ranges";
+pub const EMPTY_EXIT_CODES: &str =
+    "onExitCodes lists no exit code, so the rule never matches: add values or ranges";
 pub const EXIT_CODE_RANGE: &str =
     "onExitCodes values and ranges must be exit codes from 0 to 255, each range with from <= to";
 pub const EXIT_CODE_ZERO: &str = "onExitCodes with operator In cannot hold 0: a rank that exited 0 succeeded and is never blamed; remove 0";
 pub const EMPTY_SIGNALS: &str =
     "onSignals must list signals from 1 to 64 (e.g. 9 for SIGKILL); an empty list never matches";
-pub const EMPTY_REASONS: &str =
-    "onReasons and onContainerReasons must list at least one non-empty reason; an empty list never matches";
+pub const EMPTY_REASONS: &str = "onReasons and onContainerReasons must list at least one non-empty reason; an empty list never matches";
 pub const EMPTY_POD_CONDITIONS: &str =
     "onPodConditions must list at least one condition, each with a non-empty type";
 pub const EMPTY_RANKS: &str = "onRanks must list at least one rank; an empty list never matches";
@@ -42,8 +42,7 @@ pub const REASONS_AGAINST_CAUSE: &str = "onReasons names only ends of the other 
 pub const CONDITIONS_AGAINST_CAUSE: &str = "onPodConditions asks for DisruptionTarget, which makes the end a Disruption, while onCause is Failure, so the rule never matches: drop one of them";
 pub const CATCH_ALL_NOT_LAST: &str = "a rule with no matcher (no onExitCodes, onSignals, onReasons, onContainerReasons, onPodConditions, onCause or onRanks) matches every failure, so it must be the last rule and the only one: move it to the end or add a matcher";
 pub const DUPLICATE_NAMES: &str = "spec.runPolicy.failurePolicy.rules names must be unique";
-pub const RANK_BEYOND_WORKERS: &str =
-    "onRanks names a rank that is not below spec.workers, so it never matches: ranks are 0 to workers-1";
+pub const RANK_BEYOND_WORKERS: &str = "onRanks names a rank that is not below spec.workers, so it never matches: ranks are 0 to workers-1";
 pub const RESTART_WITHOUT_BACKOFF: &str = "a rule with action RestartJob can only fail the job while spec.runPolicy.backoffLimit is 0: use action FailJob, or raise backoffLimit";
 pub const NOT_COUNTED_WITHOUT_BUDGET: &str = "a rule with action RestartJobNotCounted can only fail the job while spec.runPolicy.maxInfrastructureRestarts is 0: use action FailJob, or raise maxInfrastructureRestarts (omit it for no limit)";
 /// The least `progressDeadlineSeconds`: rank 0 reports at most every 5 s and the operator writes progress at most
@@ -55,9 +54,21 @@ pub const PROGRESS_DEADLINE_MINIMUM: &str = "spec.runPolicy.progressDeadlineSeco
 macro_rules! no_matcher {
     ($r:literal) => {
         concat!(
-            "(!has(", $r, ".onExitCodes) && !has(", $r, ".onSignals) && !has(", $r, ".onReasons) && !has(",
-            $r, ".onContainerReasons) && !has(", $r, ".onPodConditions) && !has(", $r, ".onCause) && !has(",
-            $r, ".onRanks))"
+            "(!has(",
+            $r,
+            ".onExitCodes) && !has(",
+            $r,
+            ".onSignals) && !has(",
+            $r,
+            ".onReasons) && !has(",
+            $r,
+            ".onContainerReasons) && !has(",
+            $r,
+            ".onPodConditions) && !has(",
+            $r,
+            ".onCause) && !has(",
+            $r,
+            ".onRanks))"
         )
     };
 }

@@ -15,7 +15,8 @@ pub mod token;
 pub mod validation;
 
 pub use failure_policy::{
-    ExitCodeMatcher, ExitCodeOperator, ExitCodeRange, FailurePolicy, FailureRule, PodConditionMatcher,
+    ExitCodeMatcher, ExitCodeOperator, ExitCodeRange, FailurePolicy, FailureRule,
+    PodConditionMatcher,
 };
 pub use progress::{StepPoint, TrainingProgress};
 pub use progress_report::{ProgressReport, ReportError};

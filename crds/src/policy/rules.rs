@@ -4,8 +4,8 @@
 use super::{FailureReason, RankExit, Verdict};
 use crate::consts::exit_code;
 use crate::{
-    EndAction, EndCause, ExitCodeMatcher, ExitCodeOperator, ExitCodeRange, FailureRule, MatchedRule,
-    PodConditionMatcher, RestartPolicy, RuleSource, RunPolicy,
+    EndAction, EndCause, ExitCodeMatcher, ExitCodeOperator, ExitCodeRange, FailureRule,
+    MatchedRule, PodConditionMatcher, RestartPolicy, RuleSource, RunPolicy,
 };
 
 /// What the rules can match of the rank a failed generation is blamed on.
@@ -146,12 +146,16 @@ impl FailureRule {
         self.exit_codes()
             .is_none_or(|set| culprit.exit_code().is_some_and(|c| set.contains(c)))
             && listed(&self.on_reasons, Some(&culprit.reason))
-            && listed(&self.on_container_reasons, culprit.container_reason.as_deref())
+            && listed(
+                &self.on_container_reasons,
+                culprit.container_reason.as_deref(),
+            )
             && self.on_pod_conditions.as_ref().is_none_or(|wanted| {
                 wanted.iter().any(|w| {
-                    culprit.pod_conditions.iter().any(|c| {
-                        c.type_ == w.type_ && (w.reason.is_none() || w.reason == c.reason)
-                    })
+                    culprit
+                        .pod_conditions
+                        .iter()
+                        .any(|c| c.type_ == w.type_ && (w.reason.is_none() || w.reason == c.reason))
                 })
             })
             && self.on_cause.is_none_or(|c| c == culprit.cause)

@@ -32,11 +32,9 @@ pub(super) fn check_failure_policy(c: &mut Checks, spec: &RduJobSpec) {
         let before = c.len();
         check_rule(c, &path, rule, spec);
         let sound = c.len() == before;
-        c.check(
-            !rule.is_catch_all() || i + 1 == rules.len(),
-            &path,
-            || format!("{path}: {}", fp::CATCH_ALL_NOT_LAST),
-        );
+        c.check(!rule.is_catch_all() || i + 1 == rules.len(), &path, || {
+            format!("{path}: {}", fp::CATCH_ALL_NOT_LAST)
+        });
         if sound && (!rule.is_catch_all() || i + 1 == rules.len()) {
             let earlier = rules[..i].iter().position(|e| shadows(e, rule));
             c.check(earlier.is_none(), &path, || {
@@ -117,9 +115,11 @@ fn check_rule(c: &mut Checks, path: &str, rule: &FailureRule, spec: &RduJobSpec)
     }
     let wants_code = rule.on_exit_codes.is_some() || rule.on_signals.is_some();
     if let (true, Some(reasons)) = (wants_code, &rule.on_reasons) {
-        let some_with_code = reasons
-            .iter()
-            .any(|r| !REASONS_WITHOUT_EXIT_CODE.iter().any(|(known, _)| known == r));
+        let some_with_code = reasons.iter().any(|r| {
+            !REASONS_WITHOUT_EXIT_CODE
+                .iter()
+                .any(|(known, _)| known == r)
+        });
         at(c, some_with_code, "", fp::REASONS_WITHOUT_CODES);
     }
     if let (Some(cause), Some(reasons)) = (rule.on_cause, &rule.on_reasons) {
@@ -142,7 +142,8 @@ fn check_rule(c: &mut Checks, path: &str, rule: &FailureRule, spec: &RduJobSpec)
     );
     at(
         c,
-        rule.action != EndAction::RestartJobNotCounted || run.max_infrastructure_restarts != Some(0),
+        rule.action != EndAction::RestartJobNotCounted
+            || run.max_infrastructure_restarts != Some(0),
         ".action",
         fp::NOT_COUNTED_WITHOUT_BUDGET,
     );
@@ -166,9 +167,8 @@ pub fn shadows(earlier: &FailureRule, later: &FailureRule) -> bool {
     let conditions = match (&earlier.on_pod_conditions, &later.on_pod_conditions) {
         (None, _) => true,
         (Some(e), Some(l)) => l.iter().all(|l| {
-            e.iter().any(|e| {
-                e.type_ == l.type_ && (e.reason.is_none() || e.reason == l.reason)
-            })
+            e.iter()
+                .any(|e| e.type_ == l.type_ && (e.reason.is_none() || e.reason == l.reason))
         }),
         (Some(_), None) => false,
     };

@@ -81,34 +81,199 @@ fn every_matcher_matches_what_it_names_and_nothing_else() {
         ("In a range", codes(In, &[], &[(129, 160)]), &oom, true),
         ("In, not listed", codes(In, &[1, 2], &[(3, 9)]), &oom, false),
         ("In a value", codes(In, &[1], &[]), &error, true),
-        ("In: a local signal is 128+N", codes(In, &[137], &[]), &killed_locally, true),
-        ("In: no exit code never matches", codes(In, &[137], &[(1, 255)]), &deleted, false),
-        ("NotIn a listed code", codes(NotIn, &[137], &[]), &oom, false),
-        ("NotIn another code", codes(NotIn, &[75], &[(129, 255)]), &error, true),
-        ("NotIn: no exit code never matches", codes(NotIn, &[75], &[]), &hung, false),
+        (
+            "In: a local signal is 128+N",
+            codes(In, &[137], &[]),
+            &killed_locally,
+            true,
+        ),
+        (
+            "In: no exit code never matches",
+            codes(In, &[137], &[(1, 255)]),
+            &deleted,
+            false,
+        ),
+        (
+            "NotIn a listed code",
+            codes(NotIn, &[137], &[]),
+            &oom,
+            false,
+        ),
+        (
+            "NotIn another code",
+            codes(NotIn, &[75], &[(129, 255)]),
+            &error,
+            true,
+        ),
+        (
+            "NotIn: no exit code never matches",
+            codes(NotIn, &[75], &[]),
+            &hung,
+            false,
+        ),
         ("a signal", signals(&[9]), &oom, true),
         ("a signal, locally", signals(&[9]), &killed_locally, true),
         ("another signal", signals(&[15]), &oom, false),
-        ("signals need an exit code", signals(&[9]), &lost_node, false),
-        ("signals and codes together", FailureRule { on_signals: Some(vec![9]), ..codes(In, &[137], &[]) }, &oom, true),
-        ("reason", FailureRule { on_reasons: strings(&["PodDeleted", "Hung"]), ..FailureRule::new(RestartJobNotCounted) }, &deleted, true),
-        ("reason Hung", FailureRule { on_reasons: strings(&["Hung"]), ..FailureRule::new(FailJob) }, &hung, true),
-        ("another reason", FailureRule { on_reasons: strings(&["Hung"]), ..FailureRule::new(FailJob) }, &deleted, false),
-        ("a disruption's reason", FailureRule { on_reasons: strings(&["EvictionByEvictionAPI"]), ..FailureRule::new(FailJob) }, &drained, true),
-        ("container reason", FailureRule { on_container_reasons: strings(&["OOMKilled"]), ..FailureRule::new(FailJob) }, &oom, true),
-        ("container reason of another", FailureRule { on_container_reasons: strings(&["OOMKilled"]), ..FailureRule::new(FailJob) }, &error, false),
-        ("no container, no container reason", FailureRule { on_container_reasons: strings(&["Error"]), ..FailureRule::new(FailJob) }, &deleted, false),
-        ("condition type", conditions(&[("DisruptionTarget", None)]), &drained, true),
-        ("condition type and reason", conditions(&[("DisruptionTarget", Some("EvictionByEvictionAPI"))]), &drained, true),
-        ("condition, another reason", conditions(&[("DisruptionTarget", Some("PreemptionByScheduler"))]), &drained, false),
-        ("any of the conditions", conditions(&[("Foo", None), ("Ready", None)]), &drained, true),
-        ("a condition the pod lacks", conditions(&[("DisruptionTarget", None)]), &oom, false),
-        ("cause Disruption", FailureRule { on_cause: Some(Disruption), ..FailureRule::new(FailJob) }, &lost_node, true),
-        ("cause Failure", FailureRule { on_cause: Some(Failure), ..FailureRule::new(FailJob) }, &lost_node, false),
-        ("rank", FailureRule { on_ranks: Some(vec![0, 1]), ..FailureRule::new(FailJob) }, &oom, true),
-        ("another rank", FailureRule { on_ranks: Some(vec![0]), ..FailureRule::new(FailJob) }, &oom, false),
-        ("every matcher must hold", FailureRule { on_ranks: Some(vec![1]), on_cause: Some(Failure), ..codes(In, &[1], &[]) }, &oom, false),
-        ("a rule without matchers matches all", FailureRule::new(RestartJob), &lost_node, true),
+        (
+            "signals need an exit code",
+            signals(&[9]),
+            &lost_node,
+            false,
+        ),
+        (
+            "signals and codes together",
+            FailureRule {
+                on_signals: Some(vec![9]),
+                ..codes(In, &[137], &[])
+            },
+            &oom,
+            true,
+        ),
+        (
+            "reason",
+            FailureRule {
+                on_reasons: strings(&["PodDeleted", "Hung"]),
+                ..FailureRule::new(RestartJobNotCounted)
+            },
+            &deleted,
+            true,
+        ),
+        (
+            "reason Hung",
+            FailureRule {
+                on_reasons: strings(&["Hung"]),
+                ..FailureRule::new(FailJob)
+            },
+            &hung,
+            true,
+        ),
+        (
+            "another reason",
+            FailureRule {
+                on_reasons: strings(&["Hung"]),
+                ..FailureRule::new(FailJob)
+            },
+            &deleted,
+            false,
+        ),
+        (
+            "a disruption's reason",
+            FailureRule {
+                on_reasons: strings(&["EvictionByEvictionAPI"]),
+                ..FailureRule::new(FailJob)
+            },
+            &drained,
+            true,
+        ),
+        (
+            "container reason",
+            FailureRule {
+                on_container_reasons: strings(&["OOMKilled"]),
+                ..FailureRule::new(FailJob)
+            },
+            &oom,
+            true,
+        ),
+        (
+            "container reason of another",
+            FailureRule {
+                on_container_reasons: strings(&["OOMKilled"]),
+                ..FailureRule::new(FailJob)
+            },
+            &error,
+            false,
+        ),
+        (
+            "no container, no container reason",
+            FailureRule {
+                on_container_reasons: strings(&["Error"]),
+                ..FailureRule::new(FailJob)
+            },
+            &deleted,
+            false,
+        ),
+        (
+            "condition type",
+            conditions(&[("DisruptionTarget", None)]),
+            &drained,
+            true,
+        ),
+        (
+            "condition type and reason",
+            conditions(&[("DisruptionTarget", Some("EvictionByEvictionAPI"))]),
+            &drained,
+            true,
+        ),
+        (
+            "condition, another reason",
+            conditions(&[("DisruptionTarget", Some("PreemptionByScheduler"))]),
+            &drained,
+            false,
+        ),
+        (
+            "any of the conditions",
+            conditions(&[("Foo", None), ("Ready", None)]),
+            &drained,
+            true,
+        ),
+        (
+            "a condition the pod lacks",
+            conditions(&[("DisruptionTarget", None)]),
+            &oom,
+            false,
+        ),
+        (
+            "cause Disruption",
+            FailureRule {
+                on_cause: Some(Disruption),
+                ..FailureRule::new(FailJob)
+            },
+            &lost_node,
+            true,
+        ),
+        (
+            "cause Failure",
+            FailureRule {
+                on_cause: Some(Failure),
+                ..FailureRule::new(FailJob)
+            },
+            &lost_node,
+            false,
+        ),
+        (
+            "rank",
+            FailureRule {
+                on_ranks: Some(vec![0, 1]),
+                ..FailureRule::new(FailJob)
+            },
+            &oom,
+            true,
+        ),
+        (
+            "another rank",
+            FailureRule {
+                on_ranks: Some(vec![0]),
+                ..FailureRule::new(FailJob)
+            },
+            &oom,
+            false,
+        ),
+        (
+            "every matcher must hold",
+            FailureRule {
+                on_ranks: Some(vec![1]),
+                on_cause: Some(Failure),
+                ..codes(In, &[1], &[])
+            },
+            &oom,
+            false,
+        ),
+        (
+            "a rule without matchers matches all",
+            FailureRule::new(RestartJob),
+            &lost_node,
+            true,
+        ),
     ];
     for (what, rule, c, expected) in table {
         assert_eq!(rule.matches(c), expected, "{what}: {rule:?} on {c:?}");
@@ -138,23 +303,125 @@ fn the_defaults_are_todays_restart_policies() {
     let none = Restarts::default();
     // (restartPolicy, culprit) -> (default rule index and name, verdict): what after_end decided before rules.
     let table: Vec<(RestartPolicy, Culprit, u32, &str, Verdict)> = vec![
-        (ExitCode, culprit(1, Lost, "NodeLost", Disruption), 0, "disruption", Verdict::Restart { counted: false }),
-        (ExitCode, evicted("EvictionByEvictionAPI"), 0, "disruption", Verdict::Restart { counted: false }),
-        (ExitCode, culprit(0, Code(75), "Error", Failure), 1, "retryable-exit-code", Verdict::Restart { counted: true }),
-        (ExitCode, culprit(0, Code(137), "OOMKilled", Failure), 1, "retryable-exit-code", Verdict::Restart { counted: true }),
-        (ExitCode, culprit(0, Signal(15), "Error", Failure), 1, "retryable-exit-code", Verdict::Restart { counted: true }),
-        (ExitCode, culprit(0, Code(255), "Error", Failure), 1, "retryable-exit-code", Verdict::Restart { counted: true }),
-        (ExitCode, culprit(0, Code(1), "Error", Failure), 2, "permanent-exit-code", Verdict::Fail(FailureReason::PermanentFailure)),
-        (ExitCode, culprit(0, Code(64), "Error", Failure), 2, "permanent-exit-code", Verdict::Fail(FailureReason::PermanentFailure)),
-        (ExitCode, culprit(0, Code(128), "Error", Failure), 2, "permanent-exit-code", Verdict::Fail(FailureReason::PermanentFailure)),
-        (ExitCode, culprit(0, Lost, "PodDeleted", Failure), 3, "no-exit-code", Verdict::Restart { counted: true }),
-        (ExitCode, culprit(0, Lost, "Hung", Failure), 3, "no-exit-code", Verdict::Restart { counted: true }),
-        (OnFailure, culprit(0, Lost, "NodeLost", Disruption), 0, "disruption", Verdict::Restart { counted: false }),
-        (OnFailure, culprit(0, Code(65), "Error", Failure), 1, "any-failure", Verdict::Restart { counted: true }),
-        (OnFailure, culprit(0, Lost, "Hung", Failure), 1, "any-failure", Verdict::Restart { counted: true }),
-        (Never, culprit(0, Code(75), "Error", Failure), 0, "never", Verdict::Fail(FailureReason::RestartPolicyNever)),
-        (Never, culprit(0, Lost, "NodeLost", Disruption), 0, "never", Verdict::Fail(FailureReason::RestartPolicyNever)),
-        (Never, culprit(0, Lost, "Hung", Failure), 0, "never", Verdict::Fail(FailureReason::RestartPolicyNever)),
+        (
+            ExitCode,
+            culprit(1, Lost, "NodeLost", Disruption),
+            0,
+            "disruption",
+            Verdict::Restart { counted: false },
+        ),
+        (
+            ExitCode,
+            evicted("EvictionByEvictionAPI"),
+            0,
+            "disruption",
+            Verdict::Restart { counted: false },
+        ),
+        (
+            ExitCode,
+            culprit(0, Code(75), "Error", Failure),
+            1,
+            "retryable-exit-code",
+            Verdict::Restart { counted: true },
+        ),
+        (
+            ExitCode,
+            culprit(0, Code(137), "OOMKilled", Failure),
+            1,
+            "retryable-exit-code",
+            Verdict::Restart { counted: true },
+        ),
+        (
+            ExitCode,
+            culprit(0, Signal(15), "Error", Failure),
+            1,
+            "retryable-exit-code",
+            Verdict::Restart { counted: true },
+        ),
+        (
+            ExitCode,
+            culprit(0, Code(255), "Error", Failure),
+            1,
+            "retryable-exit-code",
+            Verdict::Restart { counted: true },
+        ),
+        (
+            ExitCode,
+            culprit(0, Code(1), "Error", Failure),
+            2,
+            "permanent-exit-code",
+            Verdict::Fail(FailureReason::PermanentFailure),
+        ),
+        (
+            ExitCode,
+            culprit(0, Code(64), "Error", Failure),
+            2,
+            "permanent-exit-code",
+            Verdict::Fail(FailureReason::PermanentFailure),
+        ),
+        (
+            ExitCode,
+            culprit(0, Code(128), "Error", Failure),
+            2,
+            "permanent-exit-code",
+            Verdict::Fail(FailureReason::PermanentFailure),
+        ),
+        (
+            ExitCode,
+            culprit(0, Lost, "PodDeleted", Failure),
+            3,
+            "no-exit-code",
+            Verdict::Restart { counted: true },
+        ),
+        (
+            ExitCode,
+            culprit(0, Lost, "Hung", Failure),
+            3,
+            "no-exit-code",
+            Verdict::Restart { counted: true },
+        ),
+        (
+            OnFailure,
+            culprit(0, Lost, "NodeLost", Disruption),
+            0,
+            "disruption",
+            Verdict::Restart { counted: false },
+        ),
+        (
+            OnFailure,
+            culprit(0, Code(65), "Error", Failure),
+            1,
+            "any-failure",
+            Verdict::Restart { counted: true },
+        ),
+        (
+            OnFailure,
+            culprit(0, Lost, "Hung", Failure),
+            1,
+            "any-failure",
+            Verdict::Restart { counted: true },
+        ),
+        (
+            Never,
+            culprit(0, Code(75), "Error", Failure),
+            0,
+            "never",
+            Verdict::Fail(FailureReason::RestartPolicyNever),
+        ),
+        (
+            Never,
+            culprit(0, Lost, "NodeLost", Disruption),
+            0,
+            "never",
+            Verdict::Fail(FailureReason::RestartPolicyNever),
+        ),
+        (
+            Never,
+            culprit(0, Lost, "Hung", Failure),
+            0,
+            "never",
+            Verdict::Fail(FailureReason::RestartPolicyNever),
+        ),
     ];
     for (i, (policy, c, index, name, verdict)) in table.into_iter().enumerate() {
         let ruling = judge(&run(policy, vec![]), none, &c);
@@ -200,17 +467,51 @@ fn the_first_matching_rule_decides_and_the_defaults_take_the_rest() {
     let none = Restarts::default();
     // (culprit) -> (rule, action, verdict)
     let table: Vec<(Culprit, MatchedRule, EndAction, Verdict)> = vec![
-        (culprit(3, Code(137), "OOMKilled", Failure), rule_ref(Own, 0, Some("oom-is-fatal")), FailJob, Verdict::Fail(FailureReason::FailurePolicy)),
-        (culprit(3, Lost, "PodDeleted", Failure), rule_ref(Own, 1, None), RestartJobNotCounted, Verdict::Restart { counted: false }),
-        (culprit(0, Code(1), "Error", Failure), rule_ref(Own, 2, None), FailJob, Verdict::Fail(FailureReason::FailurePolicy)),
-        (evicted("EvictionByEvictionAPI"), rule_ref(Own, 3, None), RestartJob, Verdict::Restart { counted: true }),
+        (
+            culprit(3, Code(137), "OOMKilled", Failure),
+            rule_ref(Own, 0, Some("oom-is-fatal")),
+            FailJob,
+            Verdict::Fail(FailureReason::FailurePolicy),
+        ),
+        (
+            culprit(3, Lost, "PodDeleted", Failure),
+            rule_ref(Own, 1, None),
+            RestartJobNotCounted,
+            Verdict::Restart { counted: false },
+        ),
+        (
+            culprit(0, Code(1), "Error", Failure),
+            rule_ref(Own, 2, None),
+            FailJob,
+            Verdict::Fail(FailureReason::FailurePolicy),
+        ),
+        (
+            evicted("EvictionByEvictionAPI"),
+            rule_ref(Own, 3, None),
+            RestartJob,
+            Verdict::Restart { counted: true },
+        ),
         // Left to OnFailure's defaults.
-        (culprit(1, Code(1), "Error", Failure), rule_ref(Default, 1, Some("any-failure")), RestartJob, Verdict::Restart { counted: true }),
-        (evicted("PreemptionByScheduler"), rule_ref(Default, 0, Some("disruption")), RestartJobNotCounted, Verdict::Restart { counted: false }),
+        (
+            culprit(1, Code(1), "Error", Failure),
+            rule_ref(Default, 1, Some("any-failure")),
+            RestartJob,
+            Verdict::Restart { counted: true },
+        ),
+        (
+            evicted("PreemptionByScheduler"),
+            rule_ref(Default, 0, Some("disruption")),
+            RestartJobNotCounted,
+            Verdict::Restart { counted: false },
+        ),
     ];
     for (i, (c, rule, action, verdict)) in table.into_iter().enumerate() {
         let ruling = judge(&policy, none, &c);
-        assert_eq!((ruling.rule, ruling.action, ruling.verdict), (rule, action, verdict), "row {i}");
+        assert_eq!(
+            (ruling.rule, ruling.action, ruling.verdict),
+            (rule, action, verdict),
+            "row {i}"
+        );
     }
 }
 
@@ -228,9 +529,17 @@ fn each_action_spends_its_own_budget() {
     // (culprit, restarts so far) -> verdict
     let table = [
         (&failure, at(1, 5), Verdict::Restart { counted: true }),
-        (&failure, at(2, 0), Verdict::Fail(FailureReason::BackoffLimitExceeded)),
+        (
+            &failure,
+            at(2, 0),
+            Verdict::Fail(FailureReason::BackoffLimitExceeded),
+        ),
         (&disruption, at(9, 0), Verdict::Restart { counted: false }),
-        (&disruption, at(0, 1), Verdict::Fail(FailureReason::MaxInfrastructureRestartsExceeded)),
+        (
+            &disruption,
+            at(0, 1),
+            Verdict::Fail(FailureReason::MaxInfrastructureRestartsExceeded),
+        ),
     ];
     for (i, (c, restarts, verdict)) in table.into_iter().enumerate() {
         let ruling = judge(&policy, restarts, c);
