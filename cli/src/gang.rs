@@ -1,7 +1,9 @@
 //! Runs one generation of the gang: one process per rank (a re-exec of this binary's hidden
 //! `worker` subcommand), their output merged line by line onto stderr with `[rank N] ` prefixes,
 //! Ctrl-C/SIGTERM forwarded (a rank stops at its next step boundary and rank 0 checkpoints; one still running
-//! after `stop_grace` is killed), and every rank's exit collected in the order they ended.
+//! after `stop_grace` is killed), and every rank's exit collected in the order they ended. With
+//! `progressDeadlineSeconds`, rank 0's progress lines are watched as the operator watches `status.progress`: a step
+//! that stands still that long while every rank runs stops the gang as hung.
 
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
@@ -35,6 +37,17 @@ pub struct GangOptions {
     pub stop_grace: Duration,
     /// spec.runPolicy.activeDeadlineSeconds from the job's start: then every rank is stopped.
     pub job_deadline: Option<Instant>,
+    /// spec.runPolicy.progressDeadlineSeconds: how long rank 0's step may stand still while every rank runs.
+    pub progress_deadline: Option<Duration>,
+}
+
+/// Rank 0 made no progress for `progressDeadlineSeconds` while every rank ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hang {
+    /// The step it last reported, if any.
+    pub step: Option<u64>,
+    /// How long that step stood still, in whole seconds.
+    pub seconds: u64,
 }
 
 /// How the generation ended.
@@ -46,6 +59,8 @@ pub struct GangOutcome {
     pub interrupted: Option<i32>,
     /// The job's activeDeadlineSeconds passed while the ranks ran.
     pub deadline_exceeded: bool,
+    /// The gang was stopped because rank 0's step stood still for progressDeadlineSeconds.
+    pub hung: Option<Hang>,
 }
 
 fn rank_exit(status: ExitStatus) -> RankExit {
@@ -64,17 +79,22 @@ fn send_signal(pid: u32, sig: i32) {
     }
 }
 
-/// Copies `reader`'s lines to stderr with the rank's prefix.
+/// Copies `reader`'s lines to stderr with the rank's prefix; rank 0's progress goes to the console, its step to
+/// `steps`.
 async fn forward_lines(
     rank: u32,
     reader: impl AsyncRead + Unpin,
     console: std::sync::Arc<crate::console::Console>,
+    steps: mpsc::UnboundedSender<u64>,
 ) {
     let mut lines = BufReader::new(reader).lines();
     loop {
         match lines.next_line().await {
             Ok(Some(line)) => match rdu_worker::progress_lines::ProgressLine::parse(&line) {
-                Some(progress) if rank == 0 => console.progress(&progress),
+                Some(progress) if rank == 0 => {
+                    let _ = steps.send(progress.step);
+                    console.progress(&progress);
+                }
                 // `rdujob` prints the result's lines itself on stdout, once the job succeeded.
                 _ if rank == 0 && all_reduce_benchmark::is_json_line(&line) => {
                     console.detail(rank, &line)
@@ -98,6 +118,7 @@ pub async fn run(launches: &[RankLaunch], opts: &GangOptions) -> Result<GangOutc
         signal(SignalKind::terminate()).map_err(io_err("installing the SIGTERM handler"))?;
     let mut logs = JoinSet::new();
     let (exit_tx, mut exit_rx) = mpsc::unbounded_channel::<(u32, RankExit)>();
+    let (step_tx, mut step_rx) = mpsc::unbounded_channel::<u64>();
     let mut running: Vec<(u32, u32)> = Vec::new(); // (rank, pid)
     for launch in launches {
         let mut child = Command::new(&opts.exe)
@@ -115,10 +136,20 @@ pub async fn run(launches: &[RankLaunch], opts: &GangOptions) -> Result<GangOutc
             })?;
         let rank = launch.rank;
         if let Some(out) = child.stdout.take() {
-            logs.spawn(forward_lines(rank, out, opts.console.clone()));
+            logs.spawn(forward_lines(
+                rank,
+                out,
+                opts.console.clone(),
+                step_tx.clone(),
+            ));
         }
         if let Some(err) = child.stderr.take() {
-            logs.spawn(forward_lines(rank, err, opts.console.clone()));
+            logs.spawn(forward_lines(
+                rank,
+                err,
+                opts.console.clone(),
+                step_tx.clone(),
+            ));
         }
         running.push((rank, child.id().unwrap_or_default()));
         let tx = exit_tx.clone();
@@ -131,12 +162,18 @@ pub async fn run(launches: &[RankLaunch], opts: &GangOptions) -> Result<GangOutc
         });
     }
     drop(exit_tx);
+    drop(step_tx);
 
     let mut outcome = GangOutcome {
         exits: Vec::new(),
         interrupted: None,
         deadline_exceeded: false,
+        hung: None,
     };
+    // Hang detection: rank 0's last step, since when it stood still, and when that becomes a hang.
+    let mut last_step: Option<u64> = None;
+    let mut still_since = Instant::now();
+    let mut hang_at = opts.progress_deadline.map(|d| still_since + d);
     let far = Instant::now() + Duration::from_secs(86_400 * 365);
     let mut job_deadline = opts.job_deadline;
     let mut kill_at: Option<Instant> = None;
@@ -147,6 +184,8 @@ pub async fn run(launches: &[RankLaunch], opts: &GangOptions) -> Result<GangOutc
             ended = exit_rx.recv() => {
                 let Some((rank, exit)) = ended else { break };
                 running.retain(|(r, _)| *r != rank);
+                // Not every rank runs any more: no hang to watch for.
+                hang_at = None;
                 if !exit.is_success() {
                     opts.console.note(&format!("rank {rank} ended with {exit}"));
                     if kill_at.is_none() {
@@ -169,6 +208,38 @@ pub async fn run(launches: &[RankLaunch], opts: &GangOptions) -> Result<GangOutc
                 }
                 outcome.deadline_exceeded = true;
                 job_deadline = None;
+                let stop = Instant::now() + opts.stop_grace;
+                kill_at = Some(kill_at.map_or(stop, |k| k.min(stop)));
+            }
+            Some(step) = step_rx.recv() => {
+                if last_step != Some(step) {
+                    last_step = Some(step);
+                    still_since = Instant::now();
+                    if hang_at.is_some() {
+                        hang_at = opts.progress_deadline.map(|d| still_since + d);
+                    }
+                }
+            }
+            _ = sleep_until(hang_at.unwrap_or(far)), if hang_at.is_some() => {
+                let hang = Hang {
+                    step: last_step,
+                    seconds: still_since.elapsed().as_secs(),
+                };
+                let at = match hang.step {
+                    Some(step) => format!("its step stayed at {step}"),
+                    None => "it reported no step".to_string(),
+                };
+                opts.console.note(&format!(
+                    "rank 0 hung: {at} for {} s while every rank ran (spec.runPolicy.progressDeadlineSeconds {}): stopping {} rank(s)",
+                    hang.seconds,
+                    opts.progress_deadline.unwrap_or_default().as_secs(),
+                    running.len()
+                ));
+                for &(_, pid) in &running {
+                    send_signal(pid, libc::SIGTERM);
+                }
+                outcome.hung = Some(hang);
+                hang_at = None;
                 let stop = Instant::now() + opts.stop_grace;
                 kill_at = Some(kill_at.map_or(stop, |k| k.min(stop)));
             }

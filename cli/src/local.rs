@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use rdu_collective::RingMemory;
 use rdu_crds::consts::exit_code;
-use rdu_crds::policy::{self, Culprit, Restarts, Verdict};
+use rdu_crds::failure_policy::HUNG;
+use rdu_crds::policy::{self, Culprit, RankExit, Restarts, Verdict};
 use rdu_crds::rank_env::SuppliedValues;
 use rdu_crds::token::new_token;
 use rdu_crds::{AllReduceResult, EndCause, JobResult, RduJob, RduJobSpec, RunMode};
@@ -104,6 +105,7 @@ pub async fn run(path: &Path, options: RunOptions) -> Result<i32, CliError> {
         job_deadline: policy
             .active_deadline_seconds
             .map(|s| tokio::time::Instant::now() + Duration::from_secs(s)),
+        progress_deadline: policy.progress_deadline_seconds.map(Duration::from_secs),
     };
     for line in header(&job, scratch.path()) {
         console.note(&line);
@@ -131,7 +133,8 @@ pub async fn run(path: &Path, options: RunOptions) -> Result<i32, CliError> {
             result_path: &result_path,
             checkpoint_dir: checkpoint_dir.as_deref(),
             tensorboard_dir: tensorboard_dir.as_deref(),
-            progress_lines: !console.verbose(),
+            // Hang detection reads rank 0's progress lines, also with -v.
+            progress_lines: !console.verbose() || policy.progress_deadline_seconds.is_some(),
         };
         let launches = rank_launches(&job, generation, &ctx);
         console.note(&format!(
@@ -163,7 +166,18 @@ pub async fn run(path: &Path, options: RunOptions) -> Result<i32, CliError> {
             ));
             return Ok(exit_code::DEADLINE_EXCEEDED);
         }
-        let Some((rank, exit)) = policy::culprit(outcome.exits.iter().copied()) else {
+        // A hang is blamed on rank 0; the ranks stopped for it are its consequence. Local mode has no cluster to
+        // disrupt it: every end is the job's own.
+        let blamed = match outcome.hung {
+            Some(_) => Some(Culprit {
+                reason: HUNG.to_string(),
+                container_reason: None,
+                ..Culprit::from_exit(0, RankExit::Lost, EndCause::Failure)
+            }),
+            None => policy::culprit(outcome.exits.iter().copied())
+                .map(|(rank, exit)| Culprit::from_exit(rank, exit, EndCause::Failure)),
+        };
+        let Some(culprit) = blamed else {
             let result = read_result(&result_path)?;
             let json = serde_json::to_string(&result).map_err(|e| CliError::Io {
                 what: "encoding the result".into(),
@@ -189,12 +203,12 @@ pub async fn run(path: &Path, options: RunOptions) -> Result<i32, CliError> {
             println!("{json}");
             return Ok(exit_code::SUCCESS);
         };
-        // Local mode has no cluster to disrupt it: every end is the job's own.
-        let ruling = policy::judge(
-            &policy,
-            restarts,
-            &Culprit::from_exit(rank, exit, EndCause::Failure),
-        );
+        let (rank, exit) = (culprit.rank, culprit.exit);
+        let ended = match outcome.hung {
+            Some(_) => format!("rank {rank} hung"),
+            None => format!("rank {rank} ended with {exit}"),
+        };
+        let ruling = policy::judge(&policy, restarts, &culprit);
         match ruling.verdict {
             Verdict::Restart { counted } => {
                 let budget = if counted {
@@ -214,7 +228,7 @@ pub async fn run(path: &Path, options: RunOptions) -> Result<i32, CliError> {
                     }
                 };
                 console.note(&format!(
-                    "rank {rank} ended with {exit}: rule {}: {:?}: restarting the gang: generation {} ({budget})",
+                    "{ended}: rule {}: {:?}: restarting the gang: generation {} ({budget})",
                     ruling.rule,
                     ruling.action,
                     generation + 1,
@@ -223,7 +237,7 @@ pub async fn run(path: &Path, options: RunOptions) -> Result<i32, CliError> {
             Verdict::Fail(reason) => {
                 console.finish();
                 console.note(&format!(
-                    "job {name} failed: rank {rank} ended with {exit} after {generation} restart(s) ({}; rule {}: {:?})",
+                    "job {name} failed: {ended} after {generation} restart(s) ({}; rule {}: {:?})",
                     reason.as_str(),
                     ruling.rule,
                     ruling.action

@@ -56,3 +56,67 @@ fn a_not_counted_rule_restarts_past_backoff_limit_0_within_its_own_budget() {
     );
     assert!(f.stderr.contains("resumed from checkpoint"), "{}", f.stderr);
 }
+
+/// The small job with checkpoints every 5 steps and `run_policy`, run with `RDU_TEST_HANG_AT_STEP=20` (every rank
+/// stops making progress after step 20 of generation 0, without exiting).
+fn run_hanging_at_step_20(run_policy: &str) -> (Finished, std::time::Duration) {
+    let spec =
+        format!("{SMALL}  checkpoint: {{intervalSteps: 5, keep: 2}}\n  runPolicy: {run_policy}\n");
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_job(dir.path(), &spec);
+    let started = std::time::Instant::now();
+    let child = std::process::Command::new(RDUJOB)
+        .arg("run")
+        .arg(&path)
+        .env("RDU_TEST_HANG_AT_STEP", "20")
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let f = finish_streaming(child);
+    (f, started.elapsed())
+}
+
+#[test]
+fn a_gang_whose_step_stands_still_past_the_progress_deadline_restarts_as_hung_and_succeeds() {
+    let (f, took) = run_hanging_at_step_20("{backoffLimit: 1, progressDeadlineSeconds: 20}");
+    assert_eq!(f.code, Some(0), "{}", f.stderr);
+    let hung = f
+        .stderr
+        .lines()
+        .find(|l| l.contains("rank 0 hung: its step stayed at "))
+        .unwrap_or_else(|| panic!("no hang noted:\n{}", f.stderr));
+    // Detected at the deadline, not before, and not much later (the last line may precede step 20 a little).
+    let seconds: u64 = hung
+        .split(" for ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{hung}"));
+    assert!((20..=21).contains(&seconds), "{hung}");
+    assert!(
+        f.stderr.contains(
+            "rank 0 hung: rule restartPolicy default 3 (no-exit-code): RestartJob: restarting the gang: \
+             generation 1 (restart 1 of at most 1 (backoffLimit))"
+        ),
+        "{}",
+        f.stderr
+    );
+    assert!(took.as_secs() < 20 + 60, "took {took:?}");
+}
+
+#[test]
+fn a_rule_on_hung_fails_the_job_instead() {
+    let (f, _) = run_hanging_at_step_20(
+        "{backoffLimit: 1, progressDeadlineSeconds: 20, failurePolicy: {rules: [{action: FailJob, onReasons: [Hung]}]}}",
+    );
+    assert_eq!(f.code, Some(137), "{}", f.stderr);
+    assert!(
+        f.stderr.contains(
+            "job t failed: rank 0 hung after 0 restart(s) (FailurePolicy; rule failurePolicy.rules[0]: FailJob)"
+        ),
+        "{}",
+        f.stderr
+    );
+}

@@ -10,6 +10,9 @@ use crate::{EndAction, EndCause};
 /// Most rules a job may have (a CEL cost bound too).
 pub const MAX_RULES: usize = 32;
 
+/// The reason of a generation stopped by hang detection (`progressDeadlineSeconds`), blamed on rank 0.
+pub const HUNG: &str = "Hung";
+
 /// Reasons the operator records for ends that never carry an exit code, and the cause they always have: a rank
 /// hung (`Hung`), its pod deleted or gone (`PodDeleted`, `PodVanished`) are the job's own failures; a node lost
 /// (`NodeLost`) is a disruption.

@@ -9,6 +9,7 @@ use rdu_crds::consts::{TERMINATION_LOG_PATH, env};
 use rdu_crds::rank_env::SuppliedValues;
 
 use crate::error::WorkerError;
+use crate::fault::Faults;
 
 /// Everything a rank reads from its environment, checked.
 #[derive(Debug, Clone)]
@@ -25,6 +26,8 @@ pub struct WorkerEnv {
     pub visible_tiles: String,
     /// How chunks travel to peers (`RDU_DATA_PATH`, default `auto`).
     pub data_path: DataPath,
+    /// Test fault injection (`RDU_TEST_HANG_AT_STEP`, `RDU_TEST_ALLOCATE_MIB`); none in production.
+    pub faults: Faults,
 }
 
 impl WorkerEnv {
@@ -47,7 +50,9 @@ impl WorkerEnv {
                 )
             })?,
         };
+        let faults = Faults::from_vars(&get)?;
         Ok(WorkerEnv {
+            faults,
             contract,
             supplied,
             tiles,

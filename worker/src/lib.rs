@@ -10,6 +10,7 @@ pub mod checkpointing;
 pub mod data;
 pub mod env;
 pub mod error;
+pub mod fault;
 pub mod latency;
 pub mod model;
 pub mod model_run;

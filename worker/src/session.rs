@@ -59,6 +59,7 @@ pub async fn run<M: Mode>(
     // ignores SIGTERM while it has no handler, so the kubelet would wait out the whole grace period to kill a
     // rank that was still loading its data.
     let _signals = stop.listen();
+    let _ballast = env.faults.allocate();
     let mode = M::prepare(env)?;
     if let Some(signal) = stop.requested() {
         return Err(WorkerError::Stopped { signal });

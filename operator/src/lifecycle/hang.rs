@@ -4,15 +4,13 @@
 //! then blames rank 0 with a `Hung` end, which the failure rules judge as any other (by default a counted restart).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use rdu_crds::failure_policy::HUNG;
 use rdu_crds::policy::RankExit;
 use rdu_crds::{EndCause, ProgressMark};
 
 use super::Step;
 use super::pod_view::PodState;
 use super::teardown::RankFailure;
-
-/// The reason a hung generation's end is recorded with (`onReasons: [Hung]` matches it).
-pub(super) const HUNG: &str = "Hung";
 
 impl Step<'_> {
     /// Whether every rank of the current generation runs (none pending, ended or being deleted).

@@ -335,6 +335,19 @@ impl Epochs<'_> {
             if let Some(c) = checkpointing.as_deref_mut() {
                 c.after_step(state.step, &state.bufs.params, &state.optimizer)?;
             }
+            if self
+                .env
+                .faults
+                .hangs_after(self.env.contract.generation, state.step)
+            {
+                tracing::warn!(
+                    step = state.step,
+                    "{}: making no progress until stopped (test fault injection)",
+                    rdu_crds::consts::env::TEST_HANG_AT_STEP
+                );
+                let signal = self.stop.wait().await;
+                return Err(WorkerError::Stopped { signal });
+            }
         }
         Ok(stats)
     }
