@@ -2,10 +2,11 @@
 # Real pods on a real kubelet, without Docker or a registry (DESIGN 7, rung 5): builds or reuses the control
 # plane (e2e/control-plane/build.sh) and the node's kubelet, kube-proxy, CoreDNS and pause
 # (e2e/node/build.sh), builds the operator, device plugin and worker, and runs `cargo test -p rdu-e2e
-# --test node -- --ignored`: the test assembles the three images from docker/*.Dockerfile, starts a one-node
+# --test node --test failure_rules -- --ignored`: each test assembles the three images from docker/*.Dockerfile, starts a one-node
 # testbed (e2e/src/testbed.rs: the node in namespaces of its own with containerd, the kubelet and kube-proxy;
 # CoreDNS), `helm install`s the chart, runs examples/digits.yaml as pods, faults them, and removes everything it
-# made. The last stdout line is the run's JSON summary.
+# made (failure_rules: an OOM-killed rank under a FailJob rule, a hung gang, a deleted pod under RestartJobNotCounted).
+# The last two stdout lines are the JSON summaries, node's then failure_rules'.
 #
 # Needs root and Debian's packages:  apt-get install containerd runc containernetworking-plugins umoci iptables
 # RDU_E2E_KEEP=1 keeps the node's and control plane's files (logs) for a look afterwards.
@@ -32,6 +33,6 @@ OUT="$(mktemp)"
 trap 'rm -f "$OUT"' EXIT
 export RDU_NODE_BENCH_OUT="$OUT"
 # Test output goes to stderr so that the summary is the last line on stdout.
-cargo test -p rdu-e2e --test node -- --ignored --nocapture --test-threads=1 >&2
+cargo test -p rdu-e2e --test node --test failure_rules -- --ignored --nocapture --test-threads=1 >&2
 [[ -s "$OUT" ]] || fail "the node test wrote no summary"
 cat "$OUT"

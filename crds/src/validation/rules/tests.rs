@@ -231,7 +231,7 @@ fn a_rule_an_earlier_one_covers_is_refused_and_one_it_does_not_is_kept() {
                 assert_eq!(found.len(), 1, "row {i}: {found:?}");
                 assert_eq!(found[0].0, format!("{RULES}[{later}]"), "row {i}");
                 assert!(
-                    found[0].1.contains(&format!("does not already match"))
+                    found[0].1.contains("does not already match")
                         && found[0].1.contains(&format!("{RULES}[{earlier}]")),
                     "row {i}: {found:?}"
                 );

@@ -1,0 +1,258 @@
+//! Failure rules and hang detection on a real kubelet (issue 24; the shared testbed with one node, the chart
+//! installed as in `node.rs`): a rank the kubelet OOM-kills fails its job at once under a `FailJob` rule for
+//! `OOMKilled`; a gang whose ranks stop making progress without exiting is restarted within
+//! `progressDeadlineSeconds` + 10 s and then succeeds; a pod deleted with `kubectl delete pod` restarts the gang
+//! without spending `backoffLimit` under a `RestartJobNotCounted` rule. The faults come from the worker's test
+//! flags (`RDU_TEST_ALLOCATE_MIB`, `RDU_TEST_HANG_AT_STEP`). `bash e2e/node/run.sh` runs it after `node`; the JSON
+//! line it prints is appended to `RDU_NODE_BENCH_OUT`.
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use rdu_e2e::testbed::{self, Testbed, TestbedSpec};
+use rdu_e2e::workspace_root;
+use serde_json::{Value, json};
+
+const RDUS: u32 = 1;
+const TILES_PER_RDU: u32 = 4;
+const BENCH_OUT_ENV: &str = "RDU_NODE_BENCH_OUT";
+const LONG: Duration = Duration::from_secs(300);
+/// The hang test's `progressDeadlineSeconds` (the least the API accepts).
+const PROGRESS_DEADLINE: u64 = 20;
+/// Steps of generation 0 before its ranks hang.
+const HANG_AT_STEP: u64 = 60;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root, Debian's containerd and the Go-built binaries: sudo bash e2e/node/run.sh"]
+async fn failure_rules_and_hang_detection_on_a_real_node() {
+    let (assets, bins) = testbed::require("failure_rules");
+    let bed = Testbed::start(&assets, bins, &TestbedSpec { nodes: 1 }).await;
+    bed.helm_install(&[
+        format!("devicePlugin.rdusPerNode={RDUS}"),
+        format!("devicePlugin.tilesPerRdu={TILES_PER_RDU}"),
+    ]);
+    let node = bed.node(1).name.clone();
+    bed.wait_tiles(&node, RDUS * TILES_PER_RDU, "after helm install", LONG)
+        .await;
+    let mut summary = serde_json::Map::new();
+    summary.insert("bench".into(), json!("node_failure_rules"));
+    summary.insert(
+        "oom_apply_to_failed_seconds".into(),
+        json!(oom_killed_rank_fails_the_job_at_once(&bed).await),
+    );
+    summary.insert(
+        "hang_stall_to_restart_seconds".into(),
+        json!(hung_gang_restarts_within_the_deadline(&bed).await),
+    );
+    summary.insert(
+        "pod_delete_to_generation_1_running_seconds".into(),
+        json!(deleted_pod_restarts_without_counting(&bed).await),
+    );
+    let line = Value::Object(summary).to_string();
+    println!("{line}");
+    if let Some(path) = std::env::var_os(BENCH_OUT_ENV) {
+        let mut out = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(path)
+            .expect("open the summary file");
+        writeln!(out, "{line}").expect("write the summary");
+    }
+}
+
+/// examples/digits.yaml named `name`, trained `epochs_factor` times as long, with `run_policy` and the worker
+/// container of `template` merged into every rank's pod.
+fn digits(name: &str, epochs_factor: u64, run_policy: Value, worker: Value) -> String {
+    let yaml = std::fs::read_to_string(workspace_root().join("examples/digits.yaml"))
+        .expect("examples/digits.yaml");
+    let mut job: Value = serde_yaml_ng::from_str(&yaml).expect("example YAML");
+    job["metadata"]["name"] = json!(name);
+    let epochs = job["spec"]["training"]["epochs"].as_u64().expect("epochs");
+    job["spec"]["training"]["epochs"] = json!(epochs * epochs_factor);
+    job["spec"]["runPolicy"] = run_policy;
+    job["spec"]["template"] = json!({"spec": {"containers": [worker]}});
+    serde_json::to_string(&job).expect("JSON")
+}
+
+/// The last entry of `status.history`.
+fn last_end(job: &Value) -> Value {
+    job["status"]["history"]
+        .as_array()
+        .and_then(|h| h.last())
+        .cloned()
+        .unwrap_or_else(|| panic!("no status.history: {}", job["status"]))
+}
+
+/// Waits until the job is Failed (a Succeeded job fails the test).
+async fn wait_failed(bed: &Testbed, name: &str) -> Value {
+    bed.wait(&format!("RduJob {name} to fail"), LONG, async || {
+        let job = bed.job(name).await?;
+        match job["status"]["phase"].as_str() {
+            Some("Failed") => Ok(job),
+            Some("Succeeded") => panic!("RduJob {name} succeeded: {}", job["status"]),
+            phase => Err(format!("phase {phase:?}")),
+        }
+    })
+    .await
+}
+
+/// A rank allocating 512 MiB under a 128 MiB limit is OOM-killed (exit 137, which the defaults restart); the
+/// `FailJob` rule for `OOMKilled` fails the job at once. Returns seconds from apply to Failed.
+async fn oom_killed_rank_fails_the_job_at_once(bed: &Testbed) -> f64 {
+    let name = "oom";
+    let applied = Instant::now();
+    bed.apply(&digits(
+        name,
+        1,
+        json!({"backoffLimit": 3, "failurePolicy": {"rules": [
+            {"name": "oom-is-fatal", "action": "FailJob", "onContainerReasons": ["OOMKilled"]}]}}),
+        json!({"name": "worker",
+               "env": [{"name": "RDU_TEST_ALLOCATE_MIB", "value": "512"}],
+               "resources": {"limits": {"memory": "128Mi"}}}),
+    ));
+    let job = wait_failed(bed, name).await;
+    let seconds = applied.elapsed().as_secs_f64();
+    let failed = job["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Failed"))
+        .cloned()
+        .expect("Failed condition");
+    assert_eq!(failed["reason"], "FailurePolicy", "{failed}");
+    assert_eq!(job["status"]["restarts"], 0, "{}", job["status"]);
+    let end = last_end(&job);
+    assert_eq!(end["containerReason"], "OOMKilled", "{end}");
+    assert_eq!(end["action"], "FailJob", "{end}");
+    assert_eq!(end["rule"]["source"], "FailurePolicy", "{end}");
+    assert_eq!(end["rule"]["name"], "oom-is-fatal", "{end}");
+    let shown = bed.cluster_cli(&["status", name]);
+    assert!(
+        shown.contains("failurePolicy.rules[0] (oom-is-fatal)"),
+        "{shown}"
+    );
+    bed.kubectl(&["delete", "rdujob", name, "-n", "default", "--wait=true"]);
+    seconds
+}
+
+/// Every rank stops making progress after step `HANG_AT_STEP` of generation 0 without exiting; the operator
+/// restarts the gang as `Hung` within `progressDeadlineSeconds` + 10 s of the last step it saw advance, and the
+/// next generation (past the flag) succeeds. Returns seconds from the last advance to the restart.
+async fn hung_gang_restarts_within_the_deadline(bed: &Testbed) -> f64 {
+    let name = "hang";
+    bed.apply(&digits(
+        name,
+        4,
+        json!({"backoffLimit": 2, "progressDeadlineSeconds": PROGRESS_DEADLINE}),
+        json!({"name": "worker",
+               "env": [{"name": "RDU_TEST_HANG_AT_STEP", "value": HANG_AT_STEP.to_string()}]}),
+    ));
+    // Follow status.progress.step: when it last advanced in generation 0 (or, before any report, when every rank
+    // first ran: where the operator's window starts too), until generation 1 exists.
+    let mut last: Option<(u64, Instant)> = None;
+    let mut running_at: Option<Instant> = None;
+    let restarted = bed
+        .wait("the hung gang to be restarted", LONG, async || {
+            let job = bed.job(name).await?;
+            let status = &job["status"];
+            if status["restarts"].as_u64() >= Some(1) {
+                return Ok(Instant::now());
+            }
+            Err(format!("{status}"))
+        });
+    // Poll the step beside the wait: the wait alone would not see when the step stood still.
+    let watch = async {
+        loop {
+            if let Ok(job) = bed.job(name).await {
+                if job["status"]["restarts"].as_u64() >= Some(1) {
+                    break;
+                }
+                if running_at.is_none() && job["status"]["phase"] == "Running" {
+                    running_at = Some(Instant::now());
+                }
+                if let Some(step) = job["status"]["progress"]["step"].as_u64()
+                    && last.is_none_or(|(s, _)| s != step)
+                {
+                    last = Some((step, Instant::now()));
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    };
+    let (restarted_at, ()) = tokio::join!(restarted, watch);
+    let (step, advanced_at) = match (last, running_at) {
+        (Some(last), _) => last,
+        (None, Some(running)) => (0, running),
+        (None, None) => panic!("generation 0 was never seen running"),
+    };
+    let seconds = restarted_at.duration_since(advanced_at).as_secs_f64();
+    assert!(
+        step <= HANG_AT_STEP,
+        "step {step} reported past the hang at {HANG_AT_STEP}"
+    );
+    assert!(
+        seconds <= (PROGRESS_DEADLINE + 10) as f64,
+        "restarted {seconds:.1} s after the step last advanced (deadline {PROGRESS_DEADLINE} s)"
+    );
+    assert!(
+        seconds >= (PROGRESS_DEADLINE as f64) - 6.0,
+        "restarted {seconds:.1} s after the step last advanced: before the deadline"
+    );
+    let job = bed.wait_phase(name, "Succeeded", LONG).await;
+    let end = job["status"]["history"][0].clone();
+    assert_eq!(end["reason"], "Hung", "{end}");
+    assert_eq!(end["rank"], 0, "{end}");
+    assert_eq!(end["action"], "RestartJob", "{end}");
+    assert_eq!(end["failureRestarts"], 1, "{end}");
+    assert!(
+        end["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("rank 0 hung: its step stayed at")),
+        "{end}"
+    );
+    bed.kubectl(&["delete", "rdujob", name, "-n", "default", "--wait=true"]);
+    seconds
+}
+
+/// `kubectl delete pod` of rank 1 under a `RestartJobNotCounted` rule for `PodDeleted` and `backoffLimit: 0`: the
+/// gang restarts, `failureRestarts` stays 0, and the job succeeds. Returns seconds from the delete to generation 1
+/// running.
+async fn deleted_pod_restarts_without_counting(bed: &Testbed) -> f64 {
+    let name = "deleted";
+    bed.apply(&digits(
+        name,
+        200,
+        json!({"backoffLimit": 0, "maxInfrastructureRestarts": 1, "failurePolicy": {"rules": [
+            {"action": "RestartJobNotCounted", "onReasons": ["PodDeleted"]}]}}),
+        json!({"name": "worker"}),
+    ));
+    bed.wait_phase(name, "Running", LONG).await;
+    let deleted = Instant::now();
+    bed.kubectl(&[
+        "delete",
+        "pod",
+        &format!("{name}-worker-1"),
+        "-n",
+        "default",
+        "--wait=false",
+    ]);
+    bed.wait("generation 1 running", LONG, async || {
+        let job = bed.job(name).await?;
+        let status = &job["status"];
+        if status["restarts"].as_u64() >= Some(1) && status["phase"] == "Running" {
+            Ok(())
+        } else {
+            Err(format!("{status}"))
+        }
+    })
+    .await;
+    let seconds = deleted.elapsed().as_secs_f64();
+    let job = bed.wait_phase(name, "Succeeded", LONG).await;
+    let status = &job["status"];
+    assert_eq!(status["failureRestarts"], 0, "{status}");
+    assert_eq!(status["disruptionRestarts"], 1, "{status}");
+    let end = last_end(&job);
+    assert_eq!(end["reason"], "PodDeleted", "{end}");
+    assert_eq!(end["action"], "RestartJobNotCounted", "{end}");
+    assert_eq!(end["rule"]["source"], "FailurePolicy", "{end}");
+    bed.kubectl(&["delete", "rdujob", name, "-n", "default", "--wait=true"]);
+    seconds
+}
