@@ -22,11 +22,19 @@ fn the_readmes_rules_are_valid() {
     let s = spec(
         r#"
         - {name: oom-is-fatal, action: FailJob, onContainerReasons: [OOMKilled]}
-        - {name: deleted-pods-are-free, action: RestartJobNotCounted, onReasons: [PodDeleted]}
+        - {name: bad-input, action: FailJob, onExitCodes: {operator: In, values: [64, 65]}}
+        - {name: node-trouble, action: RestartJobNotCounted,
+           onPodConditions: [{type: DisruptionTarget}]}
+        - {name: deleted, action: RestartJobNotCounted, onReasons: [PodDeleted, NodeLost]}
+        - {name: hang-once, action: RestartJob, onReasons: [Hung], onRanks: [0]}"#,
+    );
+    assert_eq!(errors(&s), vec![]);
+    // More of what rules may say.
+    let s = spec(
+        r#"
         - {action: FailJob, onExitCodes: {operator: In, values: [1], ranges: [{from: 64, to: 74}]}, onRanks: [0]}
         - {action: RestartJob, onSignals: [9, 15], onExitCodes: {operator: NotIn, values: [1]}}
         - {action: RestartJob, onPodConditions: [{type: DisruptionTarget, reason: EvictionByEvictionAPI}]}
-        - {action: RestartJob, onReasons: [Hung]}
         - {action: RestartJob}"#,
     );
     assert_eq!(errors(&s), vec![]);
