@@ -166,7 +166,7 @@ pub enum RuleSource {
 }
 
 impl std::fmt::Display for MatchedRule {
-    /// `failurePolicy.rules[1] (oom-is-fatal)`, `restartPolicy ExitCode default (disruption)`.
+    /// `failurePolicy.rules[1] (oom-is-fatal)`, `restartPolicy default 0 (disruption)`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.source {
             RuleSource::FailurePolicy => write!(f, "failurePolicy.rules[{}]", self.index)?,
