@@ -108,7 +108,7 @@ pub mod env {
     pub const TILE_AFFINITY: &str = "SF_RNT_TILE_AFFINITY";
     /// Comma-separated tile device IDs handed out by the device plugin.
     pub const VISIBLE_TILES: &str = "RDU_VISIBLE_TILES";
-    /// Test fault injection, never for production (DESIGN 5.2): in generation 0, every rank that has it stops
+    /// Test fault injection, never for production (DESIGN 5.3): in generation 0, every rank that has it stops
     /// making progress after this train step, without exiting, until it is asked to stop.
     pub const TEST_HANG_AT_STEP: &str = "RDU_TEST_HANG_AT_STEP";
     /// Test fault injection, never for production: the rank allocates and touches this many MiB (at most 4096)

@@ -1,5 +1,5 @@
 //! `spec.runPolicy.failurePolicy`: ordered rules, first match wins, each matching what the operator (or local
-//! mode) knows of a failed generation's culprit and naming what follows (DESIGN 5.2). The rules' schema and CEL
+//! mode) knows of a failed generation's culprit and naming what follows (DESIGN 5.3). The rules' schema and CEL
 //! live here with the messages `validation::rules` repeats; matching them is `policy::rules`.
 
 use kube::KubeSchema;
@@ -77,7 +77,7 @@ macro_rules! no_matcher {
 }
 
 /// Ordered failure rules: the first rule that matches a failed generation's culprit decides what follows. When
-/// none matches, the defaults of `restartPolicy` apply (DESIGN 5.2).
+/// none matches, the defaults of `restartPolicy` apply (DESIGN 5.3).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new(concat!("size(self.rules.filter(r, ", no_matcher!("r"), ")) == 0 || (size(self.rules.filter(r, ", no_matcher!("r"), ")) == 1 && ", no_matcher!("self.rules[size(self.rules) - 1]"), ")")).message(CATCH_ALL_NOT_LAST))]

@@ -1,4 +1,4 @@
-//! Failure rules (DESIGN 5.2): what is known of a failed generation's culprit, the rule that matches it (the
+//! Failure rules (DESIGN 5.3): what is known of a failed generation's culprit, the rule that matches it (the
 //! failure policy's first, then the defaults of `restartPolicy`), and the verdict the two budgets allow.
 
 use super::{FailureReason, RankExit, Verdict};

@@ -1,4 +1,4 @@
-//! Hang detection (`spec.runPolicy.progressDeadlineSeconds`, DESIGN 5.2): while every rank of the generation
+//! Hang detection (`spec.runPolicy.progressDeadlineSeconds`, DESIGN 5.3): while every rank of the generation
 //! runs, the step rank 0 last reported (`status.progress.step`) and since when it stood still are kept in
 //! `status.lastProgress`; the job is looked at again when the deadline falls, and a step that did not advance by
 //! then blames rank 0 with a `Hung` end, which the failure rules judge as any other (by default a counted restart).
