@@ -149,15 +149,14 @@ async fn hung_gang_restarts_within_the_deadline(bed: &Testbed) -> f64 {
     // first ran: where the operator's window starts too), until generation 1 exists.
     let mut last: Option<(u64, Instant)> = None;
     let mut running_at: Option<Instant> = None;
-    let restarted = bed
-        .wait("the hung gang to be restarted", LONG, async || {
-            let job = bed.job(name).await?;
-            let status = &job["status"];
-            if status["restarts"].as_u64() >= Some(1) {
-                return Ok(Instant::now());
-            }
-            Err(format!("{status}"))
-        });
+    let restarted = bed.wait("the hung gang to be restarted", LONG, async || {
+        let job = bed.job(name).await?;
+        let status = &job["status"];
+        if status["restarts"].as_u64() >= Some(1) {
+            return Ok(Instant::now());
+        }
+        Err(format!("{status}"))
+    });
     // Poll the step beside the wait: the wait alone would not see when the step stood still.
     let watch = async {
         loop {

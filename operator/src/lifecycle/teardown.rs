@@ -10,11 +10,15 @@
 //! against `maxInfrastructureRestarts`; the next generation is created whole, with every pod name free.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use rdu_crds::consts::exit_code;
 use rdu_crds::policy::{self, Culprit, FailureReason, RankExit, Restarts, Ruling, Verdict};
 use rdu_crds::{EndCause, GenerationEnd, JobPhase, PodConditionMatcher, RuleSource};
 
 use super::pod_view::{PodState, PodView};
 use super::{Action, Step, condition};
+
+/// The signal the kubelet stops a container with; a worker it stops exits 128 + it (DESIGN 4.6).
+const SIGTERM: i32 = 15;
 
 /// A rank's end as the lifecycle sees it.
 #[derive(Clone, Debug, PartialEq)]
@@ -222,6 +226,25 @@ impl Step<'_> {
                             .is_some_and(|since| f.finished.is_none_or(|end| end >= since));
                     if ours {
                         return None;
+                    }
+                    // Someone else deleted the pod and its rank stopped on the kubelet's SIGTERM before this look:
+                    // the deletion is the cause, as when the pod is seen terminating first.
+                    let deleted = pod.terminating
+                        && stopping_since.is_none()
+                        && seen_before(rank).is_some()
+                        && f.exit == RankExit::Code(exit_code::SIGNAL_BASE + SIGTERM);
+                    if deleted {
+                        return Some(
+                            RankFailure::new(
+                                rank,
+                                RankExit::Lost,
+                                "PodDeleted",
+                                "PodDeleted: it stopped on SIGTERM",
+                                EndCause::Failure,
+                                node,
+                            )
+                            .seen_on(pod),
+                        );
                     }
                     let cause = if f.kind == "NodeLost" || rejected_by_kubelet(f.exit, &f.kind) {
                         EndCause::Disruption
