@@ -23,7 +23,7 @@ targets=()
 for file in e2e/tests/*.rs; do
   name="$(basename "$file" .rs)"
   case "$name" in
-    node | multi_node | kueue) ;;
+    node | multi_node | kueue | failure_rules) ;;
     *) targets+=(--test "$name") ;;
   esac
 done
