@@ -1,6 +1,7 @@
 //! The generated CRD installs as a structural schema, the shipped examples are accepted by
 //! `kubectl apply`, and bad specs are refused by the API server with the CRD's CEL messages.
 
+use rdu_crds::failure_policy as fp;
 use rdu_e2e::kit::{self, JobFixture};
 use rdu_e2e::{Components, ControlPlane, create_namespace, install_crd, kubectl, workspace_root};
 use serde_json::{Value, json};
@@ -186,7 +187,61 @@ fn bad_specs() -> Vec<(&'static str, Value, &'static str)> {
             ),
             "spec.runPolicy.schedulingPolicy.minAvailable must be between 1 and spec.workers",
         ),
+        (
+            "a failure rule with no exit code",
+            rules(json!([{"action": "FailJob", "onExitCodes": {"operator": "In"}}])),
+            fp::EMPTY_EXIT_CODES,
+        ),
+        (
+            "exit codes and signals with nothing in common",
+            rules(
+                json!([{"action": "FailJob", "onExitCodes": {"operator": "In", "values": [1]}, "onSignals": [9]}]),
+            ),
+            fp::CODES_AND_SIGNALS_DISJOINT,
+        ),
+        (
+            "a catch-all rule before another",
+            rules(json!([{"action": "FailJob"}, {"action": "RestartJob", "onReasons": ["Hung"]}])),
+            fp::CATCH_ALL_NOT_LAST,
+        ),
+        (
+            "a rule on a rank the job does not have",
+            rules(json!([{"action": "FailJob", "onRanks": [9]}])),
+            fp::RANK_BEYOND_WORKERS,
+        ),
+        (
+            "RestartJob with backoffLimit 0",
+            with(
+                rules(json!([{"action": "RestartJob", "onReasons": ["Hung"]}])),
+                "/spec/runPolicy/backoffLimit",
+                json!(0),
+            ),
+            fp::RESTART_WITHOUT_BACKOFF,
+        ),
+        (
+            "RestartJobNotCounted with maxInfrastructureRestarts 0",
+            with(
+                rules(json!([{"action": "RestartJobNotCounted", "onReasons": ["PodDeleted"]}])),
+                "/spec/runPolicy/maxInfrastructureRestarts",
+                json!(0),
+            ),
+            fp::NOT_COUNTED_WITHOUT_BUDGET,
+        ),
+        (
+            "a progress deadline too short to see progress",
+            with(b(), "/spec/runPolicy/progressDeadlineSeconds", json!(5)),
+            fp::PROGRESS_DEADLINE_MINIMUM,
+        ),
     ]
+}
+
+/// The base job with these `spec.runPolicy.failurePolicy.rules`.
+fn rules(rules: Value) -> Value {
+    with(
+        base_job("bad"),
+        "/spec/runPolicy/failurePolicy/rules",
+        rules,
+    )
 }
 
 /// Local mode, the operator and the worker validate with `rdu_crds::validate_spec`; it must refuse every spec the
