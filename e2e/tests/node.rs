@@ -3,7 +3,7 @@
 //! pods), the node's `rdu.dev/tile` from the kubelet, `kubectl apply -f examples/digits.yaml`, the job's result
 //! from rank 0's termination message, `kubectl logs` of every rank; then faults with real processes and bad
 //! input. `bash e2e/node/run.sh` runs it (as root, with Debian's containerd, runc, CNI plugins and umoci)
-//! and prints the JSON line it writes to `RDU_NODE_BENCH_OUT`.
+//! and prints the JSON line it appends to `RDU_NODE_BENCH_OUT`.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -79,7 +79,14 @@ async fn the_chart_and_the_digits_job_run_on_a_real_node() {
     let line = Value::Object(summary).to_string();
     println!("{line}");
     if let Some(path) = std::env::var_os(BENCH_OUT_ENV) {
-        std::fs::write(path, format!("{line}\n")).expect("write the summary");
+        // Appended: `e2e/node/run.sh` runs `failure_rules` in the same invocation, into the same file.
+        use std::io::Write as _;
+        let mut out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .expect("open the summary");
+        writeln!(out, "{line}").expect("write the summary");
     }
 }
 
