@@ -1,7 +1,8 @@
 //! RduJobs queued in Kueue (issue 25) on the real control plane with Kueue's manager built from its module: a job
 //! waits with no pods while its ClusterQueue lacks quota; admission's node labels and tolerations reach the pods;
 //! a higher-priority job preempts a running one, whose pods go, whose quota is released, and which is admitted
-//! again later and runs whole, the eviction counted in `status.evictions` and never against `backoffLimit`. No
+//! again later and runs whole, the eviction counted in `status.evictions` and never against `backoffLimit`; a
+//! gang that never gets ready is evicted by `waitForPodsReady`, stopped and requeued, with no failure counted. No
 //! kubelet: the test reports pod phases as one would. `bash e2e/kueue/run.sh` runs it and prints its JSON line.
 
 use std::time::{Duration, Instant};
@@ -20,6 +21,8 @@ use serde_json::{Value, json};
 const JOBS: &str = "ml";
 const TIMEOUT: Duration = Duration::from_secs(120);
 const BENCH_OUT_ENV: &str = "RDU_KUEUE_BENCH_OUT";
+/// Kueue's `waitForPodsReady.timeout`: an admitted gang not ready by then is evicted.
+const PODS_READY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Two PriorityClasses, a flavor with a node label and a toleration, a ClusterQueue of 4 tiles that preempts
 /// lower priorities, and LocalQueue `team` in the jobs' namespace.
@@ -140,6 +143,19 @@ impl Bed {
         pods
     }
 
+    /// Waits for all `workers` pods of `name` and leaves them as created: never running, never ready.
+    async fn run_pods_unready(&self, name: &str, workers: usize) {
+        self.wait(&format!("{workers} pods of {name}"), async || {
+            let pods = self.pods_of(name).await?;
+            if pods.len() == workers {
+                Ok(())
+            } else {
+                Err(format!("{} pods", pods.len()))
+            }
+        })
+        .await;
+    }
+
     async fn wait_phase(&self, name: &str, phase: &str) -> Value {
         self.wait(&format!("{name} {phase}"), async || {
             let job = self.jobs.get(name).await.map_err(|e| e.to_string())?;
@@ -184,7 +200,7 @@ async fn queued_jobs_wait_for_admission_and_survive_preemption() {
         .namespaces(&[SYSTEM_NAMESPACE, JOBS])
         .start()
         .await;
-    let _kueue = kueue::start(&mut plane, &dir, None)
+    let _kueue = kueue::start(&mut plane, &dir, Some(PODS_READY_TIMEOUT))
         .await
         .expect("Kueue starts");
     start_operator_with_chart_values(
@@ -374,6 +390,47 @@ async fn queued_jobs_wait_for_admission_and_survive_preemption() {
         }
     })
     .await;
+
+    // 5. A gang that never gets ready: Kueue evicts it after waitForPodsReady's timeout (the operator's
+    //    PodsReady stays False), the operator stops it and releases the quota, Kueue requeues it; no failure is
+    //    counted.
+    kubectl(
+        &bed.plane,
+        &["apply", "-f", "-"],
+        Some(&job("stuck", 2, "low")),
+    )
+    .expect("stuck");
+    let admitted = Instant::now();
+    bed.run_pods_unready("stuck", 2).await;
+    let stuck = bed
+        .wait("stuck evicted for PodsReady's timeout", async || {
+            let w = bed.workload_of("stuck").await?;
+            let timed_out = w["status"]["schedulingStats"]["evictions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|e| e["reason"] == "PodsReadyTimeout");
+            let job = bed.jobs.get("stuck").await.map_err(|e| e.to_string())?;
+            let status = serde_json::to_value(&job.status).unwrap_or_default();
+            let requeued = w["status"]["requeueState"]["count"].as_u64().unwrap_or(0) >= 1;
+            if timed_out && requeued && status["evictions"].as_u64() >= Some(1) {
+                Ok(status)
+            } else {
+                Err(format!("workload {}; job {status}", w["status"]))
+            }
+        })
+        .await;
+    summary.insert(
+        "stuck_apply_to_requeued_seconds".into(),
+        json!(admitted.elapsed().as_secs_f64()),
+    );
+    assert_eq!(stuck["failureRestarts"], 0, "{stuck}");
+    kubectl(
+        &bed.plane,
+        &["delete", "rdujob", "stuck", "-n", JOBS, "--wait=true"],
+        None,
+    )
+    .expect("delete");
 
     let line = Value::Object(summary).to_string();
     println!("{line}");
