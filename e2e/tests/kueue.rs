@@ -156,6 +156,19 @@ impl Bed {
         .await;
     }
 
+    /// Waits until job `name`'s Workload satisfies `check`, described as `what`.
+    async fn wait_workload(&self, name: &str, what: &str, check: impl Fn(&Value) -> bool) {
+        self.wait(&format!("{name}'s Workload {what}"), async || {
+            let w = self.workload_of(name).await?;
+            if check(&w) {
+                Ok(())
+            } else {
+                Err(w["status"].to_string())
+            }
+        })
+        .await;
+    }
+
     async fn wait_phase(&self, name: &str, phase: &str) -> Value {
         self.wait(&format!("{name} {phase}"), async || {
             let job = self.jobs.get(name).await.map_err(|e| e.to_string())?;
@@ -261,15 +274,8 @@ async fn queued_jobs_wait_for_admission_and_survive_preemption() {
     assert_eq!(low_workload["spec"]["priority"], 10);
     assert_eq!(low_workload["spec"]["podSets"][0]["count"], 4);
     bed.wait_phase("low", "Running").await;
-    bed.wait("PodsReady on low's Workload", async || {
-        let w = bed.workload_of("low").await?;
-        if is_true(&w, "PodsReady") {
-            Ok(())
-        } else {
-            Err(w["status"].to_string())
-        }
-    })
-    .await;
+    bed.wait_workload("low", "PodsReady", |w| is_true(w, "PodsReady"))
+        .await;
 
     // 2. No quota left: a second job waits whole, with no pod, and says why.
     kubectl(
@@ -278,12 +284,8 @@ async fn queued_jobs_wait_for_admission_and_survive_preemption() {
         Some(&job("waiting", 2, "low")),
     )
     .expect("waiting");
-    bed.wait("waiting's Workload pending in Kueue", async || {
-        let w = bed.workload_of("waiting").await?;
-        match condition(&w, "QuotaReserved") {
-            Some(c) if c["status"] == "False" => Ok(()),
-            _ => Err(w["status"].to_string()),
-        }
+    bed.wait_workload("waiting", "pending in Kueue", |w| {
+        condition(w, "QuotaReserved").is_some_and(|c| c["status"] == "False")
     })
     .await;
     let status = bed.wait_phase("waiting", "Suspended").await;
@@ -305,14 +307,9 @@ async fn queued_jobs_wait_for_admission_and_survive_preemption() {
         Some(&job("urgent", 4, "high")),
     )
     .expect("urgent");
-    bed.wait("low's quota released", async || {
-        let w = bed.workload_of("low").await?;
-        let released = condition(&w, "QuotaReserved").is_some_and(|c| c["status"] == "False");
-        if released && is_true(&w, "Evicted") {
-            Ok(())
-        } else {
-            Err(w["status"].to_string())
-        }
+    bed.wait_workload("low", "evicted, its quota released", |w| {
+        let released = condition(w, "QuotaReserved").is_some_and(|c| c["status"] == "False");
+        released && is_true(w, "Evicted")
     })
     .await;
     summary.insert(
@@ -337,15 +334,8 @@ async fn queued_jobs_wait_for_admission_and_survive_preemption() {
     //    generation, its eviction still not counted.
     bed.run_pods("urgent", 4, Some(0)).await;
     bed.wait_phase("urgent", "Succeeded").await;
-    bed.wait("urgent's Workload finished", async || {
-        let w = bed.workload_of("urgent").await?;
-        if is_true(&w, "Finished") {
-            Ok(())
-        } else {
-            Err(w["status"].to_string())
-        }
-    })
-    .await;
+    bed.wait_workload("urgent", "Finished", |w| is_true(w, "Finished"))
+        .await;
     let readmitted = Instant::now();
     let mut done = Vec::new();
     bed.wait("waiting and low to run and succeed", async || {
@@ -381,15 +371,8 @@ async fn queued_jobs_wait_for_admission_and_survive_preemption() {
         "{low}"
     );
     bed.wait_phase("waiting", "Succeeded").await;
-    bed.wait("low's Workload finished", async || {
-        let w = bed.workload_of("low").await?;
-        if is_true(&w, "Finished") {
-            Ok(())
-        } else {
-            Err(w["status"].to_string())
-        }
-    })
-    .await;
+    bed.wait_workload("low", "Finished", |w| is_true(w, "Finished"))
+        .await;
 
     // 5. A gang that never gets ready: Kueue evicts it after waitForPodsReady's timeout (the operator's
     //    PodsReady stays False), the operator stops it and releases the quota, Kueue requeues it; no failure is

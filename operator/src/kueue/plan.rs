@@ -32,16 +32,17 @@ pub fn gate(workload: Option<&WorkloadView>, queue: &str) -> Gate {
                 "waiting for Kueue: its Workload in LocalQueue {queue} is being created"
             ),
         },
-        Some(w) if w.evicted.is_some() => {
-            let e = w.evicted.as_ref().expect("checked");
-            Gate::Held {
-                reason: EVICTED,
-                message: format!(
-                    "Kueue evicted Workload {} ({}: {}); the job waits to be admitted again",
-                    w.name, e.reason, e.message
-                ),
-            }
-        }
+        Some(
+            w @ WorkloadView {
+                evicted: Some(e), ..
+            },
+        ) => Gate::Held {
+            reason: EVICTED,
+            message: format!(
+                "Kueue evicted Workload {} ({}: {}); the job waits to be admitted again",
+                w.name, e.reason, e.message
+            ),
+        },
         Some(w) if w.admitted && !w.finished => Gate::Admitted,
         Some(w) => Gate::Held {
             reason: QUEUED,
