@@ -12,7 +12,7 @@ use rdu_crds::RduJob;
 use rdu_device_plugin::annotate::{KubeAnnotator, PodAnnotator};
 use rdu_e2e::kit::{
     self, JobFixture, TIMEOUT, job_status, operator_log, or_operator_log, report_running,
-    report_terminated, wait_phase, wait_pods,
+    report_terminated, wait_phase, wait_pods, wait_status,
 };
 use rdu_e2e::{ControlPlane, create_namespace, kubectl, poll_until};
 use serde_json::{Value, json};
@@ -117,8 +117,10 @@ async fn the_operator_runs_the_job_lifecycle_under_the_charts_rbac() {
     wait_phase(&plane, &jobs, "life", "Running").await;
     report_terminated(&pods, "life-worker-3", "Failed", 75, None).await;
     let names = wait_pod_names(&plane, &pods, "life", 16, 1).await;
-    let restarted = job_status(&jobs, "life").await.unwrap();
-    assert_eq!(restarted["restarts"], 1, "{restarted}");
+    // The reconcile that creates generation 1 writes its status after the pods: their watch events can come
+    // first.
+    let restarted = wait_status(&plane, &jobs, "life", "restarts 1", |s| s["restarts"] == 1).await;
+    assert_eq!(restarted["failureRestarts"], 1, "{restarted}");
     let env = pods
         .get("life-worker-0")
         .await
