@@ -142,13 +142,15 @@ pub fn start_operator_as_chart_with(
     start_operator_as_chart_at(plane, namespace, flags).map(|addrs| addrs.metrics)
 }
 
-/// Where an operator started by [`start_operator_as_chart_at`] listens.
+/// Where an operator started by [`start_operator_as_chart_at`] listens, and its process.
 #[derive(Clone, Copy, Debug)]
 pub struct OperatorAddrs {
     /// /metrics, /healthz and /readyz.
     pub metrics: std::net::SocketAddr,
     /// The progress endpoint (listening only with `--progress-url`).
     pub progress: std::net::SocketAddr,
+    /// The operator's process id.
+    pub pid: u32,
 }
 
 /// [`start_operator_as_chart_with`], returning both of the operator's addresses.
@@ -190,8 +192,12 @@ pub fn start_operator_with_chart_values(
         .args(flags)
         .env("KUBECONFIG", kubeconfig)
         .env("RUST_LOG", "info");
-    plane.spawn("rdu-operator", operator)?;
-    Ok(OperatorAddrs { metrics, progress })
+    let pid = plane.spawn("rdu-operator", operator)?;
+    Ok(OperatorAddrs {
+        metrics,
+        progress,
+        pid,
+    })
 }
 
 /// A token of `namespace/account` from the TokenRequest API, valid for an hour.

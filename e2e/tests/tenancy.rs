@@ -14,10 +14,10 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Resource, ResourceExt};
 use rdu_crds::RduJob;
 use rdu_crds::consts::{MAX_WORKERS, MAX_WORKERS_MESSAGE};
+use rdu_e2e::cluster::OperatorAddrs;
 use rdu_e2e::kit::{self, JobFixture, TIMEOUT, pods_of, wait_status};
 use rdu_e2e::{ControlPlane, kubectl, poll_until};
 use serde_json::{Value, json};
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 const JOBS: &str = "tenants";
@@ -26,16 +26,15 @@ fn job(name: &str, workers: u32) -> String {
     JobFixture::new(JOBS, name).workers(workers).manifest()
 }
 
-/// A control plane with the garbage collector, the CRD, the chart and the operator started with `flags`; the
-/// operator's /metrics address.
-async fn plane(test: &str, flags: &[&str]) -> (ControlPlane, SocketAddr) {
-    let (plane, addrs) = kit::plane(test)
+/// A control plane with the garbage collector, the CRD, the chart and the operator started with `flags`; where
+/// the operator listens, and its pid.
+async fn plane(test: &str, flags: &[&str]) -> (ControlPlane, OperatorAddrs) {
+    kit::plane(test)
         .controller_manager()
         .namespaces(&[JOBS])
         .operator_flags(flags)
         .start_operator()
-        .await;
-    (plane, addrs.metrics)
+        .await
 }
 
 fn failed_condition(status: &Value) -> Value {
@@ -106,20 +105,6 @@ async fn an_oversized_job_is_refused_by_the_api_and_one_above_the_operators_limi
     .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", kit::operator_log(&plane)));
 }
 
-/// The operator's pid, found by the unique `--metrics-addr` on its command line.
-fn operator_pid(metrics: SocketAddr) -> u32 {
-    let flag = format!("--metrics-addr={metrics}");
-    std::fs::read_dir("/proc")
-        .expect("/proc")
-        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .find(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|cmdline| cmdline.split(|b| *b == 0).any(|arg| arg == flag.as_bytes()))
-                .unwrap_or(false)
-        })
-        .expect("the operator's process")
-}
-
 /// `VmRSS` and `VmHWM` (the peak) of a process, in KiB.
 fn memory_kib(pid: u32) -> (u64, u64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
@@ -146,10 +131,10 @@ const RSS_BOUND_MIB: u64 = 96;
 #[ignore = "needs the control-plane binaries: bash e2e/control-plane/run.sh"]
 async fn a_large_job_is_created_without_the_operators_memory_passing_its_bound() {
     let limit = format!("--max-workers-per-job={LARGE}");
-    let (plane, metrics) = plane("tenancy memory", &[&limit]).await;
+    let (mut plane, operator) = plane("tenancy memory", &[&limit]).await;
+    let (metrics, pid) = (operator.metrics, operator.pid);
     let client = plane.admin_client().await.expect("client");
     let pods: Api<Pod> = Api::namespaced(client, JOBS);
-    let pid = operator_pid(metrics);
     poll_until("the operator's /readyz", TIMEOUT, || async {
         match rdu_e2e::metrics::http_get(metrics, "/readyz").await {
             Ok((200, _)) => Ok(()),
@@ -199,7 +184,6 @@ async fn a_large_job_is_created_without_the_operators_memory_passing_its_bound()
         "the operator's peak RSS {} MiB passed {RSS_BOUND_MIB} MiB",
         hwm / 1024
     );
-    let mut plane = plane;
     assert!(plane.dead_process().is_none(), "{:?}", plane.dead_process());
 }
 
