@@ -18,6 +18,7 @@ use crate::status::RduJobStatus;
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.ready"}"#,
     printcolumn = r#"{"name":"Restarts","type":"integer","jsonPath":".status.restarts"}"#,
+    printcolumn = r#"{"name":"Queue","type":"string","jsonPath":".status.queue.state"}"#,
     printcolumn = r#"{"name":"Progress%","type":"integer","jsonPath":".status.progress.percent"}"#,
     printcolumn = r#"{"name":"ETA(s)","type":"integer","jsonPath":".status.progress.estimatedRemainingSeconds"}"#,
     printcolumn = r#"{"name":"Samples/s","type":"number","jsonPath":".status.result.samplesPerSecond"}"#,

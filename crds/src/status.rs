@@ -35,6 +35,10 @@ pub struct RduJobStatus {
     /// checkpointing on SIGTERM) and it waited to be admitted again. Never counted against `backoffLimit`.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub evictions: u32,
+    /// Where the job stands in its Kueue queue, for a job labelled `kueue.x-k8s.io/queue-name` when the
+    /// operator runs with the Kueue integration (`kubectl get rj` shows it as `Queue`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<QueueStatus>,
     /// Hang detection (`runPolicy.progressDeadlineSeconds`), while every rank of the generation runs: the step
     /// rank 0 last reported and since when the operator has seen it stand still.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -290,6 +294,28 @@ pub struct AllReduceTiming {
     /// Values of rank 0's first all-reduce of this size that were not the sum of every rank's (nccl-tests'
     /// `#wrong`): 0 unless the collective is broken.
     pub wrong_values: u64,
+}
+
+/// A queued job's place in Kueue: its LocalQueue and whether its Workload is admitted.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueStatus {
+    /// The LocalQueue (the `kueue.x-k8s.io/queue-name` label).
+    pub name: String,
+    pub state: QueueState,
+}
+
+/// Where a queued job's Workload stands.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum QueueState {
+    /// Waiting for Kueue to admit it: no pod exists.
+    Queued,
+    /// Admitted: its quota is reserved and its pods may run.
+    Admitted,
+    /// Evicted (preempted, a PodsReady timeout, deactivated): its pods stop and it waits to be admitted again.
+    Evicted,
+    /// The job ended and its Workload is finished: the quota is released.
+    Finished,
 }
 
 fn is_zero(n: &u32) -> bool {

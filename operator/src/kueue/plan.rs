@@ -2,7 +2,7 @@
 //! status and spec must say after the lifecycle decided (`writes`), as `jobframework.ReconcileGenericJob` decides
 //! for Kueue's own job kinds.
 
-use rdu_crds::{JobPhase, RduJobStatus};
+use rdu_crds::{JobPhase, QueueState, QueueStatus, RduJobStatus};
 
 use super::view::{Condition, WorkloadView};
 
@@ -51,6 +51,21 @@ pub fn gate(workload: Option<&WorkloadView>, queue: &str) -> Gate {
                 w.name
             ),
         },
+    }
+}
+
+/// The job's `status.queue`: LocalQueue `queue` and where its Workload (`None`: not created yet) stands.
+pub fn queue_status(workload: Option<&WorkloadView>, queue: &str) -> QueueStatus {
+    let state = match workload {
+        None => QueueState::Queued,
+        Some(w) if w.finished => QueueState::Finished,
+        Some(w) if w.evicted.is_some() => QueueState::Evicted,
+        Some(w) if w.admitted => QueueState::Admitted,
+        Some(_) => QueueState::Queued,
+    };
+    QueueStatus {
+        name: queue.to_string(),
+        state,
     }
 }
 

@@ -59,6 +59,8 @@ impl KueueError {
 /// where its pods go.
 pub struct Queued {
     pub gate: Gate,
+    /// What the job's `status.queue` says.
+    pub status: rdu_crds::QueueStatus,
     pub workload: Option<Value>,
     pub placement: Option<Placement>,
 }
@@ -120,6 +122,7 @@ pub async fn before(
     let workload = found.map(|w| serde_json::to_value(w).expect("an object serializes"));
     let view = workload.as_ref().map(WorkloadView::of);
     let mut gate = plan::gate(view.as_ref(), queue);
+    let status = plan::queue_status(view.as_ref(), queue);
     let mut placement = None;
     if let (Gate::Admitted, Some(view)) = (&gate, &view) {
         let flavors_api: Api<DynamicObject> = Api::all_with(client.clone(), &flavor_resource());
@@ -149,6 +152,7 @@ pub async fn before(
     }
     Ok(Queued {
         gate,
+        status,
         workload,
         placement,
     })

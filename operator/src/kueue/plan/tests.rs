@@ -73,6 +73,39 @@ fn the_gate_opens_only_on_admission() {
 }
 
 #[test]
+fn the_queue_status_names_the_queue_and_the_workloads_state() {
+    let queued = WorkloadView {
+        admitted: false,
+        quota_reserved: false,
+        ..admitted()
+    };
+    let finished = WorkloadView {
+        finished: true,
+        ..admitted()
+    };
+    let finished_after_eviction = WorkloadView {
+        finished: true,
+        ..evicted("Preempted")
+    };
+    let cases: [(Option<&WorkloadView>, QueueState); 6] = [
+        (None, QueueState::Queued),
+        (Some(&queued), QueueState::Queued),
+        (Some(&admitted()), QueueState::Admitted),
+        (Some(&evicted("Preempted")), QueueState::Evicted),
+        (Some(&finished), QueueState::Finished),
+        (Some(&finished_after_eviction), QueueState::Finished),
+    ];
+    for (workload, state) in cases {
+        let status = queue_status(workload, "lq");
+        assert_eq!(
+            (status.name.as_str(), status.state),
+            ("lq", state),
+            "{workload:?}"
+        );
+    }
+}
+
+#[test]
 fn pods_ready_follows_kueues_reasons() {
     let with = |ready: Option<Condition>| WorkloadView {
         pods_ready: ready,
