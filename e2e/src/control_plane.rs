@@ -325,6 +325,18 @@ impl ControlPlane {
         Ok(pid)
     }
 
+    /// Kills process `name` started by [`ControlPlane::spawn`] and forgets it (its log stays); false when no
+    /// such process runs.
+    pub fn stop(&mut self, name: &str) -> bool {
+        match self.processes.iter().position(|p| p.name == name) {
+            Some(index) => {
+                drop(self.processes.remove(index));
+                true
+            }
+            None => false,
+        }
+    }
+
     /// `Some(description)` for the first managed process that exited.
     pub fn dead_process(&mut self) -> Option<String> {
         self.processes.iter_mut().find_map(|p| p.exited())

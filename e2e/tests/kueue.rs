@@ -2,14 +2,17 @@
 //! waits with no pods while its ClusterQueue lacks quota; admission's node labels and tolerations reach the pods;
 //! a higher-priority job preempts a running one, whose pods go, whose quota is released, and which is admitted
 //! again later and runs whole, the eviction counted in `status.evictions` and never against `backoffLimit`; a
-//! gang that never gets ready is evicted by `waitForPodsReady`, stopped and requeued, with no failure counted. No
+//! gang that never gets ready is evicted by `waitForPodsReady`, stopped and requeued, with no failure counted; a
+//! gang restart inside an admitted job keeps its quota; an operator restarted in the middle of an eviction
+//! finishes it, the eviction counted once; `kubectl get rj` shows the queue state. No
 //! kubelet: the test reports pod phases as one would. `bash e2e/kueue/run.sh` runs it and prints its JSON line.
 
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DynamicObject, ListParams};
+use kube::ResourceExt;
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use rdu_crds::RduJob;
 use rdu_e2e::cluster::{SYSTEM_NAMESPACE, kubectl, start_operator_with_chart_values};
 use rdu_e2e::control_plane::ControlPlane;
@@ -21,6 +24,8 @@ use serde_json::{Value, json};
 const JOBS: &str = "ml";
 const TIMEOUT: Duration = Duration::from_secs(120);
 const BENCH_OUT_ENV: &str = "RDU_KUEUE_BENCH_OUT";
+/// A finalizer the test puts on pods to keep them Terminating.
+const HOLD: &str = "e2e.rdu.dev/hold";
 /// Kueue's `waitForPodsReady.timeout`: an admitted gang not ready by then is evicted.
 const PODS_READY_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -63,6 +68,11 @@ spec: {clusterQueue: rdu}
 "#;
 
 fn job(name: &str, workers: u32, priority: &str) -> String {
+    job_allowing(name, workers, priority, 0)
+}
+
+/// [`job`] with `backoffLimit: backoff_limit`.
+fn job_allowing(name: &str, workers: u32, priority: &str, backoff_limit: u32) -> String {
     json!({
         "apiVersion": "rdu.dev/v1alpha1", "kind": "RduJob",
         "metadata": {"name": name, "namespace": JOBS, "labels": {"kueue.x-k8s.io/queue-name": "team"}},
@@ -70,7 +80,7 @@ fn job(name: &str, workers: u32, priority: &str) -> String {
             "workers": workers, "tilesPerWorker": 1, "image": WORKER_IMAGE,
             "model": {"name": "ffn-logreg"}, "data": {"source": "synthetic"},
             "training": {"steps": 10, "batchSize": 8, "learningRate": 0.1},
-            "runPolicy": {"backoffLimit": 0, "schedulingPolicy": {"priorityClassName": priority}},
+            "runPolicy": {"backoffLimit": backoff_limit, "schedulingPolicy": {"priorityClassName": priority}},
         }
     })
     .to_string()
@@ -225,7 +235,7 @@ async fn queued_jobs_wait_for_admission_and_survive_preemption() {
     .expect("operator starts");
     kubectl(&plane, &["apply", "-f", "-"], Some(QUEUES)).expect("queues");
     let client = plane.admin_client().await.expect("client");
-    let bed = Bed {
+    let mut bed = Bed {
         jobs: Api::namespaced(client.clone(), JOBS),
         pods: Api::namespaced(client.clone(), JOBS),
         workloads: Api::namespaced_with(client, JOBS, &rdu_operator::kueue::workload_resource()),
@@ -298,6 +308,24 @@ async fn queued_jobs_wait_for_admission_and_survive_preemption() {
         .cloned()
         .unwrap_or_default();
     assert_eq!(suspended["reason"], "Queued", "{status}");
+    assert_eq!(status["queue"], json!({"name": "team", "state": "Queued"}));
+    let table = kubectl(&bed.plane, &["get", "rj", "-n", JOBS], None).expect("kubectl get rj");
+    // kubectl aligns each column's cells with its header (empty cells are blank).
+    let queue_column = |job: &str| -> Option<String> {
+        let mut lines = table.lines();
+        let at = lines.next()?.find(" QUEUE ")? + 1;
+        let row = lines.find(|l| l.split_whitespace().next() == Some(job))?;
+        row.get(at..)?.split_whitespace().next().map(str::to_string)
+    };
+    assert_eq!(
+        (
+            queue_column("low").as_deref(),
+            queue_column("waiting").as_deref()
+        ),
+        (Some("Admitted"), Some("Queued")),
+        "kubectl get rj:\n{table}"
+    );
+    println!("kubectl get rj while one job runs and one waits:\n{table}");
 
     // 3. Preemption: a high-priority job evicts low, whose pods go and whose quota is released.
     let preempted = Instant::now();
@@ -414,6 +442,202 @@ async fn queued_jobs_wait_for_admission_and_survive_preemption() {
         None,
     )
     .expect("delete");
+
+    // 6. A gang restart inside an admitted job keeps its quota: the Workload stays admitted with the same
+    //    admission (no eviction) while the next generation starts; PodsReady goes False while it recovers and
+    //    True again.
+    kubectl(
+        &bed.plane,
+        &["apply", "-f", "-"],
+        Some(&job_allowing("restarts", 2, "low", 1)),
+    )
+    .expect("restarts");
+    let first = bed.run_pods("restarts", 2, None).await;
+    bed.wait_phase("restarts", "Running").await;
+    bed.wait_workload("restarts", "PodsReady", |w| is_true(w, "PodsReady"))
+        .await;
+    let admission =
+        bed.workload_of("restarts").await.expect("workload")["status"]["admission"].clone();
+    report(&bed.pods, &first[1], Some(75)).await;
+    let second = bed
+        .wait(
+            "restarts' generation 1 while its Workload stays admitted",
+            async || {
+                let w = bed.workload_of("restarts").await?;
+                assert!(
+                    is_true(&w, "QuotaReserved")
+                        && is_true(&w, "Admitted")
+                        && !is_true(&w, "Evicted"),
+                    "a gang restart lost the quota: {}",
+                    w["status"]
+                );
+                assert_eq!(w["status"]["admission"], admission, "the admission changed");
+                let pods = bed.pods_of("restarts").await?;
+                let next: Vec<Pod> = pods
+                    .into_iter()
+                    .filter(|p| {
+                        p.metadata
+                            .labels
+                            .as_ref()
+                            .and_then(|l| l.get("rdu.dev/generation"))
+                            == Some(&"1".to_string())
+                    })
+                    .collect();
+                if next.len() == 2 {
+                    Ok(next)
+                } else {
+                    Err(format!("{} pods of generation 1", next.len()))
+                }
+            },
+        )
+        .await;
+    join_all(second.iter().map(|p| report(&bed.pods, p, None))).await;
+    // Kueue's reason `Recovered` says PodsReady was False while the gang restarted (WaitForRecovery).
+    bed.wait_workload("restarts", "PodsReady again (Recovered)", |w| {
+        condition(w, "PodsReady")
+            .is_some_and(|c| c["status"] == "True" && c["reason"] == "Recovered")
+    })
+    .await;
+    join_all(second.iter().map(|p| report(&bed.pods, p, Some(0)))).await;
+    let done = bed.wait_phase("restarts", "Succeeded").await;
+    assert_eq!(
+        (
+            done["restarts"].as_u64(),
+            done["failureRestarts"].as_u64(),
+            done["evictions"].as_u64()
+        ),
+        (Some(1), Some(1), None),
+        "{done}"
+    );
+    assert_eq!(done["queue"]["state"], "Finished", "{done}");
+
+    // 7. The operator restarted in the middle of an eviction: a preempted job's pods are stopping (a finalizer
+    //    the test holds keeps them Terminating, as a slow kubelet would) when the operator goes away; they go
+    //    while it is away, and the quota stays reserved until it is back, which then releases the quota and
+    //    counts the eviction once; the job runs whole when admitted again.
+    kubectl(
+        &bed.plane,
+        &["apply", "-f", "-"],
+        Some(&job("victim", 4, "low")),
+    )
+    .expect("victim");
+    let held = bed.run_pods("victim", 4, None).await;
+    bed.wait_phase("victim", "Running").await;
+    bed.wait_workload("victim", "PodsReady", |w| is_true(w, "PodsReady"))
+        .await;
+    let hold = |finalizers: Value| json!({"metadata": {"finalizers": finalizers}});
+    for pod in &held {
+        bed.pods
+            .patch(
+                &pod.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(hold(json!([HOLD]))),
+            )
+            .await
+            .expect("hold the pod");
+    }
+    kubectl(
+        &bed.plane,
+        &["apply", "-f", "-"],
+        Some(&job("preemptor", 4, "high")),
+    )
+    .expect("preemptor");
+    bed.wait("victim evicted and its pods stopping", async || {
+        let w = bed.workload_of("victim").await?;
+        let pods = bed
+            .pods
+            .list(&ListParams::default().labels("rdu.dev/job-name=victim"))
+            .await
+            .map_err(|e| e.to_string())?;
+        let stopping = pods
+            .items
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_some())
+            .count();
+        if is_true(&w, "Evicted") && stopping == 4 {
+            Ok(())
+        } else {
+            Err(format!(
+                "{stopping} pods stopping; workload {}",
+                w["status"]
+            ))
+        }
+    })
+    .await;
+    assert!(bed.plane.stop("rdu-operator"), "the operator was running");
+    for pod in &held {
+        bed.pods
+            .patch(
+                &pod.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(hold(Value::Null)),
+            )
+            .await
+            .expect("release the pod");
+    }
+    bed.wait("victim's pods gone", async || {
+        let left = bed
+            .pods
+            .list(&ListParams::default().labels("rdu.dev/job-name=victim"))
+            .await
+            .map_err(|e| e.to_string())?
+            .items
+            .len();
+        if left == 0 {
+            Ok(())
+        } else {
+            Err(format!("{left} left"))
+        }
+    })
+    .await;
+    let w = bed.workload_of("victim").await.expect("workload");
+    assert!(
+        is_true(&w, "QuotaReserved"),
+        "the quota was released with no operator running: {}",
+        w["status"]
+    );
+    start_operator_with_chart_values(
+        &mut bed.plane,
+        SYSTEM_NAMESPACE,
+        &["--set", "kueue.enabled=true"],
+        &["--kueue=true"],
+    )
+    .expect("the operator starts again");
+    let back = Instant::now();
+    bed.wait_workload("victim", "quota released", |w| {
+        condition(w, "QuotaReserved").is_some_and(|c| c["status"] == "False")
+    })
+    .await;
+    summary.insert(
+        "operator_restart_to_quota_released_seconds".into(),
+        json!(back.elapsed().as_secs_f64()),
+    );
+    let victim = bed.wait_phase("victim", "Suspended").await;
+    assert!(bed.pods_of("victim").await.expect("pods").is_empty());
+    assert_eq!(
+        (
+            victim["evictions"].as_u64(),
+            victim["failureRestarts"].as_u64()
+        ),
+        (Some(1), Some(0)),
+        "{victim}"
+    );
+    bed.run_pods("preemptor", 4, Some(0)).await;
+    bed.wait_phase("preemptor", "Succeeded").await;
+    bed.run_pods("victim", 4, None).await;
+    bed.wait_phase("victim", "Running").await;
+    let pods = bed.pods_of("victim").await.expect("pods");
+    join_all(pods.iter().map(|p| report(&bed.pods, p, Some(0)))).await;
+    let victim = bed.wait_phase("victim", "Succeeded").await;
+    assert_eq!(
+        (
+            victim["evictions"].as_u64(),
+            victim["failureRestarts"].as_u64(),
+            victim["restarts"].as_u64()
+        ),
+        (Some(1), Some(0), Some(0)),
+        "the restarted operator counted the eviction once: {victim}"
+    );
 
     let line = Value::Object(summary).to_string();
     println!("{line}");
