@@ -80,7 +80,15 @@ impl Checkpointing {
         optimizer: &Optimizer,
         error: &WorkerError,
     ) {
-        if !saves_progress(error) || step <= self.saved_step {
+        if !saves_progress(error) {
+            return;
+        }
+        if step <= self.saved_step {
+            tracing::info!(
+                step,
+                cause = %error,
+                "the last completed step is checkpointed already"
+            );
             return;
         }
         if optimizer
