@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One job across three real nodes and the faults of nodes under it (issue 21; DESIGN 7, rung 5): builds or
-# reuses the control plane and the nodes' binaries (e2e/control-plane/build.sh, e2e/node/build.sh), builds the
-# operator, device plugin, worker and the CLIs, and runs `cargo test -p rdu-e2e --test multi_node -- --ignored`:
-# a testbed of three nodes (e2e/src/testbed.rs), `helm install` of the chart, an 8-rank job spread over them,
+# reuses the control plane's, the nodes' and Kueue's binaries (e2e/control-plane/build.sh, e2e/node/build.sh,
+# e2e/kueue/build.sh), builds the operator, device plugin, worker and the CLIs, and runs `cargo test -p rdu-e2e
+# --test multi_node -- --ignored`: a testbed of three nodes (e2e/src/testbed.rs) with Kueue's manager, `helm
+# install` of the chart, an 8-rank job spread over them, a queued job preempted by a higher priority and resumed,
 # then a kubelet restart, a drain, a node crash, a partition and a capacity shortage under running jobs.
 # The last stdout line is the run's JSON summary ({"bench":"multi_node",...}).
 #
@@ -20,7 +21,8 @@ for file in /usr/sbin/runc /usr/lib/cni/bridge /usr/lib/cni/host-local; do [[ -x
 
 BIN="$(bash e2e/control-plane/build.sh | tail -n 1)"
 NODE_BIN="$(bash e2e/node/build.sh | tail -n 1)"
-export KUBEBUILDER_ASSETS="$BIN" RDU_E2E_HELM="$BIN/helm" RDU_E2E_NODE_BIN="$NODE_BIN"
+KUEUE="$(bash e2e/kueue/build.sh | tail -n 1)"
+export KUBEBUILDER_ASSETS="$BIN" RDU_E2E_HELM="$BIN/helm" RDU_E2E_NODE_BIN="$NODE_BIN" RDU_E2E_KUEUE="$KUEUE"
 
 # The images carry the binaries cargo builds here (the dev profile optimises the worker and collective).
 cargo build -p rdu-operator -p rdu-device-plugin -p rdu-worker -p kubectl-rdujob -p rdujob --bins >&2

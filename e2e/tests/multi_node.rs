@@ -1,13 +1,15 @@
 //! One job across three real nodes, and the faults that befall nodes under a running job (issue 21): the testbed
 //! with three nodes of 2 RDUs × 2 tiles (so an 8-rank job must span them), the chart installed with `helm
 //! install`, checkpoints on storage every node sees (a directory shared by the nodes' namespaces behind a
-//! ReadWriteMany PersistentVolume, standing in for network storage). `bash e2e/multi-node/run.sh` runs it and
-//! prints the JSON line it writes to `RDU_MULTI_NODE_BENCH_OUT`.
+//! ReadWriteMany PersistentVolume, standing in for network storage), Kueue's manager beside the control plane (a
+//! queued job preempted and resumed, `multi_node/preemption.rs`). `bash e2e/multi-node/run.sh` runs it and prints
+//! the JSON line it writes to `RDU_MULTI_NODE_BENCH_OUT`.
 
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use rdu_e2e::kueue;
 use rdu_e2e::logs::field_of;
 use rdu_e2e::testbed::{self, Testbed, TestbedSpec};
 use rdu_e2e::workspace_root;
@@ -17,6 +19,8 @@ use serde_json::{Value, json};
 mod bandwidth;
 #[path = "multi_node/faults.rs"]
 mod faults;
+#[path = "multi_node/preemption.rs"]
+mod preemption;
 use faults::Faults;
 
 /// Env var naming the file the summary JSON line is written to.
@@ -32,7 +36,13 @@ pub(crate) const LONG: Duration = Duration::from_secs(300);
 #[ignore = "needs root, Debian's containerd and the Go-built binaries: bash e2e/multi-node/run.sh"]
 async fn one_job_spans_three_nodes_and_survives_their_faults() {
     let (assets, bins) = testbed::require("multi_node");
-    let bed = Testbed::start(&assets, bins, &TestbedSpec { nodes: NODES }).await;
+    let kueue_dir = kueue::kueue_dir().unwrap_or_else(|e| panic!("{e}"));
+    let mut bed = Testbed::start(&assets, bins, &TestbedSpec { nodes: NODES }).await;
+    // Kueue's manager beside the control plane, before the chart: the operator runs with `kueue.enabled`, so
+    // jobs labelled with a queue wait for admission; the others run as they would without Kueue.
+    let _kueue = kueue::start(&mut bed.plane, &kueue_dir, None)
+        .await
+        .unwrap_or_else(|e| panic!("Kueue starts: {e}"));
     let mut summary = serde_json::Map::new();
     summary.insert("bench".into(), json!("multi_node"));
     summary.insert("nodes".into(), json!(NODES));
@@ -50,6 +60,7 @@ async fn one_job_spans_three_nodes_and_survives_their_faults() {
     bed.helm_install(&[
         format!("devicePlugin.rdusPerNode={RDUS}"),
         format!("devicePlugin.tilesPerRdu={TILES_PER_RDU}"),
+        "kueue.enabled=true".to_string(),
     ]);
     for node in &bed.nodes {
         bed.wait_tiles(&node.name, RDUS * TILES_PER_RDU, "after helm install", LONG)
@@ -68,6 +79,7 @@ async fn one_job_spans_three_nodes_and_survives_their_faults() {
         shared: shared.path().to_path_buf(),
         steps_per_second,
     };
+    summary.extend(faults.kueue_preemption().await);
     summary.extend(faults.kubelet_restart_then_drain().await);
     summary.extend(faults.crash_then_too_little_capacity().await);
     summary.extend(faults.partition().await);

@@ -60,7 +60,7 @@ impl Timeline {
 impl Faults {
     /// A fault job: the spread job sized to train `TRAIN_SECONDS`, checkpointing often, allowed no counted
     /// restart, with the collective timeout `timeout` seconds.
-    fn fault_job(&self, name: &str, timeout: u64) -> (Value, u64, u64) {
+    pub(crate) fn fault_job(&self, name: &str, timeout: u64) -> (Value, u64, u64) {
         let steps = (self.steps_per_second * TRAIN_SECONDS).ceil() as u64;
         let interval = ((steps as f64 / CHECKPOINTS).ceil() as u64).max(1);
         let mut job = spread_job(name, 1, interval);
@@ -95,7 +95,7 @@ impl Faults {
     }
 
     /// The step rank 0 last reported in status.progress.
-    async fn progress_step(&self, name: &str) -> Result<u64, String> {
+    pub(crate) async fn progress_step(&self, name: &str) -> Result<u64, String> {
         let job = self.bed.job(name).await?;
         job["status"]["progress"]["step"]
             .as_u64()
@@ -193,7 +193,7 @@ impl Faults {
 
     /// Waits for Succeeded and checks what every fault job must end with: the planned steps, resumed from a
     /// checkpoint (never from step 0), no restart counted against backoffLimit. Returns the final status.
-    async fn ends_as_planned(&self, name: &str, planned: u64) -> Value {
+    pub(crate) async fn ends_as_planned(&self, name: &str, planned: u64) -> Value {
         let job = self.bed.wait_phase(name, "Succeeded", LONG).await;
         let status = &job["status"];
         assert_eq!(

@@ -1,0 +1,261 @@
+//! Kueue on real nodes (issue 25): a low-priority job queued in Kueue trains across the nodes until a
+//! high-priority one preempts it. Every rank gets SIGTERM, rank 0 checkpoints the last step it completed, the
+//! pods go and the quota is released; the preemptor runs, and the preempted job, admitted again, resumes from that
+//! checkpoint and ends at the step count it planned, the preemption counted in `status.evictions` and never
+//! against `backoffLimit` (the job runs with `backoffLimit: 0`). The summary's `kueue` object has the numbers.
+
+use std::time::Instant;
+
+use futures::{AsyncBufReadExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, LogParams};
+use rdu_e2e::logs::field_of;
+use serde_json::{Value, json};
+
+use super::LONG;
+use super::faults::Faults;
+use super::shared_volume;
+
+/// Two PriorityClasses, a flavor for every node, a ClusterQueue of 8 tiles (of the nodes' 12) that preempts
+/// lower priorities, and LocalQueue `team` in `default`.
+const QUEUES: &str = r#"
+apiVersion: scheduling.k8s.io/v1
+kind: PriorityClass
+metadata: {name: low}
+value: 10
+---
+apiVersion: scheduling.k8s.io/v1
+kind: PriorityClass
+metadata: {name: high}
+value: 1000
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ResourceFlavor
+metadata: {name: nodes}
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ClusterQueue
+metadata: {name: rdu}
+spec:
+  namespaceSelector: {}
+  preemption: {withinClusterQueue: LowerPriority}
+  resourceGroups:
+  - coveredResources: [rdu.dev/tile]
+    flavors:
+    - name: nodes
+      resources: [{name: rdu.dev/tile, nominalQuota: 8}]
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: LocalQueue
+metadata: {name: team, namespace: default}
+spec: {clusterQueue: rdu}
+"#;
+
+/// The preemptor's ranks: with the preempted job's 8 they pass the queue's 8 tiles.
+const PREEMPTOR_RANKS: u32 = 4;
+
+/// `job` queued in LocalQueue `team` at PriorityClass `priority`.
+fn queued(mut job: Value, priority: &str) -> Value {
+    job["metadata"]["labels"] = json!({"kueue.x-k8s.io/queue-name": "team"});
+    job["spec"]["runPolicy"]["schedulingPolicy"] = json!({"priorityClassName": priority});
+    job
+}
+
+/// Whether condition `type_` of a Workload is True.
+fn is_true(workload: &Value, type_: &str) -> bool {
+    condition_status(workload, type_) == Some("True")
+}
+
+fn condition_status<'a>(workload: &'a Value, type_: &str) -> Option<&'a str> {
+    workload["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)?["status"]
+        .as_str()
+}
+
+/// The step in rank 0's last words when it stopped on SIGTERM: the step it checkpointed on the way out, or the
+/// one already checkpointed.
+fn stopped_at(log: &[String]) -> Option<u64> {
+    log.iter()
+        .rev()
+        .find(|l| {
+            l.contains("checkpoint of the last completed step saved on the way out")
+                || l.contains("the last completed step is checkpointed already")
+        })
+        .and_then(|l| field_of(l, "step"))
+        .and_then(|s| s.parse().ok())
+}
+
+impl Faults {
+    /// Job `name`'s Workload in `default` (the one its UID labels).
+    async fn workload_of(&self, name: &str) -> Result<Value, String> {
+        let job = self.bed.job(name).await?;
+        let uid = job["metadata"]["uid"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let list: Value = serde_json::from_str(&self.bed.kubectl(&[
+            "get",
+            "workloads.kueue.x-k8s.io",
+            "-n",
+            "default",
+            "-l",
+            &format!("kueue.x-k8s.io/job-uid={uid}"),
+            "-o",
+            "json",
+        ]))
+        .map_err(|e| e.to_string())?;
+        match list["items"].as_array().map(Vec::as_slice) {
+            Some([one]) => Ok(one.clone()),
+            other => Err(format!(
+                "{} Workloads of {name}",
+                other.map_or(0, <[_]>::len)
+            )),
+        }
+    }
+
+    /// Follows pod `pod`'s log until its container ends; the lines.
+    fn follow_log(&self, pod: &str) -> tokio::task::JoinHandle<Vec<String>> {
+        let pods: Api<Pod> = Api::namespaced(self.bed.client.clone(), "default");
+        let pod = pod.to_string();
+        tokio::spawn(async move {
+            let params = LogParams {
+                follow: true,
+                ..LogParams::default()
+            };
+            let mut lines = Vec::new();
+            if let Ok(stream) = pods.log_stream(&pod, &params).await {
+                let mut stream = stream.lines();
+                while let Ok(Some(line)) = stream.try_next().await {
+                    lines.push(line);
+                }
+            }
+            lines
+        })
+    }
+
+    /// A queued low-priority job runs across the nodes, is preempted, checkpoints, and resumes when admitted again.
+    pub async fn kueue_preemption(&self) -> serde_json::Map<String, Value> {
+        self.bed.apply(QUEUES);
+        let name = "preempted";
+        let (job, planned, interval) = self.fault_job(name, 30);
+        shared_volume(&self.bed, &self.shared, name);
+        let applied = Instant::now();
+        self.bed.apply(&queued(job, "low").to_string());
+        let admitted = self
+            .bed
+            .wait("the queued job admitted", LONG, async || {
+                let w = self.workload_of(name).await?;
+                if is_true(&w, "Admitted") {
+                    Ok(Instant::now())
+                } else {
+                    Err(w["status"].to_string())
+                }
+            })
+            .await;
+        self.bed.wait_phase(name, "Running", LONG).await;
+        let admission_to_running = admitted.elapsed().as_secs_f64();
+        let apply_to_running = applied.elapsed().as_secs_f64();
+        self.bed
+            .wait("a checkpoint of the queued job", LONG, async || {
+                let step = self.progress_step(name).await?;
+                if step >= 2 * interval {
+                    Ok(())
+                } else {
+                    Err(format!("rank 0 at step {step}"))
+                }
+            })
+            .await;
+        let rank0_log = self.follow_log(&format!("{name}-worker-0"));
+
+        // The preemptor: fewer ranks, a few steps, high priority.
+        let preemptor = "preemptor";
+        let (mut job, _, _) = self.fault_job(preemptor, 30);
+        job["spec"]["workers"] = json!(PREEMPTOR_RANKS);
+        job["spec"]["training"]["steps"] = json!(interval);
+        shared_volume(&self.bed, &self.shared, preemptor);
+        let preempted = Instant::now();
+        self.bed.apply(&queued(job, "high").to_string());
+        self.bed
+            .wait(
+                "the low job evicted and its quota released",
+                LONG,
+                async || {
+                    let w = self.workload_of(name).await?;
+                    if is_true(&w, "Evicted")
+                        && condition_status(&w, "QuotaReserved") == Some("False")
+                    {
+                        Ok(())
+                    } else {
+                        Err(w["status"].to_string())
+                    }
+                },
+            )
+            .await;
+        let quota_released = preempted.elapsed().as_secs_f64();
+        let last_words = rank0_log.await.expect("rank 0's log");
+        let reached = stopped_at(&last_words).unwrap_or_else(|| {
+            panic!(
+                "rank 0 did not checkpoint on SIGTERM:\n{}",
+                last_words.join("\n")
+            )
+        });
+        self.bed.wait_phase(preemptor, "Succeeded", LONG).await;
+        let preemptor_done = self.bed.job(preemptor).await.expect("preemptor");
+        assert!(
+            self.bed.job(name).await.expect("job")["status"]["evictions"] == 1,
+            "the preemption is counted as an eviction"
+        );
+
+        // Admitted again: the job resumes from the checkpoint rank 0 wrote on SIGTERM.
+        let done = self.ends_as_planned(name, planned).await;
+        let status = &done["status"];
+        let rank0 = self
+            .bed
+            .kubectl(&["logs", &format!("{name}-worker-0"), "-n", "default"]);
+        let resumed = rank0
+            .lines()
+            .find(|l| l.contains("resumed from checkpoint"))
+            .and_then(|l| field_of(l, "step"))
+            .and_then(|s| s.parse::<u64>().ok())
+            .expect("resumed step");
+        assert_eq!(
+            resumed, reached,
+            "the job resumed from another step than rank 0 reached before the preemption"
+        );
+        assert_eq!(
+            (
+                status["evictions"].as_u64(),
+                status["restarts"].as_u64(),
+                status["failureRestarts"].as_u64()
+            ),
+            (Some(1), Some(0), Some(0)),
+            "{status}"
+        );
+        let finished = self.workload_of(name).await.expect("workload");
+        assert!(is_true(&finished, "Finished"), "{}", finished["status"]);
+        for job in [name, preemptor] {
+            self.bed
+                .kubectl(&["delete", "rdujob", job, "-n", "default", "--wait=true"]);
+        }
+        let mut out = serde_json::Map::new();
+        out.insert(
+            "kueue".into(),
+            json!({
+                "bench": "kueue",
+                "admission_to_running_seconds": admission_to_running,
+                "apply_to_running_seconds": apply_to_running,
+                "preemption_to_quota_released_seconds": quota_released,
+                "steps_at_preemption": reached,
+                "steps_lost_to_preemption": reached.saturating_sub(resumed),
+                "resumed_from_step": resumed,
+                "planned_steps": planned,
+                "restarts_counted_for_preemption": status["failureRestarts"],
+                "evictions": status["evictions"],
+                "preemptor_phase": preemptor_done["status"]["phase"],
+            }),
+        );
+        out
+    }
+}
