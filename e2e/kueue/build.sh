@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds Kueue's manager from its Go module (sigs.k8s.io/kueue, no replace directives, so `go install` works) and
-# copies the module's CRDs beside it, into the cache outside the repository:
-#   ${RDU_E2E_CACHE:-$HOME/.cache/rdu-e2e}/kueue-<ver>/{bin/kueue,crds/*.yaml}
+# copies the module's CRDs and its manager ClusterRole beside it, into the cache outside the repository:
+#   ${RDU_E2E_CACHE:-$HOME/.cache/rdu-e2e}/kueue-<ver>/{bin/kueue,crds/*.yaml,rbac/*.yaml}
 # A stamp makes a second run a no-op. Prints the Kueue directory on its last line.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -9,7 +9,8 @@ source e2e/lib.sh
 
 KUEUE_VERSION="${RDU_E2E_KUEUE_VERSION:-v0.17.0}"
 ROOT="$E2E_CACHE/kueue-${KUEUE_VERSION#v}"
-STAMP="$ROOT/.stamp-${KUEUE_VERSION}"
+# The stamp's suffix changes when the cache's layout does (2: rbac/ added).
+STAMP="$ROOT/.stamp-${KUEUE_VERSION}-2"
 
 log() { e2e_log kueue/build.sh "$@"; }
 
@@ -19,7 +20,7 @@ if cached "$STAMP"; then
   exit 0
 fi
 need_go
-mkdir -p "$ROOT/bin" "$ROOT/crds"
+mkdir -p "$ROOT/bin" "$ROOT/crds" "$ROOT/rbac"
 log "building kueue ${KUEUE_VERSION} (a few minutes)"
 GOBIN="$ROOT/bin" go install -ldflags="-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=${KUEUE_VERSION}" \
   "sigs.k8s.io/kueue/cmd/kueue@${KUEUE_VERSION}"
@@ -29,7 +30,9 @@ if [[ -z "$MOD" || ! -d "$MOD" ]]; then
 fi
 [[ -d "$MOD/config/components/crd/bases" ]] || { log "no CRDs in $MOD/config/components/crd/bases"; exit 1; }
 cp "$MOD"/config/components/crd/bases/*.yaml "$ROOT/crds/"
-chmod -R u+w "$ROOT/crds"
+# Kueue's own roles: the tests run its manager as its ServiceAccount with them and the chart's grant.
+cp "$MOD"/config/components/rbac/{role,manager_secrets_role}.yaml "$ROOT/rbac/"
+chmod -R u+w "$ROOT/crds" "$ROOT/rbac"
 touch "$STAMP"
 log "done: $ROOT"
 echo "$ROOT"

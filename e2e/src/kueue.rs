@@ -1,6 +1,8 @@
 //! Kueue's manager beside the test control plane: its CRDs applied server-side, its Configuration (RduJob as an
 //! external framework, internal certificate management off, a self-signed certificate for its webhook server,
-//! which nothing calls as no webhook configuration is registered), run as the admin. Its metrics server reads
+//! which nothing calls as no webhook configuration is registered), run as its ServiceAccount
+//! `kueue-system/kueue-controller-manager` with Kueue's own roles (`manager-role`, `manager-secrets-role`) and
+//! whatever the chart grants that account (read access to RduJobs), as in a cluster. Its metrics server reads
 //! its certificate from the fixed path `/etc/kueue/metrics/certs`, so it runs in a mount namespace of its own
 //! where a directory of the test is bound over `/etc/kueue`: nothing is written to the host's `/etc` but an
 //! empty `/etc/kueue` mount point, removed at the end if the test made it.
@@ -16,10 +18,13 @@ use crate::control_plane::ControlPlane;
 use crate::poll::poll_until;
 use crate::ports::free_port;
 
-/// Env var naming Kueue's directory (`bin/kueue`, `crds/*.yaml`), as `e2e/kueue/build.sh` prints it.
+/// Env var naming Kueue's directory (`bin/kueue`, `crds/*.yaml`, `rbac/*.yaml`), as `e2e/kueue/build.sh`
+/// prints it.
 pub const KUEUE_ENV: &str = "RDU_E2E_KUEUE";
 /// Kueue's namespace.
 pub const KUEUE_NAMESPACE: &str = "kueue-system";
+/// Kueue's ServiceAccount, as its release manifests name it (and the chart's `kueue.managerServiceAccount`).
+pub const KUEUE_ACCOUNT: &str = "kueue-controller-manager";
 const MOUNT_POINT: &str = "/etc/kueue";
 
 /// Kueue's directory, or why there is none.
@@ -27,11 +32,15 @@ pub fn kueue_dir() -> Result<PathBuf, String> {
     let dir = std::env::var_os(KUEUE_ENV)
         .map(PathBuf::from)
         .ok_or_else(|| format!("{KUEUE_ENV} is not set: run bash e2e/kueue/run.sh"))?;
-    if dir.join("bin/kueue").is_file() && dir.join("crds").is_dir() {
+    if dir.join("bin/kueue").is_file()
+        && dir.join("crds").is_dir()
+        && dir.join("rbac/role.yaml").is_file()
+        && dir.join("rbac/manager_secrets_role.yaml").is_file()
+    {
         Ok(dir)
     } else {
         Err(format!(
-            "{} has no bin/kueue and crds/: run bash e2e/kueue/build.sh",
+            "{} has no bin/kueue, crds/ and rbac/: run bash e2e/kueue/build.sh",
             dir.display()
         ))
     }
@@ -111,6 +120,7 @@ pub async fn start(
     )
     .await?;
     create_namespace(plane, KUEUE_NAMESPACE).await?;
+    let kubeconfig = service_account(plane, dir)?;
     let root = plane.dir().join("kueue");
     let etc = root.join("etc");
     self_signed(&etc.join("metrics/certs"))?;
@@ -150,7 +160,7 @@ pub async fn start(
         .arg(&etc)
         .arg(dir.join("bin/kueue"))
         .arg(&config_file)
-        .arg(&plane.admin_kubeconfig);
+        .arg(&kubeconfig);
     plane.spawn("kueue", command)?;
     let up = poll_until(
         "Kueue's manager ready",
@@ -165,6 +175,37 @@ pub async fn start(
         ))));
     }
     Ok(kueue)
+}
+
+/// Kueue's ServiceAccount bound to Kueue's own ClusterRole and its Role for Secrets in its namespace; a
+/// kubeconfig with a token of it.
+fn service_account(plane: &ControlPlane, dir: &Path) -> Result<PathBuf, ClusterError> {
+    let role = dir.join("rbac/role.yaml").display().to_string();
+    kubectl(plane, &["apply", "-f", &role], None)?;
+    // The Role for Secrets in Kueue's namespace (its release manifests' `system`, renamed by kustomize).
+    let secrets = std::fs::read_to_string(dir.join("rbac/manager_secrets_role.yaml"))?.replace(
+        "namespace: system",
+        &format!("namespace: {KUEUE_NAMESPACE}"),
+    );
+    kubectl(plane, &["apply", "-f", "-"], Some(&secrets))?;
+    let binding = format!(
+        "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: {KUEUE_ACCOUNT}, namespace: {KUEUE_NAMESPACE}}}\n\
+         ---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {{name: kueue-manager}}\n\
+         roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: manager-role}}\n\
+         subjects: [{{kind: ServiceAccount, name: {KUEUE_ACCOUNT}, namespace: {KUEUE_NAMESPACE}}}]\n\
+         ---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\n\
+         metadata: {{name: kueue-manager-secrets, namespace: {KUEUE_NAMESPACE}}}\n\
+         roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: manager-secrets-role}}\n\
+         subjects: [{{kind: ServiceAccount, name: {KUEUE_ACCOUNT}, namespace: {KUEUE_NAMESPACE}}}]\n"
+    );
+    kubectl(plane, &["apply", "-f", "-"], Some(&binding))?;
+    let token = crate::cluster::service_account_token(plane, KUEUE_NAMESPACE, KUEUE_ACCOUNT)?;
+    Ok(plane.write_kubeconfig(
+        "kueue",
+        &format!("system:serviceaccount:{KUEUE_NAMESPACE}:{KUEUE_ACCOUNT}"),
+        &token,
+        KUEUE_NAMESPACE,
+    )?)
 }
 
 /// Whether `GET /readyz` on 127.0.0.1:`port` answers 200.
