@@ -69,6 +69,7 @@ impl ReconcileError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kueue::sync::KueueError;
     use kube::core::Status;
 
     fn api_error() -> kube::Error {
@@ -125,6 +126,31 @@ mod tests {
                     source: api_error(),
                 },
                 "status",
+            ),
+            (
+                KueueError::ReadWorkload {
+                    name: "rdujob-a-1a2b3".into(),
+                    source: api_error(),
+                }
+                .into(),
+                "fetch",
+            ),
+            (
+                KueueError::PriorityClass {
+                    name: "high".into(),
+                    source: api_error(),
+                }
+                .into(),
+                "fetch",
+            ),
+            (
+                KueueError::WriteWorkload {
+                    action: "create",
+                    name: "rdujob-a-1a2b3".into(),
+                    source: api_error(),
+                }
+                .into(),
+                "apply",
             ),
         ];
         for (error, label) in cases {

@@ -20,8 +20,15 @@ use crate::validate::ValidJob;
 /// A Kueue API call that failed.
 #[derive(Debug, thiserror::Error)]
 pub enum KueueError {
+    #[error("cannot read Workload {name}: {source}")]
+    ReadWorkload {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// A create or a write (`action`: what the write was).
     #[error("cannot {action} Workload {name}: {source}")]
-    Workload {
+    WriteWorkload {
         action: &'static str,
         name: String,
         #[source]
@@ -50,7 +57,7 @@ impl KueueError {
             self,
             KueueError::Flavor { .. }
                 | KueueError::PriorityClass { .. }
-                | KueueError::Workload { action: "read", .. }
+                | KueueError::ReadWorkload { .. }
         )
     }
 }
@@ -77,8 +84,7 @@ pub async fn before(
     let api: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), valid.namespace, &workload_resource());
     let name = workload::workload_name(valid.name, valid.uid());
-    let read = |source| KueueError::Workload {
-        action: "read",
+    let read = |source| KueueError::ReadWorkload {
         name: name.clone(),
         source,
     };
@@ -111,7 +117,7 @@ pub async fn before(
                 found = api.get_opt(&name).await.map_err(read)?;
             }
             Err(source) => {
-                return Err(KueueError::Workload {
+                return Err(KueueError::WriteWorkload {
                     action: "create",
                     name,
                     source,
@@ -245,7 +251,7 @@ pub async fn after(
                 )
             }
         };
-        result.map_err(|source| KueueError::Workload {
+        result.map_err(|source| KueueError::WriteWorkload {
             action,
             name: view.name.clone(),
             source,
