@@ -310,13 +310,7 @@ async fn queued_jobs_wait_for_admission_and_survive_preemption() {
     assert_eq!(suspended["reason"], "Queued", "{status}");
     assert_eq!(status["queue"], json!({"name": "team", "state": "Queued"}));
     let table = kubectl(&bed.plane, &["get", "rj", "-n", JOBS], None).expect("kubectl get rj");
-    // kubectl aligns each column's cells with its header (empty cells are blank).
-    let queue_column = |job: &str| -> Option<String> {
-        let mut lines = table.lines();
-        let at = lines.next()?.find(" QUEUE ")? + 1;
-        let row = lines.find(|l| l.split_whitespace().next() == Some(job))?;
-        row.get(at..)?.split_whitespace().next().map(str::to_string)
-    };
+    let queue_column = |job: &str| kit::table::cell(&table, job, "QUEUE");
     assert_eq!(
         (
             queue_column("low").as_deref(),

@@ -168,26 +168,9 @@ async fn only_rank_zero_of_the_current_generation_sets_status_progress() {
     let table =
         kubectl(&plane, &["get", "rj", "watched", "-n", JOBS], None).expect("kubectl get rj");
     eprintln!("kubectl get rj during the run:\n{table}");
-    let header: Vec<&str> = table
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .split_whitespace()
-        .collect();
-    let row: Vec<&str> = table
-        .lines()
-        .nth(1)
-        .unwrap_or_default()
-        .split_whitespace()
-        .collect();
-    let column = |name: &str| {
-        header
-            .iter()
-            .position(|h| *h == name)
-            .and_then(|i| row.get(i).copied())
-    };
-    assert_eq!(column("PROGRESS%"), Some("25"), "{table}");
-    assert_eq!(column("ETA(S)"), Some("12"), "{table}");
+    let column = |name: &str| kit::table::cell(&table, "watched", name);
+    assert_eq!(column("PROGRESS%").as_deref(), Some("25"), "{table}");
+    assert_eq!(column("ETA(S)").as_deref(), Some("12"), "{table}");
 
     // The reconciler's own status writes (the job turning Running) keep it.
     for pod in ["watched-worker-0", "watched-worker-1"] {

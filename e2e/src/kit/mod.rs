@@ -1,7 +1,7 @@
 //! What the control-plane tests (`e2e/tests/*.rs` other than `node` and `multi_node`) share: a control plane with
 //! the CRD, namespaces and the operator running as the chart's ServiceAccount (`plane`), waits for a job's pods,
 //! status and phase that put the operator's log in the panic (`wait`), RduJob manifests (`fixture`), and pod
-//! states and tokens as a kubelet would report and mint them (`kubelet`).
+//! states and tokens as a kubelet would report and mint them (`kubelet`), cells of `kubectl get` tables (`table`).
 //!
 //! These tests are `#[ignore]`d, so that `cargo test` lists them as ignored, never as passed, on a machine without
 //! the Go-built binaries; `bash e2e/control-plane/run.sh` runs them with `--ignored`, and then a missing binary
@@ -10,6 +10,7 @@
 pub mod fixture;
 pub mod kubelet;
 pub mod plane;
+pub mod table;
 pub mod wait;
 
 pub use fixture::{JobFixture, WORKER_IMAGE};
