@@ -57,9 +57,9 @@ pub async fn run(path: &Path, ranks: &[u32], repeat: u32) -> Result<i32, CliErro
 
 /// `rdujob run FILE --workers n` with its logs discarded; its last stdout line is the result.
 async fn run_once(path: &Path, n: u32) -> Result<Measured, CliError> {
-    let exe = std::env::current_exe().map_err(|e| CliError::Io {
+    let exe = std::env::current_exe().map_err(|source| CliError::Io {
         what: "finding this executable".into(),
-        reason: e.to_string(),
+        source,
     })?;
     let started = Instant::now();
     let out = Command::new(exe)
@@ -71,9 +71,9 @@ async fn run_once(path: &Path, n: u32) -> Result<Measured, CliError> {
         .stderr(Stdio::null())
         .output()
         .await
-        .map_err(|e| CliError::Io {
+        .map_err(|source| CliError::Io {
             what: format!("running the job with {n} rank(s)"),
-            reason: e.to_string(),
+            source,
         })?;
     let wall_seconds = started.elapsed().as_secs_f64();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -84,13 +84,10 @@ async fn run_once(path: &Path, n: u32) -> Result<Measured, CliError> {
             result,
             wall_seconds,
         }),
-        _ => Err(CliError::Io {
-            what: format!("the job with {n} rank(s)"),
-            reason: format!(
-                "ended with {} (run `rdujob run {} --workers {n}` to see its logs)",
-                out.status,
-                path.display()
-            ),
+        _ => Err(CliError::BenchRun {
+            ranks: n,
+            status: out.status,
+            path: path.to_path_buf(),
         }),
     }
 }

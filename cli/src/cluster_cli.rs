@@ -27,19 +27,16 @@ pub fn find() -> Option<PathBuf> {
 
 /// Runs `kubectl-rdujob <command> <args…>` and returns its exit code.
 pub fn run(command: &str, args: &[String]) -> Result<i32, CliError> {
-    let binary = find().ok_or_else(|| CliError::Io {
-        what: format!("rdujob {command}"),
-        reason: format!(
-            "{CLUSTER_CLI} is not installed: `cargo install --path kubectl-rdujob` (it also makes `kubectl rdujob {command}` work)"
-        ),
+    let binary = find().ok_or_else(|| CliError::ClusterCliMissing {
+        command: command.to_string(),
     })?;
     let status = Command::new(&binary)
         .arg(command)
         .args(args)
         .status()
-        .map_err(|e| CliError::Io {
+        .map_err(|source| CliError::Io {
             what: format!("running {}", binary.display()),
-            reason: e.to_string(),
+            source,
         })?;
     Ok(status.code().unwrap_or(1))
 }

@@ -130,9 +130,9 @@ pub async fn run(launches: &[RankLaunch], opts: &GangOptions) -> Result<GangOutc
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
-            .map_err(|e| CliError::Spawn {
+            .map_err(|source| CliError::Spawn {
                 rank: launch.rank,
-                reason: e.to_string(),
+                source,
             })?;
         let rank = launch.rank;
         if let Some(out) = child.stdout.take() {
@@ -269,8 +269,8 @@ fn forward(
 }
 
 fn io_err(what: &'static str) -> impl Fn(std::io::Error) -> CliError {
-    move |e| CliError::Io {
+    move |source| CliError::Io {
         what: what.into(),
-        reason: e.to_string(),
+        source,
     }
 }

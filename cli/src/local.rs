@@ -63,17 +63,17 @@ pub async fn run(path: &Path, options: RunOptions) -> Result<i32, CliError> {
     let scratch = tempfile::Builder::new()
         .prefix(&format!("rdujob-{name}-"))
         .tempdir()
-        .map_err(|e| CliError::Io {
+        .map_err(|source| CliError::Io {
             what: "creating a scratch directory".into(),
-            reason: e.to_string(),
+            source,
         })?;
     let kept_checkpoints = options.checkpoint_dir.is_some();
     let checkpoint_dir = match (&job.spec.checkpoint, options.checkpoint_dir) {
         (None, _) => None,
         (Some(_), Some(dir)) => {
-            std::fs::create_dir_all(&dir).map_err(|e| CliError::Io {
+            std::fs::create_dir_all(&dir).map_err(|source| CliError::Io {
                 what: format!("creating --checkpoint-dir {}", dir.display()),
-                reason: e.to_string(),
+                source,
             })?;
             Some(dir)
         }
@@ -94,9 +94,9 @@ pub async fn run(path: &Path, options: RunOptions) -> Result<i32, CliError> {
     let policy = job.spec.run_policy.clone();
     let opts = GangOptions {
         console: console.clone(),
-        exe: std::env::current_exe().map_err(|e| CliError::Io {
+        exe: std::env::current_exe().map_err(|source| CliError::Io {
             what: "finding this executable".into(),
-            reason: e.to_string(),
+            source,
         })?,
         cwd: dir,
         failure_grace: Duration::from_secs(u64::from(job.spec.data_parallel.timeout_seconds))
@@ -179,9 +179,9 @@ pub async fn run(path: &Path, options: RunOptions) -> Result<i32, CliError> {
         };
         let Some(culprit) = blamed else {
             let result = read_result(&result_path)?;
-            let json = serde_json::to_string(&result).map_err(|e| CliError::Io {
+            let json = serde_json::to_string(&result).map_err(|source| CliError::Json {
                 what: "encoding the result".into(),
-                reason: e.to_string(),
+                source,
             })?;
             console.finish();
             console.note(&format!(
@@ -415,16 +415,17 @@ fn benchmark_text(bench: &AllReduceResult) -> String {
 
 /// The generation counter is unbounded in form but bounded by `backoffLimit` (a u32) in practice.
 fn unreachable_generation() -> Result<i32, CliError> {
-    Err(CliError::Io {
-        what: "the gang".into(),
-        reason: "ran out of generation numbers".into(),
-    })
+    Err(CliError::OutOfGenerations)
 }
 
 fn simulated_node(job: &RduJob) -> Result<SimulatedNode, CliError> {
     let needed = job.spec.workers.saturating_mul(job.spec.tiles_per_worker);
     let rdus = needed.div_ceil(TILES_PER_RDU).max(MIN_RDUS);
-    SimulatedNode::new(rdus, TILES_PER_RDU).map_err(|e| CliError::Tiles(e.to_string()))
+    SimulatedNode::new(rdus, TILES_PER_RDU).map_err(|source| CliError::SimulatedNode {
+        rdus,
+        tiles_per_rdu: TILES_PER_RDU,
+        source,
+    })
 }
 
 /// One rank's tile env (SF_RNT_TILE_AFFINITY, RDU_VISIBLE_TILES).
@@ -445,7 +446,7 @@ fn allocate(
             }
             Err(e) => {
                 node.release(&ids);
-                return Err(CliError::Tiles(e.to_string()));
+                return Err(CliError::Tiles(e));
             }
         }
     }
@@ -453,13 +454,13 @@ fn allocate(
 }
 
 fn read_result(path: &Path) -> Result<JobResult, CliError> {
-    let text = std::fs::read_to_string(path).map_err(|e| CliError::Io {
+    let text = std::fs::read_to_string(path).map_err(|source| CliError::Io {
         what: format!("reading rank 0's result {}", path.display()),
-        reason: e.to_string(),
+        source,
     })?;
-    serde_json::from_str(text.trim()).map_err(|e| CliError::Io {
+    serde_json::from_str(text.trim()).map_err(|source| CliError::Json {
         what: format!("decoding rank 0's result {}", path.display()),
-        reason: e.to_string(),
+        source,
     })
 }
 

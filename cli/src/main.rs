@@ -123,11 +123,11 @@ fn main() {
             rdu_worker::pef::compile_file(&file, &out)
         }
         Command::Status { args } => cluster_cli::run("status", &args).unwrap_or_else(|e| {
-            eprintln!("rdujob: {e}");
+            eprintln!("rdujob: {}", error::chain(&e));
             e.exit_code()
         }),
         Command::Logs { args } => cluster_cli::run("logs", &args).unwrap_or_else(|e| {
-            eprintln!("rdujob: {e}");
+            eprintln!("rdujob: {}", error::chain(&e));
             e.exit_code()
         }),
         Command::Tilestat { url } => with_runtime(|| async move {
@@ -137,7 +137,7 @@ fn main() {
                     Ok(0)
                 }
                 Err(e) => {
-                    eprintln!("rdujob tilestat: {e}");
+                    eprintln!("rdujob tilestat: {}", error::chain(&e));
                     Ok(1)
                 }
             }
@@ -177,7 +177,7 @@ where
     match runtime.block_on(f()) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("rdujob: {e}");
+            eprintln!("rdujob: {}", error::chain(&e));
             e.exit_code()
         }
     }

@@ -20,25 +20,24 @@ pub fn load(
     workers: Option<u32>,
     mode: Option<rdu_crds::RunMode>,
 ) -> Result<LocalJob, CliError> {
-    let shown = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| CliError::ReadManifest {
-        path: shown.clone(),
-        reason: e.to_string(),
+    let text = std::fs::read_to_string(path).map_err(|source| CliError::ReadManifest {
+        path: path.to_path_buf(),
+        source,
     })?;
     let mut job = rdu_crds::parse_manifest(&text).map_err(|source| match source {
         // Decoding from the text (not from a parsed value) names the field and the line.
         rdu_crds::ManifestError::Yaml(_) => match serde_yaml_ng::from_str::<RduJob>(&text) {
             Err(located) => CliError::Invalid {
-                path: shown.clone(),
+                path: path.to_path_buf(),
                 errors: vec![located.to_string()],
             },
             Ok(_) => CliError::Manifest {
-                path: shown.clone(),
+                path: path.to_path_buf(),
                 source,
             },
         },
         other => CliError::Manifest {
-            path: shown.clone(),
+            path: path.to_path_buf(),
             source: other,
         },
     })?;
@@ -50,7 +49,7 @@ pub fn load(
     }
     if let Err(errors) = rdu_crds::validate_job(&job) {
         return Err(CliError::Invalid {
-            path: shown,
+            path: path.to_path_buf(),
             errors: errors.into_iter().map(|e| e.message).collect(),
         });
     }
@@ -59,10 +58,9 @@ pub fn load(
         .filter(|p| !p.as_os_str().is_empty())
         .map(Path::to_path_buf)
         .unwrap_or_else(|| PathBuf::from("."));
-    let dir = dir.canonicalize().map_err(|e| CliError::ReadManifest {
-        path: dir.display().to_string(),
-        reason: e.to_string(),
-    })?;
+    let dir = dir
+        .canonicalize()
+        .map_err(|source| CliError::ReadManifest { path: dir, source })?;
     Ok(LocalJob { job, dir })
 }
 
@@ -88,6 +86,13 @@ mod tests {
     fn a_missing_file_is_a_config_error() {
         let err = load(Path::new("/nonexistent/job.yaml"), None, None).unwrap_err();
         assert_eq!(err.exit_code(), 64);
-        assert!(err.to_string().contains("/nonexistent/job.yaml"));
+        assert!(
+            matches!(&err, CliError::ReadManifest { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+        );
+        let line = crate::error::chain(&err);
+        assert!(
+            line.starts_with("cannot read /nonexistent/job.yaml: "),
+            "{line}"
+        );
     }
 }

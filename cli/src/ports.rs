@@ -9,9 +9,9 @@ pub fn free_port() -> Result<u16, CliError> {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())
         .map(|addr| addr.port())
-        .map_err(|e| CliError::Io {
+        .map_err(|source| CliError::Io {
             what: "picking a free port on 127.0.0.1 for the rendezvous".into(),
-            reason: e.to_string(),
+            source,
         })
 }
 
