@@ -171,14 +171,19 @@ impl TileNode {
     }
 
     /// Local mode: picks `count` free healthy devices with the same packing as GetPreferredAllocation and
-    /// allocates them. Returns the device IDs and the allocation.
+    /// allocates them, under one lock. Returns the device IDs and the allocation.
     pub fn allocate_free(
         &self,
         count: u32,
     ) -> Result<(Vec<String>, ContainerAllocation), NodeError> {
-        let ids = self.lock().pick_free(count)?;
-        let allocation = self.allocate(&ids)?;
-        Ok((ids, allocation))
+        let started = Instant::now();
+        let mut table = self.lock();
+        let picked = table.allocate_free(count)?;
+        self.allocations_changed(&table);
+        drop(table);
+        self.allocated.notify_one();
+        self.metrics.observe_allocate(started.elapsed());
+        Ok(picked)
     }
 
     /// Frees the tiles of these device IDs (unknown IDs are ignored).
@@ -245,8 +250,10 @@ impl TileNode {
 
 #[cfg(test)]
 mod tests {
+    //! What the node adds to the table (whose decisions `table`'s tests check): the device-list watch, the gauges
+    //! and the saved-allocations file.
+
     use super::*;
-    use crate::packing::PackingError;
 
     fn node(r: u32, t: u32, mode: ResourceMode) -> TileNode {
         TileNode::in_memory(Topology::new(r, t).unwrap(), mode, None)
@@ -254,43 +261,6 @@ mod tests {
 
     fn ids(list: &[&str]) -> Vec<String> {
         list.iter().map(|s| s.to_string()).collect()
-    }
-
-    #[test]
-    fn allocate_returns_the_mask_and_marks_tiles() {
-        let n = node(8, 4, ResourceMode::Tile);
-        let all: Vec<String> = (24..32).map(|t| n.topology().tile_id(t)).collect();
-        let a = n.allocate(&all).unwrap();
-        assert_eq!(a.env["SF_RNT_TILE_AFFINITY"], "0xff000000");
-        assert_eq!(n.status().tiles_allocated, 8);
-    }
-
-    #[test]
-    fn allocate_refuses_unknown_and_unhealthy_devices_by_name() {
-        let n = node(8, 4, ResourceMode::Tile);
-        let err = n.allocate(&ids(&["rdu0-tile0", "rdu9-tile0"])).unwrap_err();
-        assert!(matches!(err, NodeError::UnknownDevice(_)));
-        assert!(err.to_string().contains("rdu9-tile0"));
-        n.set_unhealthy(&BTreeSet::from([1]));
-        let err = n.allocate(&ids(&["rdu0-tile0", "rdu0-tile1"])).unwrap_err();
-        assert!(matches!(err, NodeError::Unhealthy { ref id } if id == "rdu0-tile1"));
-        assert_eq!(
-            n.status().tiles_allocated,
-            0,
-            "a refused request allocates nothing"
-        );
-        assert!(matches!(n.allocate(&[]), Err(NodeError::EmptyRequest)));
-        // One bad container refuses the whole request.
-        let err = n
-            .allocate_containers(&[ids(&["rdu2-tile0"]), ids(&["rdu0-tile1"])])
-            .unwrap_err();
-        assert!(matches!(err, NodeError::Unhealthy { .. }));
-        assert_eq!(n.status().tiles_allocated, 0);
-        let both = n
-            .allocate_containers(&[ids(&["rdu2-tile0"]), ids(&["rdu3-tile0", "rdu3-tile1"])])
-            .unwrap();
-        assert_eq!(both[0].env["SF_RNT_TILE_AFFINITY"], "0x100");
-        assert_eq!(both[1].env["SF_RNT_TILE_AFFINITY"], "0x3000");
     }
 
     #[test]
@@ -312,87 +282,47 @@ mod tests {
     #[test]
     fn reasons_show_in_the_status_without_a_device_list_update() {
         let n = node(2, 2, ResourceMode::Tile);
+        let mut rx = n.watch_devices();
         assert!(n.set_health(&BTreeMap::from([(1, Some("hung".to_string()))])));
         assert_eq!(n.status().tiles[1].reason.as_deref(), Some("hung"));
+        rx.mark_unchanged();
         assert!(!n.set_health(&BTreeMap::from([(1, Some("failed".to_string()))])));
+        assert!(
+            !rx.has_changed().unwrap(),
+            "a new reason alone sends nothing"
+        );
         assert_eq!(n.status().tiles[1].reason.as_deref(), Some("failed"));
         assert!(n.set_health(&BTreeMap::new()));
         assert_eq!(n.status().tiles[1].reason, None);
     }
 
     #[test]
-    fn rdu_mode_advertises_rdus_and_an_unhealthy_tile_fails_its_rdu() {
-        let n = node(4, 8, ResourceMode::Rdu);
-        assert_eq!(n.devices().len(), 4);
-        n.set_unhealthy(&BTreeSet::from([9]));
-        assert!(!n.devices()[1].healthy);
-        assert!(n.devices()[0].healthy);
-        let a = n.allocate(&ids(&["rdu3"])).unwrap();
-        assert_eq!(a.env["SF_RNT_TILE_AFFINITY"], "0xff000000");
-        assert!(n.allocate(&ids(&["rdu0-tile0"])).is_err());
-        assert_eq!(
-            n.preferred(&ids(&["rdu0", "rdu2", "rdu3"]), &ids(&["rdu3"]), 2)
-                .unwrap(),
-            ids(&["rdu0", "rdu3"])
-        );
-    }
-
-    #[test]
-    fn allocate_free_packs_and_release_frees() {
+    fn the_gauges_follow_health_and_allocations() {
         let n = node(8, 4, ResourceMode::Tile);
+        let gauges = |n: &TileNode| {
+            let m = n.metrics();
+            (
+                m.tiles_total.get(),
+                m.tiles_healthy.get(),
+                m.tiles_allocated.get(),
+            )
+        };
+        assert_eq!(gauges(&n), (32, 32, 0));
+        n.set_unhealthy(&BTreeSet::from([31]));
         let (first, _) = n.allocate_free(2).unwrap();
-        assert_eq!(first, ids(&["rdu0-tile0", "rdu0-tile1"]));
-        let (second, _) = n.allocate_free(4).unwrap();
-        assert_eq!(
-            second,
-            ids(&["rdu1-tile0", "rdu1-tile1", "rdu1-tile2", "rdu1-tile3"])
-        );
-        let (third, _) = n.allocate_free(2).unwrap();
-        assert_eq!(third, ids(&["rdu0-tile2", "rdu0-tile3"]));
+        n.allocate(&ids(&["rdu4-tile0"])).unwrap();
+        assert_eq!(gauges(&n), (32, 31, 3));
         n.release(&first);
-        assert_eq!(n.status().tiles_allocated, 6);
-        assert!(matches!(
-            n.allocate_free(100),
-            Err(NodeError::Packing(PackingError::NotEnough { .. }))
-        ));
-    }
-
-    #[test]
-    fn preferred_rejects_bad_sizes_and_ids() {
-        let n = node(8, 4, ResourceMode::Tile);
-        assert!(matches!(
-            n.preferred(&ids(&["rdu0-tile0"]), &[], 0),
-            Err(NodeError::BadSize(0))
-        ));
-        assert!(n.preferred(&ids(&["nope"]), &[], 1).is_err());
-    }
-
-    #[test]
-    fn reconciling_with_pods_sets_owners_and_frees_ended_pods() {
-        let n = node(8, 4, ResourceMode::Tile);
-        n.allocate(&ids(&["rdu0-tile0", "rdu0-tile1"])).unwrap();
-        n.allocate(&ids(&["rdu1-tile0"])).unwrap();
-        let pods = vec![PodDevices {
-            pod: "ns/job-worker-4".into(),
-            rank: Some(4),
-            device_ids: ids(&["rdu0-tile0", "rdu0-tile1"]),
-        }];
-        // Within the grace period the tile no pod lists yet is kept.
-        assert!(n.reconcile_with_pods(&pods, Duration::from_secs(3600)));
-        let status = n.status();
-        assert_eq!(status.tiles_allocated, 3);
-        assert_eq!(status.tiles[0].pod.as_deref(), Some("ns/job-worker-4"));
-        assert_eq!(status.tiles[1].rank, Some(4));
+        assert_eq!(gauges(&n), (32, 31, 1));
         assert!(
-            !n.reconcile_with_pods(&pods, Duration::from_secs(3600)),
-            "no change"
+            n.metrics()
+                .encode()
+                .contains("rdu_allocate_seconds_count 2"),
+            "both allocations timed"
         );
-        // Past the grace period it is freed: its pod is gone.
-        assert!(n.reconcile_with_pods(&pods, Duration::ZERO));
-        assert_eq!(n.status().tiles_allocated, 2);
-        // The pod ends: everything is free.
-        assert!(n.reconcile_with_pods(&[], Duration::ZERO));
-        assert_eq!(n.status().tiles_allocated, 0);
+        // A refused request changes nothing.
+        assert!(n.allocate(&ids(&["rdu7-tile3"])).is_err());
+        assert_eq!(gauges(&n), (32, 31, 1));
     }
 
     #[test]

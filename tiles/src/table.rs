@@ -254,6 +254,18 @@ impl TileTable {
         Ok(picked.into_iter().map(|u| self.unit_id(u)).collect())
     }
 
+    /// Local mode: picks `count` free healthy devices with the packing of GetPreferredAllocation and allocates them
+    /// as one container. Returns the device IDs and the allocation.
+    pub fn allocate_free(
+        &mut self,
+        count: u32,
+    ) -> Result<(Vec<String>, ContainerAllocation), NodeError> {
+        let ids = self.pick_free(count)?;
+        let mut allocations = self.allocate_containers(std::slice::from_ref(&ids))?;
+        let allocation = allocations.pop().ok_or(NodeError::EmptyRequest)?;
+        Ok((ids, allocation))
+    }
+
     /// Frees the tiles of these device IDs (unknown IDs are ignored); true when any was allocated.
     pub fn release(&mut self, device_ids: &[String]) -> bool {
         let mut changed = false;
