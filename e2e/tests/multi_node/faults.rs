@@ -81,6 +81,13 @@ impl Faults {
         shared_volume(&self.bed, &self.shared, name);
         self.bed.apply(&job.to_string());
         self.bed.wait_phase(name, "Running", LONG).await;
+        self.wait_checkpointed(name, interval).await;
+        steps
+    }
+
+    /// Waits until rank 0 of job `name`, checkpointing every `interval` steps, has passed its second
+    /// checkpoint, so a fault from now on has one to resume from.
+    pub(crate) async fn wait_checkpointed(&self, name: &str, interval: u64) {
         self.bed
             .wait("a checkpoint of the running job", LONG, async || {
                 let step = self.progress_step(name).await?;
@@ -91,7 +98,6 @@ impl Faults {
                 }
             })
             .await;
-        steps
     }
 
     /// The step rank 0 last reported in status.progress.
@@ -191,9 +197,24 @@ impl Faults {
         log_time(line)
     }
 
+    /// The step rank 0 of job `name`'s current generation resumed from, as its log says; the log where it says
+    /// none.
+    fn resumed_step(&self, name: &str) -> Result<u64, String> {
+        let rank0 = self
+            .bed
+            .kubectl(&["logs", &format!("{name}-worker-0"), "-n", "default"]);
+        rank0
+            .lines()
+            .find(|l| l.contains("resumed from checkpoint"))
+            .and_then(|l| field_of(l, "step"))
+            .and_then(|s| s.parse::<u64>().ok())
+            .ok_or(rank0)
+    }
+
     /// Waits for Succeeded and checks what every fault job must end with: the planned steps, resumed from a
-    /// checkpoint (never from step 0), no restart counted against backoffLimit. Returns the final status.
-    pub(crate) async fn ends_as_planned(&self, name: &str, planned: u64) -> Value {
+    /// checkpoint (never from step 0), no restart counted against backoffLimit. Returns the final job and the step
+    /// its last generation resumed from.
+    pub(crate) async fn ends_as_planned(&self, name: &str, planned: u64) -> (Value, u64) {
         let job = self.bed.wait_phase(name, "Succeeded", LONG).await;
         let status = &job["status"];
         assert_eq!(
@@ -205,19 +226,11 @@ impl Faults {
             0,
             "{name}: a disruption was counted against backoffLimit: {status}"
         );
-        let rank0 = self
-            .bed
-            .kubectl(&["logs", &format!("{name}-worker-0"), "-n", "default"]);
-        let resumed = rank0
-            .lines()
-            .find(|l| l.contains("resumed from checkpoint"))
-            .and_then(|l| field_of(l, "step"))
-            .and_then(|s| s.parse::<u64>().ok())
-            .unwrap_or_else(|| {
-                panic!("{name}'s last generation did not resume from a checkpoint:\n{rank0}")
-            });
+        let resumed = self.resumed_step(name).unwrap_or_else(|rank0| {
+            panic!("{name}'s last generation did not resume from a checkpoint:\n{rank0}")
+        });
         assert!(resumed > 0, "{name} resumed from step 0");
-        job
+        (job, resumed)
     }
 
     /// A kubelet restart on a node with ranks restarts no gang; then a drain of rank 0's node: the ranks
@@ -292,21 +305,13 @@ impl Faults {
         for rank in job["status"]["ranks"].as_array().into_iter().flatten() {
             assert_ne!(rank["node"], node, "a rank went back to the drained node");
         }
-        let rank0 = self
-            .bed
-            .kubectl(&["logs", &format!("{name}-worker-0"), "-n", "default"]);
-        let resumed = rank0
-            .lines()
-            .find(|l| l.contains("resumed from checkpoint"))
-            .and_then(|l| field_of(l, "step"))
-            .and_then(|s| s.parse::<u64>().ok())
-            .expect("resumed step");
+        let resumed = self.resumed_step(name).expect("resumed step");
         assert!(
             resumed >= step_before,
             "rank 0 did not checkpoint on SIGTERM: resumed from {resumed}, it had reached {step_before}"
         );
         self.bed.kubectl(&["uncordon", &node]);
-        let done = self.ends_as_planned(name, planned).await;
+        let (done, _) = self.ends_as_planned(name, planned).await;
         out.insert("drain_to_resumed_seconds".into(), json!(timeline.resumed));
         out.insert("drain_seconds".into(), json!(drain_seconds));
         out.insert("drain_timeline".into(), timeline.to_json());
@@ -419,7 +424,7 @@ impl Faults {
             "capacity_back_to_running_seconds".into(),
             json!(back.elapsed().as_secs_f64()),
         );
-        let done = self.ends_as_planned(name, planned).await;
+        let (done, _) = self.ends_as_planned(name, planned).await;
         out.insert(
             "crash_status_history".into(),
             done["status"]["history"].clone(),
@@ -483,7 +488,7 @@ impl Faults {
             "partition_stale_writes_accepted".into(),
             json!(stale_checkpoints(&self.shared.join(name))),
         );
-        let done = self.ends_as_planned(name, planned).await;
+        let (done, _) = self.ends_as_planned(name, planned).await;
         assert_eq!(
             stale_checkpoints(&self.shared.join(name)),
             0,

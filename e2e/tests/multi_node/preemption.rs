@@ -157,16 +157,7 @@ impl Faults {
         self.bed.wait_phase(name, "Running", LONG).await;
         let admission_to_running = admitted.elapsed().as_secs_f64();
         let apply_to_running = applied.elapsed().as_secs_f64();
-        self.bed
-            .wait("a checkpoint of the queued job", LONG, async || {
-                let step = self.progress_step(name).await?;
-                if step >= 2 * interval {
-                    Ok(())
-                } else {
-                    Err(format!("rank 0 at step {step}"))
-                }
-            })
-            .await;
+        self.wait_checkpointed(name, interval).await;
         let rank0_log = self.follow_log(&format!("{name}-worker-0"));
 
         // The preemptor: fewer ranks, a few steps, high priority.
@@ -209,17 +200,8 @@ impl Faults {
         );
 
         // Admitted again: the job resumes from the checkpoint rank 0 wrote on SIGTERM.
-        let done = self.ends_as_planned(name, planned).await;
+        let (done, resumed) = self.ends_as_planned(name, planned).await;
         let status = &done["status"];
-        let rank0 = self
-            .bed
-            .kubectl(&["logs", &format!("{name}-worker-0"), "-n", "default"]);
-        let resumed = rank0
-            .lines()
-            .find(|l| l.contains("resumed from checkpoint"))
-            .and_then(|l| field_of(l, "step"))
-            .and_then(|s| s.parse::<u64>().ok())
-            .expect("resumed step");
         assert_eq!(
             resumed, reached,
             "the job resumed from another step than rank 0 reached before the preemption"
