@@ -389,8 +389,12 @@ fn span(rows: usize, cols: usize, rs: usize, cs: usize) -> usize {
     }
 }
 
-/// `c = a · b + beta × c` for row-major `c` (m × n); `a` and `b` given with (row, column) strides.
-fn gemm(
+/// `c = a · b + beta × c` for row-major `c` (m × n); `a` and `b` given with (row, column) strides. Every product
+/// of a training step goes through here (`compute-bench` times exactly this call).
+///
+/// # Panics
+/// When a shape and its strides reach past a slice.
+pub fn gemm(
     (m, k, n): (usize, usize, usize),
     (a, rsa, csa): (&[f32], usize, usize),
     (b, rsb, csb): (&[f32], usize, usize),

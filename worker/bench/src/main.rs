@@ -230,34 +230,17 @@ fn filled(len: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
+/// The product as training computes it: the worker's own `model::gemm` (matrixmultiply).
 fn matrixmultiply_sgemm(p: &Product, a: &[f32], b: &[f32], c: &mut [f32]) {
     let ((rsa, csa), (rsb, csb)) = p.strides();
-    assert!(a.len() >= p.m * p.k && b.len() >= p.k * p.n && c.len() >= p.m * p.n);
-    // SAFETY: with these strides sgemm reads a[..m·k], b[..k·n] and writes c[..m·n], inside the slices (checked).
-    unsafe {
-        matrixmultiply::sgemm(
-            p.m,
-            p.k,
-            p.n,
-            1.0,
-            a.as_ptr(),
-            rsa as isize,
-            csa as isize,
-            b.as_ptr(),
-            rsb as isize,
-            csb as isize,
-            0.0,
-            c.as_mut_ptr(),
-            p.n as isize,
-            1,
-        );
-    }
+    rdu_worker::model::gemm((p.m, p.k, p.n), (a, rsa, csa), (b, rsb, csb), 0.0, c);
 }
 
 fn gemm_crate_sgemm(p: &Product, a: &[f32], b: &[f32], c: &mut [f32]) {
     let ((rsa, csa), (rsb, csb)) = p.strides();
     assert!(a.len() >= p.m * p.k && b.len() >= p.k * p.n && c.len() >= p.m * p.n);
-    // SAFETY: as above; `gemm` computes dst := alpha·dst + beta·lhs·rhs, and with read_dst false it only writes
+    // SAFETY: with these strides gemm reads a[..m·k], b[..k·n] and writes c[..m·n], inside the slices (checked);
+    // it computes dst := alpha·dst + beta·lhs·rhs, and with read_dst false it only writes
     // dst (c[..m·n]).
     unsafe {
         gemm::gemm(
