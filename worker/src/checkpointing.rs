@@ -80,27 +80,28 @@ impl Checkpointing {
         optimizer: &Optimizer,
         error: &WorkerError,
     ) {
-        if !saves_progress(error) {
-            return;
-        }
-        if step <= self.saved_step {
-            tracing::info!(
-                step,
-                cause = %error,
-                "the last completed step is checkpointed already"
-            );
-            return;
-        }
-        if optimizer
+        let params_intact = optimizer
             .state()
             .first()
-            .is_some_and(|s| s.len() != params.len())
-        {
-            tracing::warn!(
-                step,
-                "the parameters did not survive the failure: no checkpoint"
-            );
-            return;
+            .is_none_or(|s| s.len() == params.len());
+        match on_the_way_out(step, self.saved_step, error, params_intact) {
+            WayOut::NothingToKeep => return,
+            WayOut::SavedAlready => {
+                tracing::info!(
+                    step,
+                    cause = %error,
+                    "the last completed step is checkpointed already"
+                );
+                return;
+            }
+            WayOut::ParametersLost => {
+                tracing::warn!(
+                    step,
+                    "the parameters did not survive the failure: no checkpoint"
+                );
+                return;
+            }
+            WayOut::Save => {}
         }
         match self.save(step, params, optimizer) {
             Ok(path) => tracing::info!(
@@ -127,6 +128,33 @@ impl Checkpointing {
         let path = self.store.save(&snapshot)?;
         self.saved_step = step;
         Ok(path)
+    }
+}
+
+/// What rank 0 does with its last completed step when training stops early.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WayOut {
+    /// The cause ends the job (or is the checkpoint directory's own): no new generation would read it.
+    NothingToKeep,
+    /// The step is on disk already (a periodic checkpoint, or the one resumed from): said in the log, so the
+    /// next generation's resume step is explained.
+    SavedAlready,
+    /// The parameters and the optimizer's state disagree in length: saving them would write garbage.
+    ParametersLost,
+    /// Save it.
+    Save,
+}
+
+/// The decision of [`Checkpointing::after_failure`] for step `step` with `saved_step` on disk.
+fn on_the_way_out(step: u64, saved_step: u64, error: &WorkerError, params_intact: bool) -> WayOut {
+    if !saves_progress(error) {
+        WayOut::NothingToKeep
+    } else if step <= saved_step {
+        WayOut::SavedAlready
+    } else if !params_intact {
+        WayOut::ParametersLost
+    } else {
+        WayOut::Save
     }
 }
 
@@ -249,6 +277,30 @@ mod tests {
         ];
         for (error, expected) in table {
             assert_eq!(saves_progress(&error), expected, "{error}");
+        }
+    }
+
+    #[test]
+    fn on_the_way_out_saves_only_a_new_step_of_intact_parameters() {
+        let sigterm = WorkerError::Stopped { signal: 15 };
+        let fatal = WorkerError::config("spec.data", "x");
+        // (step, saved step, error, parameters intact) -> decision
+        let table = [
+            (12, 10, &sigterm, true, WayOut::Save),
+            (10, 10, &sigterm, true, WayOut::SavedAlready),
+            (9, 10, &sigterm, true, WayOut::SavedAlready),
+            (0, 0, &sigterm, true, WayOut::SavedAlready),
+            (12, 10, &sigterm, false, WayOut::ParametersLost),
+            (10, 10, &sigterm, false, WayOut::SavedAlready),
+            (12, 10, &fatal, true, WayOut::NothingToKeep),
+            (10, 10, &fatal, true, WayOut::NothingToKeep),
+        ];
+        for (step, saved, error, intact, expected) in table {
+            assert_eq!(
+                on_the_way_out(step, saved, error, intact),
+                expected,
+                "step {step}, saved {saved}, {error}, intact {intact}"
+            );
         }
     }
 }
