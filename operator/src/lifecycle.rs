@@ -300,12 +300,18 @@ impl Step<'_> {
     /// Pods to delete under cleanPodPolicy once the job finished.
     fn clean_up_pods(&mut self) {
         let policy = self.job.spec.run_policy.clean_pod_policy;
-        let (mut graceful, mut forced) = (Vec::new(), Vec::new());
-        for pod in self.pods.iter().filter(|p| match policy {
+        self.delete_pods_where(|p| match policy {
             CleanPodPolicy::All => true,
             CleanPodPolicy::Running => p.is_active(),
             CleanPodPolicy::None => false,
-        }) {
+        });
+    }
+
+    /// Deletes the pods `doomed` picks: at once where their node is lost, gracefully otherwise (once; a pod
+    /// already terminating is left to finish).
+    fn delete_pods_where(&mut self, doomed: impl Fn(&PodView) -> bool) {
+        let (mut graceful, mut forced) = (Vec::new(), Vec::new());
+        for pod in self.pods.iter().filter(|p| doomed(p)) {
             let lost = pod
                 .node
                 .as_ref()
@@ -396,24 +402,7 @@ impl Step<'_> {
     fn delete_other_generations(&mut self) {
         let generation = self.generation();
         let workers = self.job.spec.workers;
-        let (mut graceful, mut forced) = (Vec::new(), Vec::new());
-        for pod in self
-            .pods
-            .iter()
-            .filter(|p| p.generation != generation || p.rank >= workers)
-        {
-            let lost = pod
-                .node
-                .as_ref()
-                .is_some_and(|n| self.cluster.lost.contains_key(n));
-            if lost {
-                forced.push(pod.name.clone());
-            } else if !pod.terminating {
-                graceful.push(pod.name.clone());
-            }
-        }
-        self.delete(graceful);
-        self.force_delete(forced);
+        self.delete_pods_where(|p| p.generation != generation || p.rank >= workers);
     }
 
     fn all_succeeded(&self) -> bool {

@@ -10,6 +10,7 @@ pub mod network;
 pub mod progress;
 pub mod rank;
 pub mod tensorboard;
+pub mod worker_container;
 
 pub use checkpoint::{
     CHECKPOINT_CLAIM_VOLUME, CHECKPOINT_MOUNT, CHECKPOINT_VOLUME, CheckpointStorage,

@@ -7,7 +7,9 @@ use k8s_openapi::api::core::v1::{
     VolumeProjection,
 };
 use rdu_crds::ProgressEndpoint;
-use rdu_crds::consts::{self, WORKER_CONTAINER};
+use rdu_crds::consts;
+
+use super::worker_container::mount_in_worker;
 
 /// Name of the projected token volume in rank 0's pod.
 pub const PROGRESS_TOKEN_VOLUME: &str = "rdu-progress-token";
@@ -45,28 +47,22 @@ pub fn add_progress_token(pod: &mut Pod) {
         }),
         ..Default::default()
     });
-    let Some(worker) = spec
-        .containers
-        .iter_mut()
-        .find(|c| c.name == WORKER_CONTAINER)
-    else {
-        return;
-    };
-    worker
-        .volume_mounts
-        .get_or_insert_with(Vec::new)
-        .push(VolumeMount {
+    mount_in_worker(
+        spec,
+        VolumeMount {
             name: PROGRESS_TOKEN_VOLUME.to_string(),
             mount_path: consts::PROGRESS_TOKEN_DIR.to_string(),
             read_only: Some(true),
             ..Default::default()
-        });
+        },
+    );
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{Container, PodSpec};
+    use rdu_crds::consts::WORKER_CONTAINER;
 
     #[test]
     fn the_endpoint_is_the_url_without_its_slash_and_the_mounted_token() {

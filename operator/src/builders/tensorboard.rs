@@ -2,7 +2,9 @@
 //! `/var/log/rdu/tensorboard` (the contract's `RDU_TENSORBOARD_DIR` names it: `env::rank_contract`).
 
 use k8s_openapi::api::core::v1::{EmptyDirVolumeSource, Pod, Volume, VolumeMount};
-use rdu_crds::consts::{TENSORBOARD_MOUNT, WORKER_CONTAINER};
+use rdu_crds::consts::TENSORBOARD_MOUNT;
+
+use super::worker_container::mount_in_worker;
 
 use crate::validate::TensorBoardLog;
 
@@ -25,19 +27,12 @@ pub fn add_tensorboard(pod: &mut Pod, log: &TensorBoardLog) {
             TENSORBOARD_VOLUME.to_string()
         }
     };
-    let Some(worker) = spec
-        .containers
-        .iter_mut()
-        .find(|c| c.name == WORKER_CONTAINER)
-    else {
-        return;
-    };
-    worker
-        .volume_mounts
-        .get_or_insert_with(Vec::new)
-        .push(VolumeMount {
+    mount_in_worker(
+        spec,
+        VolumeMount {
             name: volume,
             mount_path: TENSORBOARD_MOUNT.to_string(),
             ..Default::default()
-        });
+        },
+    );
 }
