@@ -79,10 +79,10 @@ async fn ranks_on_one_host_send_through_shared_memory_rings() {
     assert!(comms.iter().all(|c| c.linked_peers().is_empty()));
     run_every_algorithm(&comms).await;
     // Links, and rings, only to the peers the algorithms sent to: the ring's right-hand
-    // neighbour (0 -> 1 -> 2 -> 0) and, for the star and the barrier, rank 0 to every rank and
-    // every rank to rank 0. Rank 2 never sends to rank 1.
+    // neighbour (0 -> 1 -> 2 -> 0), for the star rank 0 to every rank and every rank to rank 0,
+    // and for the barrier every rank to the ranks 1 and 2 after it.
     let linked: Vec<Vec<u32>> = comms.iter().map(Communicator::linked_peers).collect();
-    assert_eq!(linked, [vec![1, 2], vec![0, 2], vec![0]]);
+    assert_eq!(linked, [vec![1, 2], vec![0, 2], vec![0, 1]]);
     for comm in &comms {
         assert_eq!(comm.shared_memory_peers(), comm.linked_peers());
         let rings = comm.linked_peers().len() as u64 * RING_SEGMENT_BYTES as u64;
@@ -254,6 +254,56 @@ async fn mean_divides_the_sum_and_repeated_calls_stay_in_step() {
             assert_eq!(b, &vec![expected; 5]);
         }
     }
+}
+
+/// Each rank's links, sorted.
+fn links_of(comms: &[Communicator]) -> Vec<Vec<u32>> {
+    comms.iter().map(Communicator::linked_peers).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_barrier_links_each_rank_to_log_n_peers_not_to_a_root_of_all() {
+    for n in [5u32, 16] {
+        let comms = world_on(n, |_| "n".into(), TIMEOUT, |_| DataPath::Tcp).await;
+        let results = join_all(comms.iter().map(Communicator::barrier)).await;
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        // Round r: rank p tells rank p + 2^r.
+        let expected: Vec<Vec<u32>> = (0..n)
+            .map(|p| {
+                let mut peers: Vec<u32> = (0..n.next_power_of_two().trailing_zeros())
+                    .map(|r| (p + (1 << r)) % n)
+                    .collect();
+                peers.sort_unstable();
+                peers
+            })
+            .collect();
+        assert_eq!(links_of(&comms), expected, "{n} ranks");
+        join_all(comms.into_iter().map(Communicator::shutdown)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broadcast_goes_down_a_tree_of_n_minus_1_links() {
+    let n = 12u32;
+    let comms = world_on(n, |_| "n".into(), TIMEOUT, |_| DataPath::Tcp).await;
+    let len = 100_003;
+    let mut bufs: Vec<Vec<f32>> = (0..n).map(|r| data(r, len)).collect();
+    let results = join_all(
+        comms
+            .iter()
+            .zip(bufs.iter_mut())
+            .map(|(c, b)| c.broadcast(b, 5)),
+    )
+    .await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    let root = data(5, len);
+    assert!(bufs.iter().all(|b| *b == root));
+    let links = links_of(&comms);
+    // The root sends to 4 children (8, 4, 2 and 1 positions after it); every rank is reached once.
+    assert_eq!(links[5], vec![1, 6, 7, 9]);
+    assert!(links.iter().all(|l| l.len() <= 4), "{links:?}");
+    assert_eq!(links.iter().map(Vec::len).sum::<usize>(), n as usize - 1);
+    join_all(comms.into_iter().map(Communicator::shutdown)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

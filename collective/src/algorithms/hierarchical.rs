@@ -7,7 +7,8 @@ use crate::transport::Inbox;
 use super::Wire;
 use super::choice::NodeGroups;
 use super::ring::ring;
-use super::star::{bcast_from_root, reduce_to_root};
+use super::star::reduce_to_root;
+use super::tree::broadcast;
 
 /// All-reduce (sum) of `buf` over every rank: within this rank's node group (whose lowest rank
 /// leads it), then around the ring of node leaders, then back within the node group.
@@ -26,7 +27,7 @@ pub(crate) async fn hierarchical(
         ring(wire, inboxes, &groups.leaders, buf).await?;
     }
     if node.len() > 1 {
-        bcast_from_root(wire, inboxes, node, leader, buf).await?;
+        broadcast(wire, inboxes, node, leader, buf).await?;
     }
     Ok(())
 }

@@ -6,6 +6,7 @@
 //! - `ring`: reduce-scatter then all-gather; bandwidth-optimal for large buffers.
 //! - `doubling`: recursive doubling; log2(n) swaps for small buffers on 2^k ranks.
 //! - `star`: reduce to a root and broadcast from it ("through the host").
+//! - `tree`: broadcast down a binomial tree and the dissemination barrier, log2(n) links per rank.
 //! - `hierarchical`: within nodes, then between node leaders, then back.
 
 pub(crate) mod choice;
@@ -13,8 +14,9 @@ mod doubling;
 mod hierarchical;
 mod ring;
 mod star;
+mod tree;
 
-pub(crate) use star::{bcast_from_root, star};
+pub(crate) use tree::{barrier, broadcast};
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -39,6 +41,8 @@ pub(crate) const PHASE_BCAST: u32 = 2;
 pub(crate) const PHASE_RING: u32 = 16;
 /// Recursive-doubling step `s` uses phase `PHASE_DOUBLING + s`.
 pub(crate) const PHASE_DOUBLING: u32 = 1 << 16;
+/// Dissemination-barrier round `r` uses phase `PHASE_BARRIER + r`.
+pub(crate) const PHASE_BARRIER: u32 = 2 << 16;
 
 /// All-reduce (sum) of `buf` over `all_ranks` (every rank, ascending) with `chosen`.
 pub(crate) async fn all_reduce(

@@ -1,6 +1,6 @@
-//! Through one root: reduce to the root, broadcast from it, and the star all-reduce that does
-//! both chunk by chunk ("through the host"). Also the building blocks of the hierarchical
-//! algorithm, of `broadcast` and of `barrier`.
+//! Through one root: reduce to the root, and the star all-reduce that reduces and broadcasts
+//! chunk by chunk ("through the host"). The reduce is also the hierarchical algorithm's first
+//! step within a node.
 
 use crate::error::CollectiveError;
 use crate::kernels::Apply;
@@ -52,36 +52,6 @@ async fn add_chunk_of_each(
     for &src in srcs {
         let id = wire.id(PHASE_GATHER, 0, k);
         wire.recv(inboxes, src, id, cell, Apply::Add).await?;
-    }
-    Ok(())
-}
-
-/// Copies the root's `buf` to every other rank of `group`.
-pub(crate) async fn bcast_from_root(
-    wire: &Wire<'_>,
-    inboxes: &mut [Option<Inbox>],
-    group: &[u32],
-    root: u32,
-    buf: &mut [f32],
-) -> Result<(), CollectiveError> {
-    position(group, wire.me)?;
-    position(group, root)?;
-    let grid = ChunkGrid::new(buf, 1, wire.chunk_elems);
-    let chunks = grid.chunks_in(0);
-    if wire.me == root {
-        for k in 0..chunks {
-            let mut cell = grid.lock(0, k).await;
-            for &dst in group.iter().filter(|&&r| r != root) {
-                wire.send(dst, wire.id(PHASE_BCAST, 0, k), &mut cell)
-                    .await?;
-            }
-        }
-        return Ok(());
-    }
-    for k in 0..chunks {
-        let mut cell = grid.lock(0, k).await;
-        let id = wire.id(PHASE_BCAST, 0, k);
-        wire.recv(inboxes, root, id, &mut cell, Apply::Copy).await?;
     }
     Ok(())
 }

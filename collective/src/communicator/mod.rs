@@ -180,7 +180,7 @@ impl Communicator {
             buf,
             check,
             move |comm, wire, inboxes, buf| {
-                Box::pin(algorithms::bcast_from_root(
+                Box::pin(algorithms::broadcast(
                     wire,
                     inboxes,
                     &comm.all_ranks,
@@ -201,8 +201,7 @@ impl Communicator {
             &mut token,
             |_| Ok(()),
             |comm, wire, inboxes, buf| {
-                // Rank 0 answers only after every rank's token arrived.
-                Box::pin(algorithms::star(wire, inboxes, &comm.all_ranks, buf))
+                Box::pin(algorithms::barrier(wire, inboxes, &comm.all_ranks, buf))
             },
         )
         .await
