@@ -3,7 +3,11 @@
 //! the TCP data path, through shared-memory rings between these same-host ranks unless
 //! `--data-path tcp` (or `grpc`). Links open when first used: `linked_peers` on each line says
 //! how many peers rank 0 has sent to so far, `shared_memory_peers` through how many rings, and
-//! `ring_memory_peak_bytes` the most memory each rank's own rings held at once (by rank).
+//! `ring_memory_peak_bytes` the most memory each rank's own rings held at once (by rank). For the
+//! world's growth: `links_per_rank` (peers each rank sent to: max and mean), `fds_per_rank` (open
+//! descriptors, max), `peak_rss_mib_per_rank` (max), `connect_seconds_rank0` (rank 0's connect, all
+//! other ranks' start-up included) and `rendezvous_seconds` (the shortest connect of any rank: the
+//! last to join waits only for the exchange itself).
 //!
 //! Prints one JSON line per size with nccl-tests' definitions: algbw = bytes / time,
 //! busbw = algbw * 2 (n - 1) / n; bandwidths in GB/s where 1 GB = 1e9 bytes; and `busbw_vs_tcp`, busbw over the
@@ -12,6 +16,7 @@
 //! `{"baseline":"tcp_pingpong","bytes":..,"rtt_us":..}`: the median round trip of a blocking TCP ping-pong of
 //! those bytes between two processes, and each size line's `time_vs_pingpong` is its time over that round trip.
 
+mod footprint;
 mod pingpong;
 
 use std::io::{Read, Write};
@@ -26,14 +31,75 @@ use rdu_collective::{
     DataPath, JobIdentity, ReduceOptions, Spin,
 };
 
-/// Every rank's peak ring memory, gathered to all: each rank puts its own in its slot of a
-/// vector the ranks sum. Byte counts of rings are multiples of 4 KiB, exact in f32 up to 2^36.
-/// The star is what barriers use, so it opens no link the timed runs did not.
-async fn ring_memory_peaks(comm: &Communicator) -> Result<Vec<u64>> {
-    let mut peaks = vec![0f32; comm.world_size() as usize];
-    peaks[comm.rank() as usize] = comm.ring_memory().peak_bytes as f32;
-    comm.all_reduce_sum(&mut peaks, Algorithm::Star).await?;
-    Ok(peaks.into_iter().map(|b| b as u64).collect())
+/// Every rank's `mine`, gathered to all (rank by rank): each rank puts its values in its slot of a
+/// vector the ranks sum with the timed runs' algorithm (never compressed), so the gather opens no
+/// link the timed runs did not. Values are counts of KiB, of 4 KiB pages or of milliseconds,
+/// exact in f32 up to 2^24 units.
+async fn gather(
+    comm: &Communicator,
+    algorithm: Algorithm,
+    mine: &[f32],
+) -> Result<Vec<Vec<f32>>> {
+    let k = mine.len();
+    let mut all = vec![0f32; comm.world_size() as usize * k];
+    let at = comm.rank() as usize * k;
+    all[at..at + k].copy_from_slice(mine);
+    let exact = ReduceOptions {
+        algorithm,
+        compression: Compression::None,
+    };
+    comm.all_reduce_sum(&mut all, exact).await?;
+    Ok(all.chunks(k).map(<[f32]>::to_vec).collect())
+}
+
+/// Per rank: what it holds after the timed runs, gathered to all.
+struct RankFootprints {
+    ring_memory_peak_bytes: Vec<u64>,
+    links: Vec<u64>,
+    open_fds: Vec<u64>,
+    peak_rss_kib: Vec<u64>,
+    connect_ms: Vec<u64>,
+}
+
+impl RankFootprints {
+    async fn gather(
+        comm: &Communicator,
+        algorithm: Algorithm,
+        connect: Duration,
+    ) -> Result<RankFootprints> {
+        let own = footprint::Footprint::now()?;
+        // Ring bytes in 4 KiB pages, so they stay exact in f32.
+        let mine = [
+            (comm.ring_memory().peak_bytes / 4096) as f32,
+            comm.linked_peers().len() as f32,
+            own.open_fds as f32,
+            own.peak_rss_kib as f32,
+            connect.as_millis() as f32,
+        ];
+        let all = gather(comm, algorithm, &mine).await?;
+        let column = |i: usize| all.iter().map(|r| r[i] as u64).collect::<Vec<_>>();
+        Ok(RankFootprints {
+            ring_memory_peak_bytes: column(0).into_iter().map(|p| p * 4096).collect(),
+            links: column(1),
+            open_fds: column(2),
+            peak_rss_kib: column(3),
+            connect_ms: column(4),
+        })
+    }
+
+    fn json(&self) -> serde_json::Value {
+        let max = |v: &[u64]| v.iter().copied().max().unwrap_or(0);
+        let mean = |v: &[u64]| v.iter().sum::<u64>() as f64 / v.len().max(1) as f64;
+        serde_json::json!({
+            "ring_memory_peak_bytes": self.ring_memory_peak_bytes,
+            "links_per_rank": {"max": max(&self.links), "mean": round3(mean(&self.links))},
+            "fds_per_rank": {"max": max(&self.open_fds), "mean": round3(mean(&self.open_fds))},
+            "peak_rss_mib_per_rank": {"max": round3(max(&self.peak_rss_kib) as f64 / 1024.0),
+                                      "mean": round3(mean(&self.peak_rss_kib) / 1024.0)},
+            "connect_seconds_rank0": self.connect_ms.first().copied().unwrap_or(0) as f64 / 1000.0,
+            "rendezvous_seconds": self.connect_ms.iter().copied().min().unwrap_or(0) as f64 / 1000.0,
+        })
+    }
 }
 
 #[derive(Parser, Debug)]
@@ -395,7 +461,9 @@ fn run_rank(
             spin,
             ..ConnectOptions::default()
         };
+        let connecting = Instant::now();
         let comm = Communicator::connect_with(cfg, options).await?;
+        let connect = connecting.elapsed();
         for &bytes in &args.sizes {
             let elems = bytes / 4;
             let mut buf = vec![(rank + 1) as f32; elems];
@@ -414,14 +482,12 @@ fn run_rank(
             comm.barrier().await?;
             let (linked_peers, shared_memory_peers) =
                 (comm.linked_peers().len(), comm.shared_memory_peers().len());
-            let ring_memory_peak_bytes = ring_memory_peaks(&comm).await?;
+            let footprints = RankFootprints::gather(&comm, reduce.algorithm, connect).await?;
             if rank == 0 {
                 let n = f64::from(args.ranks);
                 let algbw = bytes as f64 / secs / 1e9;
                 let busbw = algbw * 2.0 * (n - 1.0) / n;
-                println!(
-                    "{}",
-                    serde_json::json!({
+                let mut line = serde_json::json!({
                         "ranks": args.ranks,
                         "bytes": bytes,
                         "algorithm": reduce.algorithm.to_string(),
@@ -430,7 +496,6 @@ fn run_rank(
                         "data_path": data_path.to_string(),
                         "linked_peers": linked_peers,
                         "shared_memory_peers": shared_memory_peers,
-                        "ring_memory_peak_bytes": ring_memory_peak_bytes,
                         "ranks_per_node": ranks_per_node(args),
                         "iters": iters,
                         "malloc": malloc_label(),
@@ -438,8 +503,13 @@ fn run_rank(
                         "time_us": (secs * 1e6 * 10.0).round() / 10.0,
                         "algbw_gbps": (algbw * 1000.0).round() / 1000.0,
                         "busbw_gbps": (busbw * 1000.0).round() / 1000.0,
-                    })
-                );
+                });
+                if let (Some(line), serde_json::Value::Object(more)) =
+                    (line.as_object_mut(), footprints.json())
+                {
+                    line.extend(more);
+                }
+                println!("{line}");
             }
         }
         comm.barrier().await?;
