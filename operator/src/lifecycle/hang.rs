@@ -15,10 +15,9 @@ use super::teardown::RankFailure;
 impl Step<'_> {
     /// Whether every rank of the current generation runs (none pending, ended or being deleted).
     fn all_ranks_running(&self) -> bool {
-        (0..self.job.spec.workers).all(|rank| {
-            self.current_rank(rank)
-                .is_some_and(|p| matches!(p.state, PodState::Running { .. }))
-        })
+        self.live_by_rank()
+            .iter()
+            .all(|p| p.is_some_and(|p| matches!(p.state, PodState::Running { .. })))
     }
 
     /// Keeps `status.lastProgress` while every rank runs and no generation is stopping (cleared otherwise), and

@@ -12,7 +12,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use rdu_crds::consts::exit_code;
 use rdu_crds::policy::{self, Culprit, FailureReason, RankExit, Restarts, Ruling, Verdict};
-use rdu_crds::{EndCause, GenerationEnd, JobPhase, PodConditionMatcher, RuleSource};
+use rdu_crds::{EndCause, GenerationEnd, JobPhase, PodConditionMatcher, RankStatus, RuleSource};
 
 use super::pod_view::{PodState, PodView};
 use super::{Action, Step, condition};
@@ -163,10 +163,18 @@ impl Step<'_> {
     /// deleted are not evidence: a rank that exits because it was told to stop is a consequence.
     pub(super) fn evidence(&self) -> Vec<RankFailure> {
         let stopping_since = self.status.stopping.as_ref().map(|s| s.time.0);
-        let seen_before = |rank: u32| self.status.ranks.iter().find(|r| r.rank == rank);
+        let seen: std::collections::BTreeMap<u32, &RankStatus> = self
+            .status
+            .ranks
+            .iter()
+            .rev()
+            .map(|r| (r.rank, r))
+            .collect();
+        let seen_before = |rank: u32| seen.get(&rank).copied();
+        let pods = self.by_rank(|_| true);
         (0..self.job.spec.workers)
             .filter_map(|rank| {
-                let pod = self.current().find(|p| p.rank == rank);
+                let pod = pods[rank as usize];
                 let Some(pod) = pod else {
                     let seen = seen_before(rank)?;
                     if stopping_since.is_some() {

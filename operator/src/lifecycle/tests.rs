@@ -954,3 +954,60 @@ fn a_new_reason_to_hold_updates_the_condition() {
     assert_eq!(c.reason, "PlacementConflict");
     assert!(d.events.iter().any(|e| e.reason == "PlacementConflict"));
 }
+
+#[test]
+fn pods_by_rank_keep_the_first_current_pod_of_each_rank() {
+    let j = with_status(job("mnist", None, 4), JobPhase::Running, 1, &[0, 1, 2, 3]);
+    let observed = pods(&[
+        p(0, 0, "Running"),               // an old generation: not current
+        p(1, 1, "Running").terminating(), // current but going
+        p(1, 1, "Pending"),               // the rank's live pod
+        p(2, 1, "Running"),
+        p(2, 1, "Pending"), // a second pod of rank 2: the first one counts
+        p(7, 1, "Running"), // beyond the world size
+    ]);
+    let cluster = ClusterView::default();
+    let step = Step {
+        job: &j,
+        pods: observed.iter().filter_map(PodView::from_pod).collect(),
+        cluster: &cluster,
+        hold: None,
+        now: at(1),
+        status: j.status.clone().unwrap_or_default(),
+        actions: Vec::new(),
+        events: Vec::new(),
+        requeue_after: None,
+    };
+    let states = |slots: Vec<Option<&PodView>>| -> Vec<Option<(bool, PodState)>> {
+        slots
+            .into_iter()
+            .map(|p| p.map(|p| (p.terminating, p.state.clone())))
+            .collect()
+    };
+    let running = PodState::Running { ready: true };
+    assert_eq!(
+        states(step.live_by_rank()),
+        [
+            None,
+            Some((false, PodState::Pending)),
+            Some((false, running.clone())),
+            None
+        ]
+    );
+    assert_eq!(
+        states(step.by_rank(|_| true)),
+        [
+            None,
+            Some((true, running.clone())),
+            Some((false, running)),
+            None
+        ]
+    );
+    for rank in 0..4 {
+        assert_eq!(
+            step.live_by_rank()[rank as usize].map(|p| p.name.clone()),
+            step.current_rank(rank).map(|p| p.name.clone()),
+            "rank {rank}: the index and the lookup agree"
+        );
+    }
+}
