@@ -17,6 +17,7 @@
 //! those bytes between two processes, and each size line's `time_vs_pingpong` is its time over that round trip.
 
 mod footprint;
+mod mpi;
 mod pingpong;
 
 use std::io::{Read, Write};
@@ -35,11 +36,7 @@ use rdu_collective::{
 /// vector the ranks sum with the timed runs' algorithm (never compressed), so the gather opens no
 /// link the timed runs did not. Values are counts of KiB, of 4 KiB pages or of milliseconds,
 /// exact in f32 up to 2^24 units.
-async fn gather(
-    comm: &Communicator,
-    algorithm: Algorithm,
-    mine: &[f32],
-) -> Result<Vec<Vec<f32>>> {
+async fn gather(comm: &Communicator, algorithm: Algorithm, mine: &[f32]) -> Result<Vec<Vec<f32>>> {
     let k = mine.len();
     let mut all = vec![0f32; comm.world_size() as usize * k];
     let at = comm.rank() as usize * k;
@@ -159,6 +156,11 @@ struct Args {
     /// Skip the TCP baseline.
     #[arg(long)]
     no_baseline: bool,
+    /// Also run the sizes through Open MPI's MPI_Allreduce, over its shared memory and over TCP, in this
+    /// run (needs `mpicc` and `mpirun`): lines with "baseline":"mpi_shared_memory" and "mpi_tcp", and on
+    /// each of this bench's lines `time_vs_<baseline>` (its time over MPI's; below 1 is faster).
+    #[arg(long)]
+    compare_mpi: bool,
     /// Internal: run as this rank.
     #[arg(long, hide = true)]
     rank: Option<u32>,
@@ -227,6 +229,11 @@ fn run_parent(args: &Args) -> Result<()> {
         .then(|| tcp_baseline(&exe, args.baseline_bytes))
         .transpose()?;
     let lines = run_ranks(args, &exe)?;
+    let mpi = if args.compare_mpi {
+        compare_mpi(args)?
+    } else {
+        Vec::new()
+    };
     let after = (!args.no_baseline)
         .then(|| tcp_baseline(&exe, args.baseline_bytes))
         .transpose()?;
@@ -249,7 +256,28 @@ fn run_parent(args: &Args) -> Result<()> {
         if let (Some(rtt), Some(time)) = (rtt, value["time_us"].as_f64()) {
             value["time_vs_pingpong"] = serde_json::json!(round3(time / rtt));
         }
+        for (baseline, results) in &mpi {
+            let theirs = results
+                .iter()
+                .find(|r| Some(r.bytes) == value["bytes"].as_u64());
+            if let (Some(theirs), Some(time)) = (theirs, value["time_us"].as_f64()) {
+                value[format!("time_vs_{baseline}")] =
+                    serde_json::json!(round3(time / theirs.time_us));
+            }
+        }
         println!("{value}");
+    }
+    for (baseline, results) in &mpi {
+        for r in results {
+            let n = f64::from(args.ranks);
+            let busbw = r.bytes as f64 / (r.time_us * 1e-6) / 1e9 * 2.0 * (n - 1.0) / n;
+            println!(
+                "{}",
+                serde_json::json!({"baseline": baseline, "ranks": args.ranks, "bytes": r.bytes,
+                                   "iters": r.iters, "time_us": round3(r.time_us),
+                                   "busbw_gbps": round3(busbw)})
+            );
+        }
     }
     if let (Some(gbps), Some(before), Some(after)) = (baseline, before, after) {
         println!(
@@ -270,6 +298,26 @@ fn run_parent(args: &Args) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Open MPI's results for the same sizes, iterations and warm-up, per transport (`--compare-mpi`).
+fn compare_mpi(args: &Args) -> Result<Vec<(&'static str, Vec<mpi::MpiResult>)>> {
+    let program = mpi::MpiProgram::build()?;
+    let sizes: Vec<(u64, u64, u32)> = args
+        .sizes
+        .iter()
+        .map(|&bytes| (bytes as u64, u64::from(iters_for(args, bytes)), args.warmup))
+        .collect();
+    mpi::TRANSPORTS
+        .iter()
+        .map(|&(name, btl)| Ok((name, program.run(args.ranks, btl, &sizes)?)))
+        .collect()
+}
+
+/// Timed iterations for `bytes`: `--iters`, or about 256 MiB of traffic, between 5 and 2000.
+fn iters_for(args: &Args, bytes: usize) -> u32 {
+    args.iters
+        .unwrap_or_else(|| ((256usize << 20) / bytes).clamp(5, 2000) as u32)
 }
 
 fn round3(x: f64) -> f64 {
@@ -467,9 +515,7 @@ fn run_rank(
         for &bytes in &args.sizes {
             let elems = bytes / 4;
             let mut buf = vec![(rank + 1) as f32; elems];
-            let iters = args
-                .iters
-                .unwrap_or_else(|| ((256usize << 20) / bytes).clamp(5, 2000) as u32);
+            let iters = iters_for(args, bytes);
             for _ in 0..args.warmup {
                 comm.all_reduce_sum(&mut buf, reduce).await?;
             }

@@ -22,13 +22,12 @@ fn the_bench_prints_a_line_per_size_and_the_tcp_baseline() {
         assert_eq!(line["ranks"], 3);
         assert_eq!(line["bytes"], bytes);
         // Rank processes on one host share memory rings with the peers they sent to: rank 0
-        // with both (its ring neighbour, and both for the barriers' star).
+        // with both (its ring neighbour, and both for the dissemination barrier).
         assert_eq!(line["data_path"], "auto");
         assert_eq!(line["linked_peers"], 2, "{line}");
         assert_eq!(line["shared_memory_peers"], 2, "{line}");
-        // Each rank's own rings: rank 0's to both peers; rank 1's to rank 2 (its ring
-        // neighbour) and rank 0; rank 2's to rank 0 only (the ring's neighbour and the star's
-        // root are the same rank).
+        // Each rank's own rings: the barrier of 3 has every rank tell the ranks 1 and 2 after it
+        // (the ring's neighbour is the first of them), so every rank holds rings to both peers.
         let ring = rdu_collective::RING_SEGMENT_BYTES as u64;
         let peaks: Vec<u64> = line["ring_memory_peak_bytes"]
             .as_array()
@@ -36,8 +35,21 @@ fn the_bench_prints_a_line_per_size_and_the_tcp_baseline() {
             .iter()
             .map(|v| v.as_u64().expect("bytes"))
             .collect();
-        assert_eq!(peaks, [2 * ring, 2 * ring, ring], "{line}");
+        assert_eq!(peaks, [2 * ring, 2 * ring, 2 * ring], "{line}");
         assert!(line["time_us"].as_f64().is_some_and(|v| v > 0.0), "{line}");
+        // What each rank holds as the world grows: 2 links each here, and descriptors and memory.
+        assert_eq!(line["links_per_rank"]["max"], 2, "{line}");
+        assert!(
+            line["fds_per_rank"]["max"].as_u64().is_some_and(|v| v >= 2),
+            "{line}"
+        );
+        assert!(
+            line["peak_rss_mib_per_rank"]["max"]
+                .as_f64()
+                .is_some_and(|v| v > 0.0),
+            "{line}"
+        );
+        assert!(line["rendezvous_seconds"].as_f64().is_some(), "{line}");
         for field in [
             "algbw_gbps",
             "busbw_gbps",
