@@ -156,6 +156,11 @@ struct Args {
     /// Skip the TCP baseline.
     #[arg(long)]
     no_baseline: bool,
+    /// Pin rank r to core r mod (cores), as `mpirun --bind-to core` does (and, with --compare-mpi, bind MPI's
+    /// ranks the same way; unbound otherwise, for both). Unbound, two ranks often start on one core and
+    /// share it until the kernel's load balancer moves one: the first thousands of small calls pay for it.
+    #[arg(long)]
+    bind_to_core: bool,
     /// Also run the sizes through Open MPI's MPI_Allreduce, over its shared memory and over TCP, in this
     /// run (needs `mpicc` and `mpirun`): lines with "baseline":"mpi_shared_memory" and "mpi_tcp", and on
     /// each of this bench's lines `time_vs_<baseline>` (its time over MPI's; below 1 is faster).
@@ -310,7 +315,12 @@ fn compare_mpi(args: &Args) -> Result<Vec<(&'static str, Vec<mpi::MpiResult>)>> 
         .collect();
     mpi::TRANSPORTS
         .iter()
-        .map(|&(name, btl)| Ok((name, program.run(args.ranks, btl, &sizes)?)))
+        .map(|&(name, btl)| {
+            Ok((
+                name,
+                program.run(args.ranks, btl, args.bind_to_core, &sizes)?,
+            ))
+        })
         .collect()
 }
 
@@ -358,6 +368,9 @@ fn run_ranks(args: &Args, exe: &std::path::Path) -> Result<Vec<String>> {
             .arg(&args.compression);
         if args.multi_thread {
             cmd.arg("--multi-thread");
+        }
+        if args.bind_to_core {
+            cmd.arg("--bind-to-core");
         }
         cmd.arg("--rank")
             .arg(rank.to_string())
@@ -459,6 +472,23 @@ fn tcp_send(addr: &str, bytes: u64) -> Result<()> {
     Ok(())
 }
 
+/// Pins this process to core `rank` mod the cores it may use.
+fn bind_to_core(rank: u32) -> Result<()> {
+    let allowed =
+        rustix::thread::sched_getaffinity(None).context("reading this process's CPU set")?;
+    let cores: Vec<usize> = (0..rustix::thread::CpuSet::MAX_CPU)
+        .filter(|&c| allowed.is_set(c))
+        .collect();
+    let Some(&core) = cores.get(rank as usize % cores.len().max(1)) else {
+        bail!("--bind-to-core: this process may run on no core");
+    };
+    let mut only = rustix::thread::CpuSet::new();
+    only.set(core);
+    rustix::thread::sched_setaffinity(None, &only)
+        .with_context(|| format!("pinning rank {rank} to core {core}"))?;
+    Ok(())
+}
+
 /// `--ranks-per-node`, with 0 meaning all ranks.
 fn ranks_per_node(args: &Args) -> u32 {
     match args.ranks_per_node {
@@ -475,6 +505,9 @@ fn run_rank(
     data_path: DataPath,
     spin: Spin,
 ) -> Result<()> {
+    if args.bind_to_core {
+        bind_to_core(rank)?;
+    }
     let runtime = if !args.multi_thread {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -562,4 +595,29 @@ fn run_rank(
         comm.shutdown().await;
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bound_rank_runs_on_one_core_of_those_allowed() {
+        // On a thread of its own: the binding is the calling thread's.
+        std::thread::spawn(|| {
+            let allowed = rustix::thread::sched_getaffinity(None).expect("affinity");
+            let cores: Vec<usize> = (0..rustix::thread::CpuSet::MAX_CPU)
+                .filter(|&c| allowed.is_set(c))
+                .collect();
+            let rank = 3;
+            bind_to_core(rank).expect("bound");
+            let now = rustix::thread::sched_getaffinity(None).expect("affinity");
+            let set: Vec<usize> = (0..rustix::thread::CpuSet::MAX_CPU)
+                .filter(|&c| now.is_set(c))
+                .collect();
+            assert_eq!(set, [cores[rank as usize % cores.len()]]);
+        })
+        .join()
+        .expect("the bound thread");
+    }
 }

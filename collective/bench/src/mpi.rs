@@ -53,13 +53,21 @@ impl MpiProgram {
         Ok(program)
     }
 
-    /// Runs `ranks` MPI ranks over `btl` for every `(bytes, iters, warmup)`.
-    pub fn run(&self, ranks: u32, btl: &str, sizes: &[(u64, u64, u32)]) -> Result<Vec<MpiResult>> {
+    /// Runs `ranks` MPI ranks over `btl` for every `(bytes, iters, warmup)`, each bound to a core when
+    /// `bind_to_core` (as the bench's own ranks then are), unbound otherwise.
+    pub fn run(
+        &self,
+        ranks: u32,
+        btl: &str,
+        bind_to_core: bool,
+        sizes: &[(u64, u64, u32)],
+    ) -> Result<Vec<MpiResult>> {
+        let binding = if bind_to_core { "core" } else { "none" };
         let output = Command::new("mpirun")
             .args([
                 "--oversubscribe",
                 "--bind-to",
-                "none",
+                binding,
                 "--mca",
                 "btl",
                 btl,
