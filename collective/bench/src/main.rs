@@ -34,11 +34,20 @@ use rdu_collective::{
 
 /// Every rank's `mine`, gathered to all (rank by rank): each rank puts its values in its slot of a
 /// vector the ranks sum with the timed runs' algorithm (never compressed), so the gather opens no
-/// link the timed runs did not. Values are counts of KiB, of 4 KiB pages or of milliseconds,
-/// exact in f32 up to 2^24 units.
-async fn gather(comm: &Communicator, algorithm: Algorithm, mine: &[f32]) -> Result<Vec<Vec<f32>>> {
+/// link the timed runs did not. `Auto` picks by size, so the vector is as long as the timed
+/// buffer (`timed_bytes`) when that is longer: it resolves as the timed runs did (and when the
+/// slots alone are longer, both stay on the same side of `AUTO_SMALL_MAX_BYTES` up to 3,276
+/// ranks). Values are counts of KiB, of 4 KiB pages or of milliseconds, exact in f32 up to 2^24
+/// units.
+async fn gather(
+    comm: &Communicator,
+    algorithm: Algorithm,
+    timed_bytes: usize,
+    mine: &[f32],
+) -> Result<Vec<Vec<f32>>> {
     let k = mine.len();
-    let mut all = vec![0f32; comm.world_size() as usize * k];
+    let slots = comm.world_size() as usize * k;
+    let mut all = vec![0f32; gather_len(slots, timed_bytes)];
     let at = comm.rank() as usize * k;
     all[at..at + k].copy_from_slice(mine);
     let exact = ReduceOptions {
@@ -46,7 +55,12 @@ async fn gather(comm: &Communicator, algorithm: Algorithm, mine: &[f32]) -> Resu
         compression: Compression::None,
     };
     comm.all_reduce_sum(&mut all, exact).await?;
-    Ok(all.chunks(k).map(<[f32]>::to_vec).collect())
+    Ok(all[..slots].chunks(k).map(<[f32]>::to_vec).collect())
+}
+
+/// Values in the gather's vector: the ranks' slots, padded to the timed buffer's length.
+fn gather_len(slots: usize, timed_bytes: usize) -> usize {
+    slots.max(timed_bytes.div_ceil(4))
 }
 
 /// Per rank: what it holds after the timed runs, gathered to all.
@@ -62,6 +76,7 @@ impl RankFootprints {
     async fn gather(
         comm: &Communicator,
         algorithm: Algorithm,
+        timed_bytes: usize,
         connect: Duration,
     ) -> Result<RankFootprints> {
         let own = footprint::Footprint::now()?;
@@ -73,7 +88,7 @@ impl RankFootprints {
             own.peak_rss_kib as f32,
             connect.as_millis() as f32,
         ];
-        let all = gather(comm, algorithm, &mine).await?;
+        let all = gather(comm, algorithm, timed_bytes, &mine).await?;
         let column = |i: usize| all.iter().map(|r| r[i] as u64).collect::<Vec<_>>();
         Ok(RankFootprints {
             ring_memory_peak_bytes: column(0).into_iter().map(|p| p * 4096).collect(),
@@ -561,7 +576,7 @@ fn run_rank(
             comm.barrier().await?;
             let (linked_peers, shared_memory_peers) =
                 (comm.linked_peers().len(), comm.shared_memory_peers().len());
-            let footprints = RankFootprints::gather(&comm, reduce.algorithm, connect).await?;
+            let footprints = RankFootprints::gather(&comm, reduce.algorithm, bytes, connect).await?;
             if rank == 0 {
                 let n = f64::from(args.ranks);
                 let algbw = bytes as f64 / secs / 1e9;
@@ -600,6 +615,15 @@ fn run_rank(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_gather_is_as_long_as_the_timed_buffer_or_its_slots() {
+        // 4 ranks × 5 values after 1 MiB: `auto` must see 1 MiB, as the timed runs did.
+        assert_eq!(gather_len(20, 1 << 20) * 4, 1 << 20);
+        assert_eq!(gather_len(20, 4), 20);
+        assert_eq!(gather_len(20, 6) * 4, 80);
+        assert_eq!(gather_len(1, 6), 2);
+    }
 
     #[test]
     fn a_bound_rank_runs_on_one_core_of_those_allowed() {
