@@ -1,5 +1,5 @@
 //! The collective algorithms, one file each, and what they share: the `Wire` one operation talks
-//! to peers through (every wait bounded by the operation's deadline and the failure latch; every
+//! to peers through (the whole operation bounded by its deadline and the failure latch; every
 //! receive checked against what this rank expects next from that peer), the chunk phases, and the
 //! pipelining helpers. `choice` says which all-reduce algorithm runs.
 //!
@@ -80,7 +80,9 @@ pub(crate) struct Wire<'a> {
 }
 
 impl Wire<'_> {
-    async fn bounded<T>(
+    /// Runs a whole operation, `fut`, until it ends, the failure latch trips or the deadline
+    /// passes: one timer and one watch per operation, not per chunk sent or received.
+    pub(crate) async fn bounded<T>(
         &self,
         fut: impl Future<Output = Result<T, CollectiveError>>,
     ) -> Result<T, CollectiveError> {
@@ -108,11 +110,8 @@ impl Wire<'_> {
     /// Sends `values` to `dst` (dialling it first if this rank never sent to it); compressed
     /// values are rounded in place first, so this rank keeps what `dst` receives.
     async fn send(&self, dst: u32, id: ChunkId, values: &mut [f32]) -> Result<(), CollectiveError> {
-        self.bounded(async {
-            let link = self.links.to(dst, self.deadline).await?;
-            link.send(id, values, self.mode.compression).await
-        })
-        .await
+        let link = self.links.to(dst, self.deadline).await?;
+        link.send(id, values, self.mode.compression).await
     }
 
     /// Receives the next chunk from `src`, which must be exactly the expected one with
@@ -125,19 +124,44 @@ impl Wire<'_> {
         dst: &mut [f32],
         apply: Apply,
     ) -> Result<(), CollectiveError> {
+        self.recv_as(inboxes, src, expected, dst, apply, self.mode)
+            .await
+    }
+
+    /// Like `recv`, when nothing else of this task has to run while it waits (this rank's sends
+    /// of the step went out already): a ring is then polled in place.
+    async fn recv_alone(
+        &self,
+        inboxes: &mut [Option<Inbox>],
+        src: u32,
+        expected: ChunkId,
+        dst: &mut [f32],
+        apply: Apply,
+    ) -> Result<(), CollectiveError> {
+        let mode = ReceiveMode {
+            in_place: true,
+            ..self.mode
+        };
+        self.recv_as(inboxes, src, expected, dst, apply, mode).await
+    }
+
+    async fn recv_as(
+        &self,
+        inboxes: &mut [Option<Inbox>],
+        src: u32,
+        expected: ChunkId,
+        dst: &mut [f32],
+        apply: Apply,
+        mode: ReceiveMode,
+    ) -> Result<(), CollectiveError> {
         let inbox = inbox_of(inboxes, src)?;
-        self.bounded(async {
-            inbox
-                .receive(self.generation, expected, dst, apply, self.mode)
-                .await
-                .map_err(|e| match e {
-                    InboxError::Lost(reason) => CollectiveError::PeerLost { rank: src, reason },
-                    InboxError::Violation(reason) => {
-                        CollectiveError::Protocol { rank: src, reason }
-                    }
-                })
-        })
-        .await
+        inbox
+            .receive(self.generation, expected, dst, apply, mode)
+            .await
+            .map_err(|e| match e {
+                InboxError::Lost(reason) => CollectiveError::PeerLost { rank: src, reason },
+                InboxError::Violation(reason) => CollectiveError::Protocol { rank: src, reason },
+            })
     }
 }
 
@@ -206,6 +230,17 @@ impl Exchange {
         grid: &ChunkGrid<'_>,
     ) -> Result<(), CollectiveError> {
         let chunks = grid.chunks_in(0);
+        if chunks == 1 {
+            // One chunk (a small buffer) is received only after it was sent, as below; done in
+            // turn, the receive is then all this task waits for, and polls in place.
+            let id = wire.id(self.send_phase, 0, 0);
+            wire.send(self.to, id, &mut grid.lock(0, 0).await).await?;
+            let id = wire.id(self.receive_phase, 0, 0);
+            let mut cell = grid.lock(0, 0).await;
+            return wire
+                .recv_alone(inboxes, self.from, id, &mut cell, self.apply)
+                .await;
+        }
         let sent = Progress::new();
         let sender = async {
             for k in 0..chunks {

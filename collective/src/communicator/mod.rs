@@ -311,11 +311,13 @@ impl Communicator {
             mode: ReceiveMode {
                 compression,
                 spin: self.spin,
+                in_place: false,
             },
             fail: &self.fail,
             links,
         };
-        let result = body(self, &wire, &mut state.inboxes, buf)
+        let result = wire
+            .bounded(body(self, &wire, &mut state.inboxes, buf))
             .instrument(tracing::debug_span!(parent: &self.span, "op", op, op_id))
             .await;
         drop(state);

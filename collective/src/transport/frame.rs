@@ -81,12 +81,16 @@ impl ChunkHeader {
     }
 }
 
-/// How a collective receives: the encoding its values travel in, and how long a wait polls
-/// before the task parks (see `spin`).
+/// How a collective receives: the encoding its values travel in, how long a wait polls before
+/// the task parks (see `spin`), and whether it may poll in place.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct ReceiveMode {
     pub(crate) compression: Compression,
     pub(crate) spin: Option<Duration>,
+    /// Nothing else of this task has to run while the receive waits (its sends went out
+    /// already), so a shared-memory ring is polled without handing the task back to the
+    /// runtime between polls (which costs a wake-up through the runtime's driver each time).
+    pub(crate) in_place: bool,
 }
 
 /// Why reading from a peer failed.

@@ -5,9 +5,11 @@
 //!
 //! The sender publishes `head` after each piece and the receiver `tail`; both only grow, are
 //! multiples of 8, and are checked against the capacity whenever read, since the other process
-//! may write anything there. An end that finds nothing to do polls for `spin` (yielding its core
-//! and its task between polls), then sets its `parked` flag, looks once more, and sleeps on the
-//! data stream's socket until the other end rings (see `bell`). Each end rings after it published
+//! may write anything there. The sender writes a small frame, header and all, with one publish.
+//! An end that finds nothing to do polls for `spin` (yielding its core and its task between
+//! polls; a receive whose task has nothing else to do polls in place, yielding only the core
+//! now and then), then sets its `parked` flag, looks once more, and sleeps on the data stream's
+//! socket until the other end rings (see `bell`). Each end rings after it published
 //! only if the other end's flag is set, so neither wake-up is lost (both flag and counter are
 //! sequentially consistent) and a busy ring makes no system calls.
 
@@ -34,28 +36,56 @@ pub(crate) enum WriteError {
     Violation(String),
 }
 
-/// Polls `check` until it gives a value, for `spin` and then asleep on `bell` with `parked` set.
+/// How a waiting end polls before it parks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Spin {
+    /// Park at once.
+    Off,
+    /// Poll for this long, handing the core and the task back between polls: other futures of
+    /// the task (the sending half of an exchange) and other threads on the core run.
+    Yielding(Duration),
+    /// Poll for this long without returning to the runtime (nothing else of the task waits),
+    /// handing the core to other threads every `POLLS_PER_YIELD` polls.
+    InPlace(Duration),
+}
+
+/// Polls in place between two `sched_yield`s: with the other end on another core a small frame
+/// lands within a few polls and no system call is made; with both ends on one core the other
+/// gets it after a few microseconds at most.
+const POLLS_PER_YIELD: u32 = 64;
+
+/// Polls `check` until it gives a value, as `spin` says, and then asleep on `bell` with `parked`
+/// set.
 async fn wait_until<T, E>(
     bell: &impl Bell,
     parked: &std::sync::atomic::AtomicU32,
-    spin: Option<Duration>,
+    spin: Spin,
     mut check: impl FnMut() -> Result<Option<T>, E>,
     mut on_wake: impl FnMut(Result<Wake, String>) -> Result<(), E>,
 ) -> Result<T, E> {
-    let mut spin_until = spin.map(|d| Instant::now() + d);
+    let mut yielding_until = match spin {
+        Spin::Off => None,
+        Spin::Yielding(d) => Some(Instant::now() + d),
+        Spin::InPlace(d) => {
+            if let Some(found) = poll_in_place(d, &mut check)? {
+                return Ok(found);
+            }
+            None
+        }
+    };
     loop {
         if let Some(found) = check()? {
             return Ok(found);
         }
-        if let Some(until) = spin_until {
+        if let Some(until) = yielding_until {
             if Instant::now() < until {
                 // Hand the core to another runnable thread (a peer rank sharing it), then
-                // this thread to the other half of the exchange (this rank's own receive).
+                // this thread to the other half of the exchange (this rank's own send).
                 std::thread::yield_now();
-                tokio::task::yield_now().await;
+                YieldToSiblings(false).await;
                 continue;
             }
-            spin_until = None;
+            yielding_until = None;
         }
         parked.store(1, SeqCst);
         if let Some(found) = check()? {
@@ -66,11 +96,54 @@ async fn wait_until<T, E>(
     }
 }
 
+/// Polls `check` in place for up to `spin`, yielding the core every `POLLS_PER_YIELD` polls.
+fn poll_in_place<T, E>(
+    spin: Duration,
+    check: &mut impl FnMut() -> Result<Option<T>, E>,
+) -> Result<Option<T>, E> {
+    let until = Instant::now() + spin;
+    loop {
+        for _ in 0..POLLS_PER_YIELD {
+            if let Some(found) = check()? {
+                return Ok(Some(found));
+            }
+            std::hint::spin_loop();
+        }
+        if Instant::now() >= until {
+            return Ok(None);
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// Lets the other futures of this task run (the sending half of an exchange, joined with the
+/// receiving half), then is ready: the task is woken at once and polled again, without waiting
+/// for the runtime to poll its I/O driver first as tokio's `yield_now` does.
+struct YieldToSiblings(bool);
+
+impl std::future::Future for YieldToSiblings {
+    type Output = ();
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        if self.0 {
+            return std::task::Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    }
+}
+
 /// The sending end of a ring.
 pub(crate) struct RingWriter {
     segment: Segment,
     head: u64,
     spin: Option<Duration>,
+    /// How often the head was published (each a cache line the reader's core fetches).
+    publishes: u64,
 }
 
 impl RingWriter {
@@ -79,6 +152,7 @@ impl RingWriter {
             segment,
             head: 0,
             spin,
+            publishes: 0,
         }
     }
 
@@ -90,43 +164,68 @@ impl RingWriter {
         header: &[u8; HEADER_LEN],
         payload: &[u8],
     ) -> Result<(), WriteError> {
-        self.put(bell, header).await?;
         let whole = payload.len() / ALIGN * ALIGN;
-        self.put(bell, &payload[..whole]).await?;
         let rest = &payload[whole..];
-        if !rest.is_empty() {
-            let mut last = [0u8; ALIGN];
-            last[..rest.len()].copy_from_slice(rest);
-            self.put(bell, &last).await?;
+        let mut last = [0u8; ALIGN];
+        last[..rest.len()].copy_from_slice(rest);
+        let padded: &[u8] = if rest.is_empty() { &[] } else { &last };
+        self.put(bell, [header.as_slice(), &payload[..whole], padded])
+            .await
+    }
+
+    /// Copies `parts` (each a multiple of 8) in, publishing the head once per piece and at the
+    /// end: a small frame, header and all, reaches the reader with one publish, so it wakes to a
+    /// whole frame and the counter's cache line crosses cores once.
+    async fn put(&mut self, bell: &impl Bell, parts: [&[u8]; 3]) -> Result<(), WriteError> {
+        let capacity = self.segment.capacity();
+        let mut unpublished = 0;
+        for mut bytes in parts {
+            debug_assert!(bytes.len().is_multiple_of(ALIGN));
+            while !bytes.is_empty() {
+                let free = match self.free()? {
+                    free if free >= ALIGN => free,
+                    _ => {
+                        // The reader waits for what is copied in already: publish it first.
+                        self.publish(bell);
+                        unpublished = 0;
+                        self.wait_for_space(bell).await?
+                    }
+                };
+                let at = (self.head % capacity as u64) as usize;
+                let n = bytes
+                    .len()
+                    .min(free)
+                    .min(capacity - at)
+                    .min(PIECE_BYTES - unpublished);
+                // SAFETY: `at + n <= capacity`, and the receiver does not read these bytes until
+                // `head` (published below) covers them: they are free space (`free` checked it).
+                unsafe {
+                    self.segment
+                        .ring()
+                        .add(at)
+                        .copy_from_nonoverlapping(bytes.as_ptr(), n)
+                };
+                bytes = &bytes[n..];
+                self.head += n as u64;
+                unpublished += n;
+                if unpublished == PIECE_BYTES {
+                    self.publish(bell);
+                    unpublished = 0;
+                }
+            }
         }
+        self.publish(bell);
         Ok(())
     }
 
-    /// Copies `bytes` (a multiple of 8) in, a piece at a time, publishing each.
-    async fn put(&mut self, bell: &impl Bell, mut bytes: &[u8]) -> Result<(), WriteError> {
-        debug_assert!(bytes.len().is_multiple_of(ALIGN));
-        let capacity = self.segment.capacity();
-        while !bytes.is_empty() {
-            let free = self.wait_for_space(bell).await?;
-            let at = (self.head % capacity as u64) as usize;
-            let n = bytes.len().min(free).min(capacity - at).min(PIECE_BYTES);
-            // SAFETY: `at + n <= capacity`, and the receiver does not read these bytes until
-            // `head` (published below) covers them: they are free space (`free` checked it).
-            unsafe {
-                self.segment
-                    .ring()
-                    .add(at)
-                    .copy_from_nonoverlapping(bytes.as_ptr(), n)
-            };
-            bytes = &bytes[n..];
-            self.head += n as u64;
-            self.segment.head().store(self.head, SeqCst);
-            let reader = self.segment.reader_parked();
-            if reader.load(SeqCst) != 0 && reader.swap(0, SeqCst) != 0 {
-                bell.ring();
-            }
+    /// Publishes the head, waking the reader if it sleeps.
+    fn publish(&mut self, bell: &impl Bell) {
+        self.publishes += 1;
+        self.segment.head().store(self.head, SeqCst);
+        let reader = self.segment.reader_parked();
+        if reader.load(SeqCst) != 0 && reader.swap(0, SeqCst) != 0 {
+            bell.ring();
         }
-        Ok(())
     }
 
     /// Free bytes (at least 8), once there are.
@@ -134,7 +233,7 @@ impl RingWriter {
         wait_until(
             bell,
             self.segment.writer_parked(),
-            self.spin,
+            self.spin.map_or(Spin::Off, Spin::Yielding),
             || self.free().map(|free| (free >= ALIGN).then_some(free)),
             |wake| match wake {
                 Ok(Wake::Rung) => Ok(()),
@@ -165,11 +264,17 @@ impl RingWriter {
 pub(crate) struct RingReader {
     segment: Segment,
     tail: u64,
+    /// How often the tail was published.
+    publishes: u64,
 }
 
 impl RingReader {
     pub(crate) fn new(segment: Segment) -> Self {
-        RingReader { segment, tail: 0 }
+        RingReader {
+            segment,
+            tail: 0,
+            publishes: 0,
+        }
     }
 
     /// Takes the next frame, which must be `expected` with `dst.len()` values, and applies it
@@ -184,13 +289,14 @@ impl RingReader {
     ) -> Result<(), InboxError> {
         let width = mode.compression.bytes_per_value();
         let payload = dst.len() * width;
-        self.wait_for(bell, HEADER_LEN, mode.spin, true).await?;
+        self.wait_for(bell, HEADER_LEN, mode, true).await?;
         check_header(&self.header(), expected, payload)?;
-        self.consume(bell, HEADER_LEN);
+        // The header's bytes are freed with the first piece (or the padding): one publish.
+        self.tail += HEADER_LEN as u64;
         let capacity = self.segment.capacity();
         let mut done = 0;
         while done < payload {
-            let available = self.wait_for(bell, 1, mode.spin, false).await?;
+            let available = self.wait_for(bell, 1, mode, false).await?;
             let at = (self.tail % capacity as u64) as usize;
             // A multiple of the value width: `available`, `capacity - at` and PIECE_BYTES
             // are multiples of 8 (counters are, and frames start at them), `payload - done` of
@@ -205,11 +311,14 @@ impl RingReader {
             mode.compression
                 .decode_apply(&mut dst[done / width..(done + n) / width], bytes, apply);
             done += n;
-            self.consume(bell, n);
+            self.tail += n as u64;
+            if done < payload {
+                self.publish(bell);
+            }
         }
         // The padding: published with the frame's last bytes (the head is a multiple of 8).
-        let aligned = self.tail.next_multiple_of(ALIGN as u64);
-        self.consume(bell, (aligned - self.tail) as usize);
+        self.tail = self.tail.next_multiple_of(ALIGN as u64);
+        self.publish(bell);
         Ok(())
     }
 
@@ -228,10 +337,9 @@ impl RingReader {
         header
     }
 
-    /// Moves the tail past `n` bytes, publishing it (a multiple of 8) and waking the sender
-    /// if it sleeps waiting for space.
-    fn consume(&mut self, bell: &impl Bell, n: usize) {
-        self.tail += n as u64;
+    /// Publishes the tail (a multiple of 8), waking the sender if it sleeps waiting for space.
+    fn publish(&mut self, bell: &impl Bell) {
+        self.publishes += 1;
         self.segment
             .tail()
             .store(self.tail / ALIGN as u64 * ALIGN as u64, SeqCst);
@@ -246,9 +354,14 @@ impl RingReader {
         &self,
         bell: &impl Bell,
         need: usize,
-        spin: Option<Duration>,
+        mode: ReceiveMode,
         frame_start: bool,
     ) -> Result<usize, InboxError> {
+        let spin = match mode.spin {
+            Some(spin) if mode.in_place => Spin::InPlace(spin),
+            Some(spin) => Spin::Yielding(spin),
+            None => Spin::Off,
+        };
         wait_until(
             bell,
             self.segment.reader_parked(),
@@ -317,7 +430,7 @@ mod tests {
                 read: &self.link.0,
                 write: &self.link.1,
             };
-            self.writer.put(&bell, bytes).await.unwrap();
+            self.writer.put(&bell, [bytes, &[], &[]]).await.unwrap();
         }
     }
 
@@ -337,7 +450,11 @@ mod tests {
             compression: Compression,
             spin: Option<Duration>,
         ) -> Result<(), InboxError> {
-            let mode = ReceiveMode { compression, spin };
+            let mode = ReceiveMode {
+                compression,
+                spin,
+                in_place: false,
+            };
             self.reader
                 .receive(&self.inbox, id(chunk), dst, apply, mode)
                 .await
@@ -387,6 +504,103 @@ mod tests {
             phase: 16,
             segment: 0,
             chunk,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_small_frame_crosses_with_one_publish_each_way() {
+        let Pair {
+            mut send,
+            mut receive,
+            observer,
+        } = pair(None).await;
+        let values = [1.5f32; 10];
+        send.frame(0, &crate::kernels::le_bytes(&values))
+            .await
+            .unwrap();
+        assert_eq!(send.writer.publishes, 1, "header and payload together");
+        assert_eq!(observer.head().load(SeqCst), (HEADER_LEN + 40) as u64);
+        let mut got = vec![0.0f32; 10];
+        receive.add(0, &mut got).await.unwrap();
+        assert_eq!(got, values);
+        assert_eq!(
+            receive.reader.publishes, 1,
+            "header, payload and padding freed together"
+        );
+        assert_eq!(observer.tail().load(SeqCst), (HEADER_LEN + 40) as u64);
+    }
+
+    /// A bell no wait may ring on: the waits below must not park.
+    struct NeverParks;
+
+    impl Bell for NeverParks {
+        fn ring(&self) {}
+
+        async fn wait(&self) -> Result<Wake, String> {
+            panic!("parked")
+        }
+    }
+
+    /// Waits, as `spin` says, for the 1,000th poll, while a task spawned on the same
+    /// current-thread runtime waits to run; says whether it ran before the wait ended.
+    fn sibling_ran_during_a_wait(spin: Spin) -> bool {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let ran = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let flag = ran.clone();
+            let sibling = tokio::spawn(async move { flag.store(true, SeqCst) });
+            let parked = std::sync::atomic::AtomicU32::new(0);
+            let mut polls = 0;
+            let check = || {
+                polls += 1;
+                Ok::<_, ()>((polls == 1000).then_some(polls))
+            };
+            let found = wait_until(&NeverParks, &parked, spin, check, |_| Ok(())).await;
+            assert_eq!(found, Ok(1000));
+            let ran_during = ran.load(SeqCst);
+            sibling.await.unwrap();
+            ran_during
+        })
+    }
+
+    #[test]
+    fn an_in_place_wait_keeps_the_thread_and_a_yielding_one_lets_the_runtime_run() {
+        let long = Duration::from_secs(60);
+        assert!(!sibling_ran_during_a_wait(Spin::InPlace(long)));
+        assert!(sibling_ran_during_a_wait(Spin::Yielding(long)));
+    }
+
+    #[tokio::test]
+    async fn an_in_place_wait_parks_once_its_spin_is_over() {
+        let parked = std::sync::atomic::AtomicU32::new(0);
+        let started = Instant::now();
+        let spin = Duration::from_millis(2);
+        let ended = wait_until(
+            &ClosesAtOnce,
+            &parked,
+            Spin::InPlace(spin),
+            || Ok::<Option<()>, &str>(None),
+            |wake| match wake {
+                Ok(Wake::Closed) => Err("closed"),
+                _ => Ok(()),
+            },
+        )
+        .await;
+        assert_eq!(ended, Err("closed"));
+        assert_eq!(parked.load(SeqCst), 1, "it set its flag before sleeping");
+        assert!(started.elapsed() >= spin, "it polled for its spin first");
+    }
+
+    /// A bell whose other end is gone.
+    struct ClosesAtOnce;
+
+    impl Bell for ClosesAtOnce {
+        fn ring(&self) {}
+
+        async fn wait(&self) -> Result<Wake, String> {
+            Ok(Wake::Closed)
         }
     }
 

@@ -236,6 +236,7 @@ mod tests {
         ReceiveMode {
             compression,
             spin: Some(std::time::Duration::from_micros(spin_us)),
+            in_place: false,
         }
     }
 
@@ -309,6 +310,7 @@ mod tests {
             let mode = ReceiveMode {
                 compression,
                 spin: None,
+                in_place: false,
             };
             let (written, received) = tokio::join!(
                 writer,
