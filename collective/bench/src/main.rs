@@ -16,6 +16,7 @@
 //! `{"baseline":"tcp_pingpong","bytes":..,"rtt_us":..}`: the median round trip of a blocking TCP ping-pong of
 //! those bytes between two processes, and each size line's `time_vs_pingpong` is its time over that round trip.
 
+mod breakdown;
 mod footprint;
 mod mpi;
 mod pingpong;
@@ -181,6 +182,11 @@ struct Args {
     /// each of this bench's lines `time_vs_<baseline>` (its time over MPI's; below 1 is faster).
     #[arg(long)]
     compare_mpi: bool,
+    /// Split each line's time per call into the fixed cost of any call (one value through the same
+    /// algorithm), this rank's copies of the buffer (timed alone) and the rest (waiting, cores
+    /// handing cache lines over): "breakdown" on each line.
+    #[arg(long)]
+    breakdown: bool,
     /// Internal: run as this rank.
     #[arg(long, hide = true)]
     rank: Option<u32>,
@@ -384,6 +390,9 @@ fn run_ranks(args: &Args, exe: &std::path::Path) -> Result<Vec<String>> {
         if args.multi_thread {
             cmd.arg("--multi-thread");
         }
+        if args.breakdown {
+            cmd.arg("--breakdown");
+        }
         if args.bind_to_core {
             cmd.arg("--bind-to-core");
         }
@@ -576,6 +585,19 @@ fn run_rank(
             comm.barrier().await?;
             let (linked_peers, shared_memory_peers) =
                 (comm.linked_peers().len(), comm.shared_memory_peers().len());
+            let fixed_us = if args.breakdown {
+                let mut one = [rank as f32];
+                comm.barrier().await?;
+                let start = Instant::now();
+                for _ in 0..iters {
+                    comm.all_reduce_sum(&mut one, reduce).await?;
+                }
+                let us = start.elapsed().as_secs_f64() * 1e6 / f64::from(iters);
+                comm.barrier().await?;
+                Some(us)
+            } else {
+                None
+            };
             let footprints = RankFootprints::gather(&comm, reduce.algorithm, bytes, connect).await?;
             if rank == 0 {
                 let n = f64::from(args.ranks);
@@ -602,6 +624,11 @@ fn run_rank(
                     (line.as_object_mut(), footprints.json())
                 {
                     line.extend(more);
+                }
+                if let Some(fixed_us) = fixed_us {
+                    let copies_us = breakdown::copies_us(bytes, iters);
+                    line["breakdown"] =
+                        breakdown::Breakdown::of(secs * 1e6, fixed_us, copies_us).json();
                 }
                 println!("{line}");
             }

@@ -135,3 +135,25 @@ fn a_size_that_is_not_whole_floats_is_refused_by_name() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--sizes: 4097"), "{stderr}");
 }
+
+#[test]
+fn a_breakdown_splits_each_lines_time_per_call() {
+    let out = Command::new(env!("CARGO_BIN_EXE_allreduce-bench"))
+        .args(["--ranks", "2", "--sizes", "4096", "--iters", "3"])
+        .args(["--warmup", "1", "--no-baseline", "--breakdown"])
+        .output()
+        .expect("running allreduce-bench");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line: serde_json::Value =
+        serde_json::from_str(stdout.lines().next().expect("a line")).expect("JSON");
+    let part = |name: &str| line["breakdown"][name].as_f64();
+    // Every rank measured its fixed cost (a one-value call), rank 0 its copies.
+    assert!(part("fixed_us").is_some_and(|v| v > 0.0), "{line}");
+    assert!(part("copies_us").is_some_and(|v| v > 0.0), "{line}");
+    assert!(part("rest_us").is_some_and(|v| v >= 0.0), "{line}");
+}
