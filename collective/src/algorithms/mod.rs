@@ -16,7 +16,7 @@ mod ring;
 mod star;
 mod tree;
 
-pub(crate) use tree::{barrier, broadcast};
+pub(crate) use tree::{barrier, broadcast, children_of};
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -34,6 +34,18 @@ pub(crate) fn binomial(relative: usize, n: usize) -> (Option<usize>, Vec<usize>)
     (parent, children)
 }
 
+/// The children of rank `rank` in the binomial tree of ranks `0..n` rooted at `root`, each rank at
+/// position `(rank - root) mod n`: the ranks `rank + 2^j` (mod n) below its own lowest set position bit.
+/// Aborts travel down this tree (`communicator::abort`).
+pub(crate) fn children_of(rank: u32, root: u32, n: u32) -> Vec<u32> {
+    let relative = ((rank + n - root) % n) as usize;
+    let (_, children) = binomial(relative, n as usize);
+    children
+        .into_iter()
+        .map(|child| (child as u32 + root) % n)
+        .collect()
+}
+
 /// Copies `root`'s `buf` to every rank of `group` down a binomial tree, chunk by chunk: a rank forwards
 /// chunk `k` to its children as soon as it has it, so a large buffer pipelines through the tree's
 /// log2(n) levels.
@@ -141,5 +153,15 @@ mod tests {
         assert_eq!(binomial(4, 5), (Some(0), vec![]));
         assert_eq!(binomial(3, 8), (Some(2), vec![]));
         assert_eq!(binomial(0, 1), (None, vec![]));
+    }
+
+    #[test]
+    fn children_of_a_rank_are_counted_from_the_root() {
+        assert_eq!(children_of(5, 5, 16), vec![13, 9, 7, 6]);
+        assert_eq!(children_of(13, 5, 16), vec![1, 15, 14]);
+        assert_eq!(children_of(6, 5, 16), Vec::<u32>::new());
+        assert_eq!(children_of(0, 0, 8), vec![4, 2, 1]);
+        assert_eq!(children_of(4, 3, 5), Vec::<u32>::new());
+        assert_eq!(children_of(3, 3, 5), vec![2, 0, 4]);
     }
 }

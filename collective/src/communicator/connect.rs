@@ -1,17 +1,19 @@
 //! Connecting one rank, in three steps: `serve` (this rank's `Collective` server with the TCP
 //! data port on the same listener, and on rank 0 the `Rendezvous` server), `join` (the rendezvous,
 //! which returns the peer table) and `dial` (each peer's link, opened when a collective first
-//! sends to it, and an abort client to every peer, which connects when first used).
+//! sends to it, and an abort client to every peer, which connects when first used: aborts go down a
+//! tree, so a rank calls only a few).
 
 use std::future::Future;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
-use tokio::sync::{Mutex, watch};
+use tokio::sync::{Mutex, mpsc, watch};
 use tokio::task::JoinHandle;
 use tonic::service::interceptor::InterceptedService;
 use tracing::Instrument;
 
+use super::abort::{self, AbortTree};
 use super::{ABORT_GRACE, Communicator, OpState};
 use crate::algorithms::choice::NodeGroups;
 use crate::auth::{AttachToken, RequireToken};
@@ -120,7 +122,8 @@ impl Communicator {
                 leaders: vec![cfg.rank],
             },
             links: None,
-            abort_clients: Vec::new(),
+            aborts: None,
+            relayed: None,
             fail: Arc::new(FailState::new()),
             spin: None,
             pool: BufferPool::new(POOLED_BUFFERS),
@@ -144,11 +147,13 @@ impl Communicator {
             .local_addr()
             .map_err(|e| CollectiveError::bind(format!("port {}", cfg.collective_port), e))?
             .port();
+        let (relay, relayed) = mpsc::unbounded_channel();
         let (router, inboxes) = InboundRouter::new(
             cfg.rank,
             cfg.world_size,
             cfg.identity.generation,
             self.fail.clone(),
+            relay,
             self.shutdown.subscribe(),
         );
         let router = Arc::new(router);
@@ -172,6 +177,7 @@ impl Communicator {
         let address = host_port(&cfg.advertise_host, port);
         self.servers.push(self.spawn_server("collective", server));
         self.ops.get_mut().inboxes = inboxes;
+        self.relayed = Some(relayed);
         Ok(address)
     }
 
@@ -211,7 +217,8 @@ impl Communicator {
 
     /// Step 3: this rank's links on `data_path`, each dialled when a collective first sends to
     /// its peer (with a ring socket to hand out rings, under `ring_bytes`, on `DataPath::Auto`),
-    /// an abort client to every peer, and the node groups.
+    /// an abort client to every peer (connected when first called) and the forwarding of the
+    /// abort that fails this rank, and the node groups.
     fn dial(
         &mut self,
         peers: Vec<PeerInfo>,
@@ -220,18 +227,30 @@ impl Communicator {
         token: AttachToken,
     ) -> Result<(), CollectiveError> {
         let cfg = &self.cfg;
-        let mut abort_clients = Vec::new();
-        for peer in peers.iter().filter(|p| p.rank != cfg.rank) {
-            let abort_channel = net::lazy_channel(&peer.address, ABORT_GRACE.min(cfg.timeout))
-                .map_err(|reason| CollectiveError::PeerLost {
+        let grace = ABORT_GRACE.min(cfg.timeout);
+        let mut abort_clients = Vec::with_capacity(peers.len());
+        for peer in &peers {
+            if peer.rank == cfg.rank {
+                abort_clients.push(None);
+                continue;
+            }
+            let abort_channel = net::lazy_channel(&peer.address, grace).map_err(|reason| {
+                CollectiveError::PeerLost {
                     rank: peer.rank,
                     reason,
-                })?;
-            abort_clients.push(CollectiveClient::with_interceptor(
+                }
+            })?;
+            abort_clients.push(Some(CollectiveClient::with_interceptor(
                 abort_channel,
                 token.clone(),
-            ));
+            )));
         }
+        let aborts = Arc::new(AbortTree::new(
+            cfg.rank,
+            cfg.identity.generation,
+            grace,
+            abort_clients,
+        ));
         let rings = match data_path {
             DataPath::Auto => {
                 let _entered = self.span.enter();
@@ -265,7 +284,11 @@ impl Communicator {
             self.pool.clone(),
         ));
         self.peers = peers;
-        self.abort_clients = abort_clients;
+        if let Some(relayed) = self.relayed.take() {
+            let forward = abort::forward_first(aborts.clone(), relayed, self.shutdown.subscribe());
+            tokio::spawn(forward.instrument(self.span.clone()));
+        }
+        self.aborts = Some(aborts);
         tracing::info!(parent: &self.span, %data_path, ring_bytes, "peers known; links open when first used");
         Ok(())
     }

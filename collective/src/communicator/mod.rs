@@ -1,7 +1,8 @@
 //! `Communicator`: one rank's membership in the job, and its collectives (all-reduce, broadcast,
 //! barrier), which run one at a time, in the same order on every rank. Connecting (serve, join,
-//! dial) is in `connect`.
+//! dial) is in `connect`; how an abort reaches every rank, in `abort`.
 
+mod abort;
 mod connect;
 
 pub use connect::ConnectOptions;
@@ -9,31 +10,25 @@ pub use connect::ConnectOptions;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{Mutex, watch};
+use tokio::sync::{Mutex, mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::algorithms::choice::{ChosenAlgorithm, NodeGroups};
 use crate::algorithms::{self, Wire};
-use crate::auth::AttachToken;
 use crate::compression::Compression;
 use crate::config::{Algorithm, CommConfig, PeerInfo};
 use crate::error::CollectiveError;
 use crate::fault::FailState;
 use crate::kernels::BufferPool;
 use crate::proto;
-use crate::proto::collective_client::CollectiveClient;
 use crate::transport::{Inbox, Links, ReceiveMode, RingMemoryUse};
 
 /// Longest a shutdown waits for streams to flush and servers to stop.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
-/// Longest an abort notice to one peer may take.
+/// Longest a rank's part of an abort (its calls down the tree, takeovers included) may take.
 const ABORT_GRACE: Duration = Duration::from_secs(1);
-
-type AbortClient = CollectiveClient<
-    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, AttachToken>,
->;
 
 /// How one all-reduce runs: its algorithm, and how its values travel (see [`Compression`]).
 /// An [`Algorithm`] alone means uncompressed.
@@ -66,7 +61,10 @@ pub struct Communicator {
     node_groups: NodeGroups,
     /// Each peer's link, dialled when first used; `None` until the rendezvous completed.
     links: Option<Links>,
-    abort_clients: Vec<AbortClient>,
+    /// This rank's calls down abort trees; `None` until the rendezvous completed.
+    aborts: Option<Arc<abort::AbortTree>>,
+    /// The abort that latched this rank's failure, from the router, until `dial` starts forwarding it.
+    relayed: Option<mpsc::UnboundedReceiver<proto::AbortRequest>>,
     fail: Arc<FailState>,
     /// How long receives of small frames poll before parking (resolved from `Spin`).
     spin: Option<Duration>,
@@ -97,6 +95,16 @@ impl Communicator {
         self.links
             .as_ref()
             .map(Links::open_peers)
+            .unwrap_or_default()
+    }
+
+    /// The peers this rank has called `Abort` on, ascending: its children in the binomial tree of
+    /// each abort it spread or forwarded (rooted at the aborting rank), and the children of any of
+    /// them that did not answer. At most ceil(log2 n) while every rank answers.
+    pub fn abort_links(&self) -> Vec<u32> {
+        self.aborts
+            .as_ref()
+            .map(|tree| tree.called())
             .unwrap_or_default()
     }
 
@@ -207,8 +215,9 @@ impl Communicator {
         .await
     }
 
-    /// Marks this communicator failed and tells every peer to abort (best effort, bounded); a
-    /// restart of the job may succeed.
+    /// Marks this communicator failed and tells every peer to abort (best effort, bounded by
+    /// about a second): down a binomial tree rooted at this rank, each peer forwarding to its
+    /// children (see `abort`); a restart of the job may succeed.
     pub async fn abort(&self, reason: &str) {
         self.abort_as(reason, false).await;
     }
@@ -335,19 +344,16 @@ impl Communicator {
     }
 
     async fn tell_peers_to_abort(&self, reason: &str, permanent: bool) {
+        let Some(tree) = &self.aborts else {
+            return;
+        };
         let request = proto::AbortRequest {
             generation: self.cfg.identity.generation,
             from_rank: self.cfg.rank,
             reason: reason.to_string(),
             permanent,
         };
-        let bound = ABORT_GRACE.min(self.cfg.timeout);
-        let calls = self.abort_clients.iter().map(|client| {
-            let mut client = client.clone();
-            let request = request.clone();
-            async move { tokio::time::timeout(bound, client.abort(request)).await }
-        });
-        futures::future::join_all(calls).await;
+        tree.spread(request).instrument(self.span.clone()).await;
     }
 }
 

@@ -1,10 +1,11 @@
 //! Routing peers' incoming streams to inboxes: each peer may open one stream to this rank, of
 //! this rank's generation, whichever transport it arrives on (the TCP data port or the gRPC
-//! `Collective` service); a peer's abort latches this rank's failure.
+//! `Collective` service); a peer's abort latches this rank's failure, and the abort that latched
+//! it is handed on to be forwarded down the aborting rank's tree.
 
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tonic::Status;
 
 use crate::error::CollectiveError;
@@ -28,6 +29,9 @@ pub(crate) struct InboundRouter {
     generation: u64,
     slots: Vec<Mutex<Option<oneshot::Sender<Handoff>>>>,
     fail: Arc<FailState>,
+    /// Where the abort that latched this rank's failure goes to be forwarded (the communicator's
+    /// abort tree).
+    relay: mpsc::UnboundedSender<proto::AbortRequest>,
     shutdown: watch::Receiver<bool>,
 }
 
@@ -38,6 +42,7 @@ impl InboundRouter {
         world_size: u32,
         generation: u64,
         fail: Arc<FailState>,
+        relay: mpsc::UnboundedSender<proto::AbortRequest>,
         shutdown: watch::Receiver<bool>,
     ) -> (Self, Vec<Option<Inbox>>) {
         let mut slots = Vec::with_capacity(world_size as usize);
@@ -57,6 +62,7 @@ impl InboundRouter {
             generation,
             slots,
             fail,
+            relay,
             shutdown,
         };
         (router, inboxes)
@@ -100,12 +106,19 @@ impl ChunkReceiver for InboundRouter {
             return Err(Status::invalid_argument("from_rank outside the world"));
         }
         let reason: String = request.reason.chars().take(1024).collect();
-        tracing::warn!(rank = self.me, by_rank = request.from_rank, %reason, "abort received");
-        self.fail.fail(CollectiveError::AbortedByPeer {
+        let first = self.fail.fail(CollectiveError::AbortedByPeer {
             by_rank: request.from_rank,
-            reason,
+            reason: reason.clone(),
             permanent: request.permanent,
         });
+        tracing::warn!(rank = self.me, generation = self.generation, by_rank = request.from_rank, %reason, first, "abort received");
+        // Only the abort that failed this rank goes on: a rank that had already failed spread its
+        // own abort or forwards the one that failed it (why every rank still hears one: the
+        // communicator's `abort` module). Handed over without waiting, so the caller's answer,
+        // which its sender waits for, does not wait on this rank's children.
+        if first {
+            let _ = self.relay.send(proto::AbortRequest { reason, ..request });
+        }
         Ok(())
     }
 
@@ -118,16 +131,19 @@ impl ChunkReceiver for InboundRouter {
 mod tests {
     use super::*;
 
-    fn router() -> (InboundRouter, Vec<Option<Inbox>>, Arc<FailState>) {
+    type Relayed = mpsc::UnboundedReceiver<proto::AbortRequest>;
+
+    fn router() -> (InboundRouter, Vec<Option<Inbox>>, Arc<FailState>, Relayed) {
         let fail = Arc::new(FailState::new());
         let (_tx, rx) = watch::channel(false);
-        let (r, inboxes) = InboundRouter::new(1, 3, 7, fail.clone(), rx);
-        (r, inboxes, fail)
+        let (relay, relayed) = mpsc::unbounded_channel();
+        let (r, inboxes) = InboundRouter::new(1, 3, 7, fail.clone(), relay, rx);
+        (r, inboxes, fail, relayed)
     }
 
     #[test]
     fn streams_are_accepted_once_per_peer_and_checked() {
-        let (r, inboxes, _) = router();
+        let (r, inboxes, _, _) = router();
         assert!(inboxes[1].is_none() && inboxes[0].is_some());
         assert!(r.open(0, 7).is_ok());
         assert_eq!(
@@ -150,8 +166,8 @@ mod tests {
     }
 
     #[test]
-    fn aborts_of_this_generation_latch_the_failure() {
-        let (r, _inboxes, fail) = router();
+    fn aborts_of_this_generation_latch_the_failure_and_the_first_is_relayed() {
+        let (r, _inboxes, fail, mut relayed) = router();
         let stale = proto::AbortRequest {
             generation: 6,
             from_rank: 0,
@@ -160,13 +176,22 @@ mod tests {
         };
         assert!(r.abort(stale).is_err());
         assert!(fail.current().is_none());
+        assert!(relayed.try_recv().is_err());
         let now = proto::AbortRequest {
             generation: 7,
             from_rank: 2,
             reason: "peer lost".into(),
             permanent: true,
         };
-        assert!(r.abort(now).is_ok());
+        assert!(r.abort(now.clone()).is_ok());
+        assert_eq!(relayed.try_recv().ok(), Some(now.clone()));
+        // Already failed: latched once, not forwarded again.
+        let other = proto::AbortRequest {
+            from_rank: 0,
+            ..now
+        };
+        assert!(r.abort(other).is_ok());
+        assert!(relayed.try_recv().is_err());
         assert!(matches!(
             fail.current(),
             Some(CollectiveError::AbortedByPeer {

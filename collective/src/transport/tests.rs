@@ -54,7 +54,8 @@ async fn harness_sharing(take_rings: bool) -> Harness {
     let address = listener.local_addr().unwrap().to_string();
     let (shutdown, rx) = watch::channel(false);
     let fail = Arc::new(FailState::new());
-    let (router, inboxes) = InboundRouter::new(1, 3, GENERATION, fail, rx.clone());
+    let (relay, _) = tokio::sync::mpsc::unbounded_channel();
+    let (router, inboxes) = InboundRouter::new(1, 3, GENERATION, fail, relay, rx.clone());
     let port = DataPort::new(
         Arc::new(router),
         RequireToken::new(TOKEN),
