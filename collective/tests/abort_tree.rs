@@ -54,14 +54,14 @@ async fn an_abort_from_rank_5_of_16_reaches_all_15_others_over_log2_n_links_per_
     let start = Instant::now();
     comms[ORIGIN as usize].abort("worker crashed").await;
     let ranked: Vec<(u32, &Communicator)> = comms.iter().map(|c| (c.rank(), c)).collect();
-    let missing = wait_for_abort(&ranked, ORIGIN, start + GRACE).await;
+    let missing = wait_for_abort(&ranked, ORIGIN, start + TIMEOUT).await;
     let took = start.elapsed();
     assert!(
         missing.is_empty(),
-        "no abort within {GRACE:?} at {missing:?}"
+        "no abort within {TIMEOUT:?} at {missing:?}"
     );
     // Forwarding happens after a rank answers; wait (bounded) until the leaves' calls are counted.
-    let deadline = start + GRACE * 2;
+    let deadline = start + TIMEOUT;
     let links = loop {
         let links: Vec<Vec<u32>> = comms.iter().map(Communicator::abort_links).collect();
         if links.iter().map(Vec::len).sum::<usize>() >= WORLD as usize - 1
@@ -119,14 +119,14 @@ async fn an_abort_goes_around_a_dropped_rank_of_the_tree() {
         .abort("worker crashed")
         .await;
     let live: Vec<(u32, &Communicator)> = comms.iter().flatten().map(|c| (c.rank(), c)).collect();
-    let missing = wait_for_abort(&live, ORIGIN, start + GRACE).await;
+    let missing = wait_for_abort(&live, ORIGIN, start + TIMEOUT).await;
     eprintln!(
         "around a dropped rank {INNER}: every live rank aborted in {:?}",
         start.elapsed()
     );
     assert!(
         missing.is_empty(),
-        "no abort within {GRACE:?} at {missing:?}"
+        "no abort within {TIMEOUT:?} at {missing:?}"
     );
     // The origin took over 13's children (1, 15, 14).
     let origin_links = comms[ORIGIN as usize]
@@ -177,7 +177,7 @@ async fn an_abort_goes_around_a_rank_of_the_tree_that_never_answers() {
     origin.abort("worker crashed").await;
     let origin_took = start.elapsed();
     let live: Vec<(u32, &Communicator)> = comms.iter().map(|c| (c.rank(), c)).collect();
-    let missing = wait_for_abort(&live, ORIGIN, start + GRACE).await;
+    let missing = wait_for_abort(&live, ORIGIN, start + TIMEOUT).await;
     eprintln!(
         "around a silent rank {INNER}: abort() returned in {origin_took:?}, every live rank aborted in {:?}",
         start.elapsed()
@@ -186,10 +186,11 @@ async fn an_abort_goes_around_a_rank_of_the_tree_that_never_answers() {
     frozen.join().expect("rank 13's thread");
     assert!(
         missing.is_empty(),
-        "no abort within {GRACE:?} at {missing:?}"
+        "no abort within {TIMEOUT:?} at {missing:?}"
     );
     assert!(
-        origin_took <= GRACE + Duration::from_millis(100),
+        // Its part is bounded by the grace (slack for a loaded machine), not by the 5 s timeout.
+        origin_took < GRACE * 3,
         "{origin_took:?}"
     );
     assert_eq!(origin.abort_links(), [1, 6, 7, 9, 13, 14, 15]);
