@@ -237,6 +237,23 @@ async fn eight_ranks_agree_bitwise_after_three_doubling_steps() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_ranks_agree_bitwise_after_halving_and_doubling_with_their_three_partners() {
+    // Auto runs recursive halving then doubling above 64 KiB on 2^k ranks without shared nodes:
+    // each rank sends to the ranks 4, 2 and 1 positions away (the ring would send to one).
+    let comms = world(8, |r| format!("node{r}"), TIMEOUT).await;
+    for len in [16_385 * 5, 1_000_003] {
+        let bufs = all_reduce(&comms, len, Algorithm::Auto).await;
+        assert_sum_and_identical(&bufs, len, &format!("8 ranks auto len {len}"));
+    }
+    for (p, linked) in links_of(&comms).into_iter().enumerate() {
+        let mut partners = vec![(p ^ 1) as u32, (p ^ 2) as u32, (p ^ 4) as u32];
+        partners.sort_unstable();
+        assert_eq!(linked, partners, "rank {p}");
+    }
+    join_all(comms.into_iter().map(Communicator::shutdown)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mean_divides_the_sum_and_repeated_calls_stay_in_step() {
     let comms = world(3, |r| format!("n{r}"), TIMEOUT).await;
     for round in 0..3 {

@@ -5,12 +5,14 @@
 //!
 //! - `ring`: reduce-scatter then all-gather; bandwidth-optimal for large buffers.
 //! - `doubling`: recursive doubling; log2(n) swaps for small buffers on 2^k ranks.
+//! - `halving`: recursive halving then doubling; the ring's bytes in 2 log2(n) steps on 2^k ranks.
 //! - `star`: reduce to a root and broadcast from it ("through the host").
 //! - `tree`: broadcast down a binomial tree and the dissemination barrier, log2(n) links per rank.
 //! - `hierarchical`: within nodes, then between node leaders, then back.
 
 pub(crate) mod choice;
 mod doubling;
+mod halving;
 mod hierarchical;
 mod ring;
 mod star;
@@ -43,6 +45,9 @@ pub(crate) const PHASE_RING: u32 = 16;
 pub(crate) const PHASE_DOUBLING: u32 = 1 << 16;
 /// Dissemination-barrier round `r` uses phase `PHASE_BARRIER + r`.
 pub(crate) const PHASE_BARRIER: u32 = 2 << 16;
+/// Recursive-halving step `s` uses phase `PHASE_HALVING + s`, its all-gather step `s` phase
+/// `PHASE_HALVING + log2(n) + s`.
+pub(crate) const PHASE_HALVING: u32 = 3 << 16;
 
 /// All-reduce (sum) of `buf` over `all_ranks` (every rank, ascending) with `chosen`.
 pub(crate) async fn all_reduce(
@@ -57,6 +62,7 @@ pub(crate) async fn all_reduce(
         ChosenAlgorithm::Ring => ring::ring(wire, inboxes, all_ranks, buf).await,
         ChosenAlgorithm::Star => star::star(wire, inboxes, all_ranks, buf).await,
         ChosenAlgorithm::Doubling => doubling::doubling(wire, inboxes, all_ranks, buf).await,
+        ChosenAlgorithm::Halving => halving::halving(wire, inboxes, all_ranks, buf).await,
         ChosenAlgorithm::Hierarchical => {
             hierarchical::hierarchical(wire, inboxes, groups, buf).await
         }
