@@ -266,7 +266,7 @@ pub struct PeerInfo {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Algorithm {
     /// For small buffers recursive doubling (2^k ranks) or the star, then hierarchical when ranks
-    /// share nodes, ring otherwise.
+    /// share nodes, recursive halving and doubling on 2^k ranks, ring otherwise.
     #[default]
     Auto,
     /// Reduce-scatter then all-gather around all ranks.
