@@ -5,10 +5,11 @@ use crate::config::{Algorithm, PeerInfo};
 
 /// `Auto` uses a latency-bound algorithm up to this many bytes (recursive doubling on 2^k ranks,
 /// the star otherwise); above, a bandwidth-optimal one (halving or the ring). Measured with
-/// `allreduce-bench --ranks 4 --no-baseline` on 2 cores, shared-memory rings, medians of 3 runs on a busy machine: star 29 us,
-/// doubling 34 us, ring 102 us at 4 KiB; 40, 67 and 96 us at 64 KiB; star 97 us and ring 137 us at
-/// 256 KiB, ring ahead from 1 MiB (409-427 us against 318-684 us for the star). The star led at
-/// 256 KiB in that run, so this bound is on the safe side of the crossover, not at it.
+/// `allreduce-bench --ranks 4 --no-baseline` on 2 cores, shared-memory rings, medians of 3 runs on
+/// a busy machine: star 29 us, doubling 34 us, ring 102 us at 4 KiB; 40, 67 and 96 us at 64 KiB;
+/// star 97 us and ring 137 us at 256 KiB, ring ahead from 1 MiB (409-427 us against 318-684 us for
+/// the star). The star led at 256 KiB in that run, so this bound is on the safe side of the
+/// crossover, not at it.
 pub const AUTO_SMALL_MAX_BYTES: usize = 64 << 10;
 
 /// Above `AUTO_SMALL_MAX_BYTES` on 2^k ranks without shared nodes `Auto` runs recursive halving
