@@ -123,8 +123,11 @@ async fn run_pipeline(job: &RduJob, ctx: &Context) -> Result<Requeue, ReconcileE
             match apply(&valid, ctx, &decision.actions).await {
                 Ok(()) => {
                     if let Some(queued) = &queued {
-                        kueue::sync::after(&ctx.client, job, queued, &decision.status, pods.len())
-                            .await?;
+                        let status = &decision.status;
+                        let queue =
+                            kueue::sync::after(&ctx.client, job, queued, status, pods.len())
+                                .await?;
+                        decision.status.queue = Some(queue);
                     }
                     decision
                 }

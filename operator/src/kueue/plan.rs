@@ -69,6 +69,20 @@ pub fn queue_status(workload: Option<&WorkloadView>, queue: &str) -> QueueStatus
     }
 }
 
+/// The job's `status.queue` once `writes` landed: a reconcile that finishes the Workload shows `Finished` in the
+/// same status write that says the job ended, not one reconcile later.
+pub fn queue_status_after(before: &QueueStatus, writes: &[Write]) -> QueueStatus {
+    let finished = writes.iter().any(|w| matches!(w, Write::Finish { .. }));
+    QueueStatus {
+        name: before.name.clone(),
+        state: if finished {
+            QueueState::Finished
+        } else {
+            before.state
+        },
+    }
+}
+
 /// A write to the Workload.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Write {

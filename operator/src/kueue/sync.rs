@@ -177,24 +177,26 @@ async fn priority_of(client: &kube::Client, class: &str) -> Result<i32, KueueErr
     Ok(found.value)
 }
 
-/// Writes to the Workload what the lifecycle's `status` (with `live_pods` pods not yet deleted) calls for.
+/// Writes to the Workload what the lifecycle's `status` (with `live_pods` pods not yet deleted) calls for, and
+/// returns what the job's `status.queue` says once they landed.
 pub async fn after(
     client: &kube::Client,
     job: &RduJob,
     queued: &Queued,
     status: &RduJobStatus,
     live_pods: usize,
-) -> Result<(), KueueError> {
+) -> Result<rdu_crds::QueueStatus, KueueError> {
     let Some(workload) = &queued.workload else {
-        return Ok(());
+        return Ok(queued.status.clone());
     };
     let view = WorkloadView::of(workload);
     let namespace = rdu_crds::job_namespace(job);
     let api: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), namespace, &workload_resource());
     let now = Timestamp::now();
-    for write in plan::writes(&view, job.spec.run_policy.suspend, status, live_pods) {
-        let (action, result) = match &write {
+    let writes = plan::writes(&view, job.spec.run_policy.suspend, status, live_pods);
+    for write in &writes {
+        let (action, result) = match write {
             Write::SetActive(active) => (
                 "activate",
                 api.patch(
@@ -258,5 +260,5 @@ pub async fn after(
         })?;
         info!(job = %rdu_crds::job_name(job), namespace, workload = %view.name, ?write, "wrote the Workload");
     }
-    Ok(())
+    Ok(plan::queue_status_after(&queued.status, &writes))
 }

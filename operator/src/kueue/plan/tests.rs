@@ -220,3 +220,31 @@ fn suspend_deactivates_and_the_end_finishes() {
     };
     assert!(writes(&finished, false, &done, 0).is_empty());
 }
+
+#[test]
+fn finishing_the_workload_shows_in_the_same_status_write() {
+    let admitted_status = queue_status(Some(&admitted()), "lq");
+    let finish = Write::Finish {
+        succeeded: true,
+        message: "done".into(),
+    };
+    let cases: [(&[Write], QueueState); 3] = [
+        (&[], QueueState::Admitted),
+        (&[Write::SetActive(true)], QueueState::Admitted),
+        (&[finish], QueueState::Finished),
+    ];
+    for (writes, state) in cases {
+        let after = queue_status_after(&admitted_status, writes);
+        assert_eq!(
+            (after.name.as_str(), after.state),
+            ("lq", state),
+            "{writes:?}"
+        );
+    }
+    // What the lifecycle's end produces for an admitted Workload is exactly such a write.
+    let writes = writes(&admitted(), false, &status(JobPhase::Succeeded), 0);
+    assert_eq!(
+        queue_status_after(&admitted_status, &writes).state,
+        QueueState::Finished
+    );
+}
