@@ -49,6 +49,7 @@ pub async fn run(path: &Path, ranks: &[u32], repeat: u32) -> Result<i32, CliErro
             "global_steps": m.result.global_steps,
             "test_accuracy": m.result.test_accuracy,
             "scaling_efficiency": sps / (f64::from(m.ranks) * base),
+            "step_phases": m.result.step_phases,
         });
         println!("{line}");
     }

@@ -255,6 +255,26 @@ pub struct JobResult {
     /// `allReduceBenchmark`: rank 0's timings of each size.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub all_reduce: Option<AllReduceResult>,
+    /// `train` and `measurePerformance`: where rank 0's steps went, mean seconds per step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_phases: Option<StepPhasesResult>,
+}
+
+/// Rank 0's mean seconds per training step in each phase of it (`measurePerformance`: the timed steps). What the
+/// step's wall time holds beyond their sum is the loop's own work (progress, checkpoints, the stop check).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StepPhasesResult {
+    /// Steps averaged over.
+    pub steps: u64,
+    /// Copying the batch's rows out of the dataset.
+    pub gather_seconds: f64,
+    /// Forward and backward on the rank's tiles.
+    pub compute_seconds: f64,
+    /// The gradient's all-reduce left after backward ended: what overlapping it with backward did not hide.
+    pub exposed_reduce_seconds: f64,
+    /// The optimizer's update of the parameters.
+    pub optimizer_seconds: f64,
 }
 
 /// What `mode: allReduceBenchmark` measured (nccl-tests' definitions: algbw = bytes / time, busbw = algbw ×

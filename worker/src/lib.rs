@@ -27,6 +27,7 @@ pub mod rng;
 pub mod run;
 pub mod sampler;
 pub mod session;
+pub mod step_phases;
 pub mod stop;
 pub mod tensorboard;
 #[cfg(test)]

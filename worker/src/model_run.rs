@@ -3,6 +3,7 @@
 //! batch's rows gathered; the training state (parameters, optimizer, step buffers) and one data-parallel step.
 
 use std::path::Path;
+use std::time::Instant;
 
 use rdu_collective::{Algorithm, Communicator};
 use rdu_crds::RduJobSpec;
@@ -15,6 +16,7 @@ use crate::optim::Optimizer;
 use crate::overlap::{ReducePlan, StepBuffers, summed_gradient};
 use crate::pef;
 use crate::sampler::DistributedSampler;
+use crate::step_phases::StepPhases;
 
 /// Untimed steps (or inference batches) when `training.warmupSteps` is unset.
 pub const DEFAULT_WARMUP_STEPS: u32 = 5;
@@ -138,6 +140,8 @@ pub struct TrainState {
     pub step: u64,
     /// The last step's gradient summed over the ranks.
     grad: Vec<f32>,
+    /// Where the steps since the start (or the last reset) spent their time.
+    pub phases: StepPhases,
 }
 
 impl TrainState {
@@ -163,6 +167,7 @@ impl TrainState {
             },
             optimizer,
             step: 0,
+            phases: StepPhases::default(),
         }
     }
 
@@ -177,10 +182,15 @@ impl TrainState {
         split: &Dataset,
         batch: &[usize],
     ) -> Result<BatchStats, WorkerError> {
+        let started = Instant::now();
         gather(split, batch, &mut self.bufs.x, &mut self.bufs.y);
-        let stats = summed_gradient(comm, model, &mut self.bufs, plan, &mut self.grad).await?;
+        let gathered = started.elapsed();
+        let (stats, gradient) =
+            summed_gradient(comm, model, &mut self.bufs, plan, &mut self.grad).await?;
+        let stepped = Instant::now();
         self.optimizer
             .step(&mut self.bufs.params, &self.grad, comm.world_size());
+        self.phases.record(gathered, gradient, stepped.elapsed());
         self.step += 1;
         Ok(stats)
     }

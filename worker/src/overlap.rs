@@ -9,12 +9,14 @@
 //! buckets are reduced one after another, in the same order on every rank.
 
 use std::ops::Range;
+use std::time::Instant;
 
 use rdu_collective::{Communicator, ReduceOptions};
 
 use crate::buckets;
 use crate::error::WorkerError;
 use crate::model::{BatchStats, Mlp};
+use crate::step_phases::GradientTimes;
 
 /// What backward reads and writes in a step; moved to the compute thread and back.
 #[derive(Debug, Default)]
@@ -42,7 +44,7 @@ pub struct ReducePlan {
 
 /// Writes the gradient of the batch in `bufs`, summed over all ranks, into `grad` (overwritten;
 /// parameter-sized; the optimizer step takes the mean, in the pass it makes anyway); returns this
-/// rank's batch stats.
+/// rank's batch stats and how long backward and the reduction left after it took.
 ///
 /// `bufs` is whole again when this returns, whether the reduction succeeded or not: the parameters
 /// it holds are those of the last completed step, which a rank stopping early checkpoints. On an
@@ -53,13 +55,19 @@ pub async fn summed_gradient(
     bufs: &mut StepBuffers,
     plan: ReducePlan,
     grad: &mut [f32],
-) -> Result<BatchStats, WorkerError> {
+) -> Result<(BatchStats, GradientTimes), WorkerError> {
+    let started = Instant::now();
     if comm.world_size() == 1 || buckets::partition(&model.layer_elems(), plan.cap_bytes).len() == 1
     {
         // Nothing to overlap: backward straight into `grad`, then one all-reduce of it all.
         let stats = model.batch_grad(&bufs.params, &bufs.x, &bufs.y, plan.tiles, grad);
+        let computed = Instant::now();
         comm.all_reduce_sum(grad, plan.reduce).await?;
-        return Ok(stats);
+        let times = GradientTimes {
+            compute: computed - started,
+            exposed_reduce: computed.elapsed(),
+        };
+        return Ok((stats, times));
     }
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Range<usize>, Vec<f32>)>();
     let model = model.clone();
@@ -88,7 +96,7 @@ pub async fn summed_gradient(
                 let _ = tx.send((bucket.range.clone(), buf));
             },
         );
-        (moved, stats)
+        (moved, stats, Instant::now())
     });
     let mut used = Vec::new();
     let mut reduced = Ok(());
@@ -103,13 +111,18 @@ pub async fn summed_gradient(
     // After a failed reduction backward's remaining buckets go nowhere; it still ends within one
     // backward pass, and hands the buffers back.
     drop(rx);
+    let reduced_at = Instant::now();
     match compute.await {
-        Ok((back, stats)) => {
+        Ok((back, stats, computed)) => {
             *bufs = back;
             used.reverse();
             bufs.spare_buckets = used;
             reduced?;
-            Ok(stats)
+            let times = GradientTimes {
+                compute: computed - started,
+                exposed_reduce: reduced_at.saturating_duration_since(computed),
+            };
+            Ok((stats, times))
         }
         Err(e) => match e.try_into_panic() {
             Ok(panic) => std::panic::resume_unwind(panic),

@@ -32,6 +32,24 @@ fn measure_performance_times_the_steps_after_the_warm_up() {
     let p99 = json["stepLatencyP99Seconds"].as_f64().expect("p99");
     assert!(0.0 < p50 && p50 <= p99, "{json}");
     assert!(json["samplesPerSecond"].as_f64().expect("throughput") > 0.0);
+    // Where the timed steps went: phases measured inside each step, so they add up to at most its mean time.
+    let phases = &json["stepPhases"];
+    assert_eq!(phases["steps"], 12, "the timed steps only: {json}");
+    let seconds = |name: &str| phases[name].as_f64().unwrap_or(-1.0);
+    let parts = [
+        "gatherSeconds",
+        "computeSeconds",
+        "exposedReduceSeconds",
+        "optimizerSeconds",
+    ];
+    assert!(parts.iter().all(|p| seconds(p) >= 0.0), "{json}");
+    assert!(seconds("computeSeconds") > 0.0, "{json}");
+    let mean_step = json["trainSeconds"].as_f64().expect("seconds") / 12.0;
+    let sum: f64 = parts.iter().map(|p| seconds(p)).sum();
+    assert!(
+        sum <= mean_step,
+        "phases {sum} s beyond the mean step {mean_step} s: {json}"
+    );
 }
 
 #[test]

@@ -16,6 +16,7 @@ use crate::model_run::{
 };
 use crate::reduce::reduce_plan;
 use crate::session::{Mode, RankOutcome, RankSession};
+use crate::step_phases::StepPhases;
 
 /// Timed steps when `training.steps` is unset.
 pub const DEFAULT_TIMED_STEPS: u64 = 50;
@@ -56,6 +57,7 @@ impl Mode for MeasurePerformance {
                 return Err(WorkerError::Stopped { signal });
             }
             if step == warmup {
+                state.phases = StepPhases::default();
                 timed_since = Instant::now();
             }
             let batch = batches
@@ -92,6 +94,7 @@ impl Mode for MeasurePerformance {
                 mode: Some(RunMode::MeasurePerformance),
                 step_latency_p50_seconds: p50,
                 step_latency_p99_seconds: p99,
+                step_phases: state.phases.per_step(),
                 ..Default::default()
             },
             checksum: Some(checksum(&state.bufs.params)),

@@ -156,6 +156,7 @@ impl Train {
                 samples_per_second: local_sps * f64::from(env.contract.world_size),
                 train_seconds: trained.train_seconds,
                 global_steps: state.step,
+                step_phases: state.phases.per_step(),
                 ..Default::default()
             },
             checksum: Some(sum),
