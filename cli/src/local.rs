@@ -4,7 +4,7 @@
 //! run with the failing rank's code. The result JSON is the last stdout line.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use rdu_collective::RingMemory;
@@ -13,7 +13,7 @@ use rdu_crds::failure_policy::HUNG;
 use rdu_crds::policy::{self, Culprit, RankExit, Restarts, Verdict};
 use rdu_crds::rank_env::SuppliedValues;
 use rdu_crds::token::new_token;
-use rdu_crds::{AllReduceResult, EndCause, JobResult, RduJob, RduJobSpec, RunMode};
+use rdu_crds::{AllReduceResult, EndCause, JobResult, RduJob, RduJobSpec, RunMode, RunPolicy};
 use rdu_tiles::simulated::SimulatedNode;
 use rdu_worker::modes::all_reduce_benchmark;
 
@@ -68,17 +68,7 @@ pub async fn run(path: &Path, options: RunOptions) -> Result<i32, CliError> {
             source,
         })?;
     let kept_checkpoints = options.checkpoint_dir.is_some();
-    let checkpoint_dir = match (&job.spec.checkpoint, options.checkpoint_dir) {
-        (None, _) => None,
-        (Some(_), Some(dir)) => {
-            std::fs::create_dir_all(&dir).map_err(|source| CliError::Io {
-                what: format!("creating --checkpoint-dir {}", dir.display()),
-                source,
-            })?;
-            Some(dir)
-        }
-        (Some(_), None) => Some(scratch.path().join("checkpoints")),
-    };
+    let checkpoint_dir = checkpoint_dir(&job, options.checkpoint_dir, scratch.path())?;
     // TensorBoard's files must outlive the run: the scratch directory is then kept.
     let tensorboard_dir = job
         .spec
@@ -92,21 +82,7 @@ pub async fn run(path: &Path, options: RunOptions) -> Result<i32, CliError> {
         pod_ip: LOCALHOST.into(),
     };
     let policy = job.spec.run_policy.clone();
-    let opts = GangOptions {
-        console: console.clone(),
-        exe: std::env::current_exe().map_err(|source| CliError::Io {
-            what: "finding this executable".into(),
-            source,
-        })?,
-        cwd: dir,
-        failure_grace: Duration::from_secs(u64::from(job.spec.data_parallel.timeout_seconds))
-            + FAILURE_GRACE_EXTRA,
-        stop_grace: STOP_GRACE,
-        job_deadline: policy
-            .active_deadline_seconds
-            .map(|s| tokio::time::Instant::now() + Duration::from_secs(s)),
-        progress_deadline: policy.progress_deadline_seconds.map(Duration::from_secs),
-    };
+    let opts = gang_options(&job, console.clone(), dir)?;
     for line in header(&job, scratch.path()) {
         console.note(&line);
     }
@@ -146,16 +122,7 @@ pub async fn run(path: &Path, options: RunOptions) -> Result<i32, CliError> {
         if let Some(sig) = outcome.interrupted {
             console.note(&format!("stopped by signal {sig}"));
             if let Some(dir) = &checkpoint_dir {
-                console.note(&if kept_checkpoints {
-                    format!(
-                        "checkpoints are in {}: the same command resumes from the last one",
-                        dir.display()
-                    )
-                } else {
-                    "the checkpoints went with the scratch directory: with --checkpoint-dir DIR a stopped run \
-                     resumes where it stopped"
-                        .to_string()
-                });
+                console.note(&where_checkpoints_went(dir, kept_checkpoints));
             }
             return Ok(128 + sig);
         }
@@ -179,29 +146,11 @@ pub async fn run(path: &Path, options: RunOptions) -> Result<i32, CliError> {
         };
         let Some(culprit) = blamed else {
             let result = read_result(&result_path)?;
-            let json = serde_json::to_string(&result).map_err(|source| CliError::Json {
-                what: "encoding the result".into(),
-                source,
-            })?;
             console.finish();
             console.note(&format!(
                 "job {name} succeeded after {generation} restart(s)"
             ));
-            console.note(&result_text(&result));
-            if let Some(dir) = &tensorboard_dir {
-                console.note(&format!(
-                    "TensorBoard event files in {}: tensorboard --logdir {}",
-                    dir.display(),
-                    dir.display()
-                ));
-            }
-            if let Some(bench) = &result.all_reduce {
-                for line in all_reduce_benchmark::json_lines(bench) {
-                    println!("{line}");
-                }
-            }
-            println!("{json}");
-            return Ok(exit_code::SUCCESS);
+            return print_result(&console, &result, tensorboard_dir.as_deref());
         };
         let (rank, exit) = (culprit.rank, culprit.exit);
         let ended = match outcome.hung {
@@ -211,22 +160,7 @@ pub async fn run(path: &Path, options: RunOptions) -> Result<i32, CliError> {
         let ruling = policy::judge(&policy, restarts, &culprit);
         match ruling.verdict {
             Verdict::Restart { counted } => {
-                let budget = if counted {
-                    restarts.counted += 1;
-                    format!(
-                        "restart {} of at most {} (backoffLimit)",
-                        restarts.counted, policy.backoff_limit
-                    )
-                } else {
-                    restarts.not_counted += 1;
-                    match policy.max_infrastructure_restarts {
-                        Some(max) => format!(
-                            "not counted: {} of at most {max} (maxInfrastructureRestarts)",
-                            restarts.not_counted
-                        ),
-                        None => "not counted against backoffLimit".to_string(),
-                    }
-                };
+                let budget = count_restart(&policy, &mut restarts, counted);
                 console.note(&format!(
                     "{ended}: rule {}: {:?}: restarting the gang: generation {} ({budget})",
                     ruling.rule,
@@ -247,6 +181,114 @@ pub async fn run(path: &Path, options: RunOptions) -> Result<i32, CliError> {
         }
     }
     unreachable_generation()
+}
+
+/// Where checkpoints go: `--checkpoint-dir` (created), else the scratch directory; none when the job has no
+/// `spec.checkpoint`.
+fn checkpoint_dir(
+    job: &RduJob,
+    from_flag: Option<PathBuf>,
+    scratch: &Path,
+) -> Result<Option<PathBuf>, CliError> {
+    Ok(match (&job.spec.checkpoint, from_flag) {
+        (None, _) => None,
+        (Some(_), Some(dir)) => {
+            std::fs::create_dir_all(&dir).map_err(|source| CliError::Io {
+                what: format!("creating --checkpoint-dir {}", dir.display()),
+                source,
+            })?;
+            Some(dir)
+        }
+        (Some(_), None) => Some(scratch.join("checkpoints")),
+    })
+}
+
+/// How the gang runs: this executable as every rank, in the job file's directory, with the job's graces and
+/// deadlines.
+fn gang_options(
+    job: &RduJob,
+    console: Arc<Console>,
+    cwd: PathBuf,
+) -> Result<GangOptions, CliError> {
+    let policy = &job.spec.run_policy;
+    Ok(GangOptions {
+        console,
+        exe: std::env::current_exe().map_err(|source| CliError::Io {
+            what: "finding this executable".into(),
+            source,
+        })?,
+        cwd,
+        failure_grace: Duration::from_secs(u64::from(job.spec.data_parallel.timeout_seconds))
+            + FAILURE_GRACE_EXTRA,
+        stop_grace: STOP_GRACE,
+        job_deadline: policy
+            .active_deadline_seconds
+            .map(|s| tokio::time::Instant::now() + Duration::from_secs(s)),
+        progress_deadline: policy.progress_deadline_seconds.map(Duration::from_secs),
+    })
+}
+
+/// What a stopped run says about its checkpoints in `dir` (`kept`: given with `--checkpoint-dir`).
+fn where_checkpoints_went(dir: &Path, kept: bool) -> String {
+    if kept {
+        format!(
+            "checkpoints are in {}: the same command resumes from the last one",
+            dir.display()
+        )
+    } else {
+        "the checkpoints went with the scratch directory: with --checkpoint-dir DIR a stopped run resumes where \
+         it stopped"
+            .to_string()
+    }
+}
+
+/// A succeeded run's result: its summary (and where TensorBoard's files are) on the console, the benchmark's
+/// lines and the result JSON as the last stdout line.
+fn print_result(
+    console: &Console,
+    result: &JobResult,
+    tensorboard_dir: Option<&Path>,
+) -> Result<i32, CliError> {
+    let json = serde_json::to_string(result).map_err(|source| CliError::Json {
+        what: "encoding the result".into(),
+        source,
+    })?;
+    console.note(&result_text(result));
+    if let Some(dir) = tensorboard_dir {
+        console.note(&format!(
+            "TensorBoard event files in {}: tensorboard --logdir {}",
+            dir.display(),
+            dir.display()
+        ));
+    }
+    if let Some(bench) = &result.all_reduce {
+        for line in all_reduce_benchmark::json_lines(bench) {
+            println!("{line}");
+        }
+    }
+    println!("{json}");
+    Ok(exit_code::SUCCESS)
+}
+
+/// Counts a restart the failure rules granted (`counted` against `backoffLimit`, or not) and says where the
+/// budget stands.
+fn count_restart(policy: &RunPolicy, restarts: &mut Restarts, counted: bool) -> String {
+    if counted {
+        restarts.counted += 1;
+        format!(
+            "restart {} of at most {} (backoffLimit)",
+            restarts.counted, policy.backoff_limit
+        )
+    } else {
+        restarts.not_counted += 1;
+        match policy.max_infrastructure_restarts {
+            Some(max) => format!(
+                "not counted: {} of at most {max} (maxInfrastructureRestarts)",
+                restarts.not_counted
+            ),
+            None => "not counted against backoffLimit".to_string(),
+        }
+    }
 }
 
 /// Refuses a job whose ranks do not fit this machine, before anything is started (see
