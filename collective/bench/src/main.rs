@@ -130,8 +130,8 @@ struct Args {
         default_value = "4096,65536,1048576,16777216,67108864"
     )]
     sizes: Vec<usize>,
-    /// auto, ring, hierarchical or star.
-    #[arg(long, default_value = "ring")]
+    /// auto (what jobs use unless spec.dataParallel.algorithm says otherwise), ring, hierarchical or star.
+    #[arg(long, default_value = "auto")]
     algorithm: String,
     /// Timed iterations per size (default: about 256 MiB of traffic, between 5 and 2000).
     #[arg(long)]
