@@ -6,7 +6,7 @@ use crate::kernels::Apply;
 use crate::segments::ChunkGrid;
 use crate::transport::Inbox;
 
-use super::{Exchange, PHASE_DOUBLING, Wire, position};
+use super::{Exchange, PHASE_DOUBLING, Wire, position, power_of_two};
 
 /// Recursive-doubling all-reduce over a group of 2^k ranks, for small buffers: log2(n) hops in
 /// which every rank works, where the star takes two hops through one busy root. At step `s` each
@@ -19,13 +19,8 @@ pub(crate) async fn doubling(
     group: &[u32],
     buf: &mut [f32],
 ) -> Result<(), CollectiveError> {
+    power_of_two(group, "recursive doubling")?;
     let n = group.len();
-    if !n.is_power_of_two() {
-        return Err(CollectiveError::InvalidArgument {
-            field: "group",
-            reason: format!("recursive doubling needs a power-of-two group, not {n} ranks"),
-        });
-    }
     let p = position(group, wire.me)?;
     let grid = ChunkGrid::new(buf, 1, wire.chunk_elems);
     for step in 0..n.trailing_zeros() {

@@ -9,7 +9,7 @@ use crate::kernels::Apply;
 use crate::segments::ChunkGrid;
 use crate::transport::Inbox;
 
-use super::{PHASE_HALVING, Wire, position};
+use super::{PHASE_HALVING, Wire, position, power_of_two};
 
 /// The segments (of `n`, one per rank) this rank keeps and gives away at each halving step, in
 /// step order: at step `s` it pairs with the rank `n >> (s + 1)` away and keeps the half of its
@@ -53,13 +53,8 @@ pub(crate) async fn halving(
     group: &[u32],
     buf: &mut [f32],
 ) -> Result<(), CollectiveError> {
+    power_of_two(group, "recursive halving")?;
     let n = group.len();
-    if !n.is_power_of_two() {
-        return Err(CollectiveError::InvalidArgument {
-            field: "group",
-            reason: format!("recursive halving needs a power-of-two group, not {n} ranks"),
-        });
-    }
     if n == 1 || buf.is_empty() {
         return Ok(());
     }

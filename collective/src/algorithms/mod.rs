@@ -191,6 +191,18 @@ fn position(group: &[u32], rank: u32) -> Result<usize, CollectiveError> {
         })
 }
 
+/// Refuses a group that `algorithm` (recursive doubling or halving) cannot pair off: it needs a power of two ranks.
+fn power_of_two(group: &[u32], algorithm: &str) -> Result<(), CollectiveError> {
+    let n = group.len();
+    if n.is_power_of_two() {
+        return Ok(());
+    }
+    Err(CollectiveError::InvalidArgument {
+        field: "group",
+        reason: format!("{algorithm} needs a power-of-two group, not {n} ranks"),
+    })
+}
+
 /// Counts finished chunks and wakes the other half of a pipeline waiting for one.
 struct Progress {
     done: AtomicUsize,
@@ -268,5 +280,28 @@ impl Exchange {
         };
         tokio::try_join!(sender, receiver)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_power_of_two_groups_pair_off() {
+        for n in [1u32, 2, 4, 8, 64] {
+            let group: Vec<u32> = (0..n).collect();
+            assert!(power_of_two(&group, "recursive halving").is_ok(), "{n}");
+        }
+        for n in [0u32, 3, 6, 100] {
+            let group: Vec<u32> = (0..n).collect();
+            let error = power_of_two(&group, "recursive halving").unwrap_err();
+            assert!(
+                error.to_string().contains(&format!(
+                    "recursive halving needs a power-of-two group, not {n} ranks"
+                )),
+                "{error}"
+            );
+        }
     }
 }
