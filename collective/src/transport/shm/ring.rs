@@ -36,9 +36,9 @@ pub(crate) enum WriteError {
     Violation(String),
 }
 
-/// How a waiting end polls before it parks.
+/// How a waiting end polls before it parks (how long comes from the crate's `spin::Spin`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Spin {
+enum Polling {
     /// Park at once.
     Off,
     /// Poll for this long, handing the core and the task back between polls: other futures of
@@ -54,19 +54,19 @@ enum Spin {
 /// gets it after a few microseconds at most.
 const POLLS_PER_YIELD: u32 = 64;
 
-/// Polls `check` until it gives a value, as `spin` says, and then asleep on `bell` with `parked`
-/// set.
+/// Polls `check` until it gives a value, as `polling` says, and then asleep on `bell` with
+/// `parked` set.
 async fn wait_until<T, E>(
     bell: &impl Bell,
     parked: &std::sync::atomic::AtomicU32,
-    spin: Spin,
+    polling: Polling,
     mut check: impl FnMut() -> Result<Option<T>, E>,
     mut on_wake: impl FnMut(Result<Wake, String>) -> Result<(), E>,
 ) -> Result<T, E> {
-    let mut yielding_until = match spin {
-        Spin::Off => None,
-        Spin::Yielding(d) => Some(Instant::now() + d),
-        Spin::InPlace(d) => {
+    let mut yielding_until = match polling {
+        Polling::Off => None,
+        Polling::Yielding(d) => Some(Instant::now() + d),
+        Polling::InPlace(d) => {
             if let Some(found) = poll_in_place(d, &mut check)? {
                 return Ok(found);
             }
@@ -233,7 +233,7 @@ impl RingWriter {
         wait_until(
             bell,
             self.segment.writer_parked(),
-            self.spin.map_or(Spin::Off, Spin::Yielding),
+            self.spin.map_or(Polling::Off, Polling::Yielding),
             || self.free().map(|free| (free >= ALIGN).then_some(free)),
             |wake| match wake {
                 Ok(Wake::Rung) => Ok(()),
@@ -357,15 +357,15 @@ impl RingReader {
         mode: ReceiveMode,
         frame_start: bool,
     ) -> Result<usize, InboxError> {
-        let spin = match mode.spin {
-            Some(spin) if mode.in_place => Spin::InPlace(spin),
-            Some(spin) => Spin::Yielding(spin),
-            None => Spin::Off,
+        let polling = match mode.spin {
+            Some(spin) if mode.in_place => Polling::InPlace(spin),
+            Some(spin) => Polling::Yielding(spin),
+            None => Polling::Off,
         };
         wait_until(
             bell,
             self.segment.reader_parked(),
-            spin,
+            polling,
             || self.available().map(|n| (n >= need).then_some(n)),
             |wake| match wake {
                 Ok(Wake::Rung) => Ok(()),
@@ -541,9 +541,9 @@ mod tests {
         }
     }
 
-    /// Waits, as `spin` says, for the 1,000th poll, while a task spawned on the same
+    /// Waits, as `polling` says, for the 1,000th poll, while a task spawned on the same
     /// current-thread runtime waits to run; says whether it ran before the wait ended.
-    fn sibling_ran_during_a_wait(spin: Spin) -> bool {
+    fn sibling_ran_during_a_wait(polling: Polling) -> bool {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
@@ -557,7 +557,7 @@ mod tests {
                 polls += 1;
                 Ok::<_, ()>((polls == 1000).then_some(polls))
             };
-            let found = wait_until(&NeverParks, &parked, spin, check, |_| Ok(())).await;
+            let found = wait_until(&NeverParks, &parked, polling, check, |_| Ok(())).await;
             assert_eq!(found, Ok(1000));
             let ran_during = ran.load(SeqCst);
             sibling.await.unwrap();
@@ -568,8 +568,8 @@ mod tests {
     #[test]
     fn an_in_place_wait_keeps_the_thread_and_a_yielding_one_lets_the_runtime_run() {
         let long = Duration::from_secs(60);
-        assert!(!sibling_ran_during_a_wait(Spin::InPlace(long)));
-        assert!(sibling_ran_during_a_wait(Spin::Yielding(long)));
+        assert!(!sibling_ran_during_a_wait(Polling::InPlace(long)));
+        assert!(sibling_ran_during_a_wait(Polling::Yielding(long)));
     }
 
     #[tokio::test]
@@ -580,7 +580,7 @@ mod tests {
         let ended = wait_until(
             &ClosesAtOnce,
             &parked,
-            Spin::InPlace(spin),
+            Polling::InPlace(spin),
             || Ok::<Option<()>, &str>(None),
             |wake| match wake {
                 Ok(Wake::Closed) => Err("closed"),
