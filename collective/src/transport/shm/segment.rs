@@ -170,8 +170,12 @@ impl Segment {
             what: "duplicate the descriptor of",
             source,
         })?);
+        // Populated: the page tables are filled here, at link set-up, so the first pass of frames
+        // through the ring does not take a page fault per page (512 for 2 MiB, on the first calls
+        // of every job).
         let map = MmapOptions::new()
             .len(len)
+            .populate()
             .map_raw(&file)
             .map_err(|source| SegmentError::Io {
                 what: "map",
@@ -243,6 +247,43 @@ mod tests {
 
     fn clone(fd: &OwnedFd) -> OwnedFd {
         fd.try_clone().unwrap()
+    }
+
+    /// Minor page faults this thread has taken (`/proc/thread-self/stat`, field 10).
+    fn minor_faults() -> u64 {
+        let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
+        let after_name = &stat[stat.rfind(')').unwrap() + 1..];
+        after_name
+            .split_whitespace()
+            .nth(7)
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+
+    /// Faults taken writing one byte into every page of `segment`'s ring.
+    fn faults_writing_every_page(segment: &Segment) -> u64 {
+        let before = minor_faults();
+        for page in (0..segment.capacity).step_by(4096) {
+            // SAFETY: `page` is inside the ring, which no other thread touches in this test.
+            unsafe { segment.ring().add(page).write_volatile(1) };
+        }
+        minor_faults() - before
+    }
+
+    #[test]
+    fn both_ends_map_a_populated_ring_so_its_first_pass_takes_no_faults() {
+        let capacity = 2 << 20;
+        let made = Segment::create(capacity, None).unwrap();
+        let attached = Segment::attach(clone(&made.fd), &made.nonce).unwrap();
+        // Unpopulated, each end would take a fault per page: 512 here.
+        for (end, segment) in [("creator", &made.segment), ("attacher", &attached)] {
+            let faults = faults_writing_every_page(segment);
+            assert!(
+                faults < 8,
+                "the {end} took {faults} faults writing 512 pages"
+            );
+        }
     }
 
     #[test]
