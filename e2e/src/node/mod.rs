@@ -440,7 +440,23 @@ impl Node {
             }
         })
         .await?
-        .map_err(NodeError::Command)
+        .map_err(NodeError::Command)?;
+        self.check_kubelet_root_not_rebound()
+    }
+
+    /// The kubelet binds its root over itself at start when it finds it not shared, concurrently with moving its
+    /// pod-resources socket into place, which then fails once in many boots (EXDEV). The node binds it shared so
+    /// the kubelet has no reason to; a second mount there means that stopped holding.
+    fn check_kubelet_root_not_rebound(&self) -> Result<(), NodeError> {
+        let sandbox = self.sandbox.as_ref().expect("booted");
+        match sandbox.mounts_at(Path::new(kubelet::ROOT))? {
+            1 => Ok(()),
+            n => Err(NodeError::Command(format!(
+                "{n} mounts at {}, expected the node's one shared bind (the kubelet re-binds it when it is not \
+                 shared)",
+                kubelet::ROOT
+            ))),
+        }
     }
 
     /// `program` run inside the node (its namespaces and cgroup).

@@ -105,6 +105,12 @@ impl Sandbox {
         self.holder.as_ref().map_or(0, Managed::id)
     }
 
+    /// How many mounts the node's mount namespace has stacked at `path`.
+    pub fn mounts_at(&self, path: &Path) -> Result<usize, NodeError> {
+        let mountinfo = std::fs::read_to_string(format!("/proc/{}/mountinfo", self.holder_pid()))?;
+        Ok(count_mounts_at(&mountinfo, path))
+    }
+
     /// `program` to run inside the node: its network, mount and cgroup namespaces, in the node's `system` cgroup.
     /// Add arguments as to any `Command`.
     pub fn command(&self, program: impl AsRef<OsStr>) -> Command {
@@ -158,8 +164,8 @@ impl Drop for Sandbox {
 }
 
 /// The holder's shell script: remounts sysfs (of the node's network namespace) and the cgroup filesystems
-/// (rooted at the node's cgroup), mounts a tmpfs on `/run`, binds the node's directories, moves itself into the
-/// node's `system` cgroup, and then waits forever.
+/// (rooted at the node's cgroup), mounts a tmpfs on `/run`, binds the node's directories as shared mounts, moves
+/// itself into the node's `system` cgroup, and then waits forever.
 pub fn holder_script(hierarchies: &[Hierarchy], binds: &[Bind]) -> String {
     let mut lines = vec![
         "set -e".to_string(),
@@ -180,12 +186,16 @@ pub fn holder_script(hierarchies: &[Hierarchy], binds: &[Bind]) -> String {
         }
     }
     lines.push("mount -t tmpfs -o mode=755 tmpfs /run".into());
+    // Each bind is made shared, as systemd leaves every mount of a real node: the kubelet finds its root not
+    // shared otherwise and binds it over itself at start, racing its own pod-resources listener, whose rename of
+    // the socket into place then fails with EXDEV when the bind lands between the rename's two lookups.
     for bind in binds {
+        let target = quote(&bind.target.display().to_string());
         lines.push(format!(
-            "mount --bind {} {}",
+            "mount --bind {} {target}",
             quote(&bind.source.display().to_string()),
-            quote(&bind.target.display().to_string())
         ));
+        lines.push(format!("mount --make-shared {target}"));
     }
     for h in hierarchies {
         let file = h.mount_point.join(cgroups::SYSTEM).join("cgroup.procs");
@@ -194,6 +204,14 @@ pub fn holder_script(hierarchies: &[Hierarchy], binds: &[Bind]) -> String {
     lines.push(format!("echo '{READY_LINE}'"));
     lines.push("exec sleep infinity".into());
     lines.join("\n")
+}
+
+/// The number of `mountinfo` lines (proc(5)) whose mount point is `path`.
+fn count_mounts_at(mountinfo: &str, path: &Path) -> usize {
+    mountinfo
+        .lines()
+        .filter(|line| line.split(' ').nth(4).map(Path::new) == Some(path))
+        .count()
 }
 
 /// Single-quotes `text` for sh.
@@ -273,13 +291,26 @@ mod tests {
         assert!(lines.contains(
             &"mkdir -p '/sys/fs/cgroup/cpu'; mount '-t' 'cgroup' '-o' 'cpu' 'cgroup' '/sys/fs/cgroup/cpu'"
         ));
-        assert!(lines.contains(&"mount --bind '/tmp/n1/var/lib/kubelet' '/var/lib/kubelet'"));
+        let bind = lines
+            .iter()
+            .position(|l| *l == "mount --bind '/tmp/n1/var/lib/kubelet' '/var/lib/kubelet'")
+            .expect("the kubelet root is bound");
+        assert_eq!(lines[bind + 1], "mount --make-shared '/var/lib/kubelet'");
         assert!(lines.contains(&"echo $$ > '/sys/fs/cgroup/unified/system/cgroup.procs'"));
         // The binds come after /run's tmpfs, the ready line just before the wait.
         let run = lines.iter().position(|l| l.contains("tmpfs /run")).unwrap();
         let bind = lines.iter().position(|l| l.contains("--bind")).unwrap();
         assert!(run < bind);
         assert_eq!(lines[lines.len() - 2], format!("echo '{READY_LINE}'"));
+    }
+
+    #[test]
+    fn mounts_are_counted_by_their_mount_point() {
+        let mountinfo = "36 35 98:0 / /var/lib/kubelet rw shared:2 - ext4 /dev/vda rw\n\
+                         37 36 98:0 / /var/lib/kubelet rw shared:3 - ext4 /dev/vda rw\n\
+                         38 36 0:40 / /var/lib/kubelet/pods/x rw - tmpfs tmpfs rw\n";
+        assert_eq!(count_mounts_at(mountinfo, Path::new("/var/lib/kubelet")), 2);
+        assert_eq!(count_mounts_at(mountinfo, Path::new("/var/lib")), 0);
     }
 
     #[test]
