@@ -9,7 +9,8 @@
 //! other ranks' start-up included) and `rendezvous_seconds` (the shortest connect of any rank: the
 //! last to join waits only for the exchange itself).
 //!
-//! Prints one JSON line per size with nccl-tests' definitions: algbw = bytes / time,
+//! Before the first size the ranks warm the machine up for `--warmup-seconds` (`warm.rs`; the rounds it took
+//! are each line's `warmup_rounds`). Prints one JSON line per size with nccl-tests' definitions: algbw = bytes / time,
 //! busbw = algbw * 2 (n - 1) / n; bandwidths in GB/s where 1 GB = 1e9 bytes; and `busbw_vs_tcp`, busbw over the
 //! baseline. Then one line `{"baseline":"tcp_stream","gbps":..}` (same unit): the mean of a raw TCP stream
 //! measured before and after the ranks ran (`gbps_before`, `gbps_after`). Then, per size, the second baseline
@@ -20,6 +21,7 @@ mod breakdown;
 mod footprint;
 mod mpi;
 mod pingpong;
+mod warm;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -139,6 +141,10 @@ struct Args {
     /// Untimed iterations per size before timing.
     #[arg(long, default_value_t = 3)]
     warmup: u32,
+    /// Seconds of all-reduces of the largest size (at most 16 MiB) before the first size: an idle
+    /// machine runs every size slower until warm (see `warm.rs`); 0 skips it.
+    #[arg(long, default_value_t = 0.25)]
+    warmup_seconds: f64,
     /// How chunks travel: auto (raw TCP streams, frames in shared-memory rings between ranks
     /// of one host), tcp (frames always on the TCP streams) or grpc (gRPC Send streams).
     #[arg(long, default_value = "auto")]
@@ -221,6 +227,12 @@ fn main() -> Result<()> {
     }
     if args.ranks == 0 {
         bail!("--ranks must be at least 1");
+    }
+    if !(args.warmup_seconds.is_finite() && (0.0..=600.0).contains(&args.warmup_seconds)) {
+        bail!(
+            "--warmup-seconds {}: give a number of seconds from 0 to 600",
+            args.warmup_seconds
+        );
     }
     if let Some(bad) = args.sizes.iter().find(|s| **s % 4 != 0 || **s == 0) {
         bail!("--sizes: {bad} is not a positive multiple of 4 (buffers are f32)");
@@ -377,6 +389,8 @@ fn run_ranks(args: &Args, exe: &std::path::Path) -> Result<Vec<String>> {
             .arg(&args.data_path)
             .arg("--warmup")
             .arg(args.warmup.to_string())
+            .arg("--warmup-seconds")
+            .arg(args.warmup_seconds.to_string())
             .arg("--chunk-bytes")
             .arg(args.chunk_bytes.to_string())
             .arg("--ranks-per-node")
@@ -569,6 +583,9 @@ fn run_rank(
         let connecting = Instant::now();
         let comm = Communicator::connect_with(cfg, options).await?;
         let connect = connecting.elapsed();
+        let warm_len = warm::warm_len(&args.sizes);
+        let warm_for = Duration::from_secs_f64(args.warmup_seconds);
+        let warmup_rounds = warm::warm_up(&comm, reduce, warm_len, warm_for).await?;
         for &bytes in &args.sizes {
             let elems = bytes / 4;
             let mut buf = vec![(rank + 1) as f32; elems];
@@ -614,6 +631,7 @@ fn run_rank(
                         "shared_memory_peers": shared_memory_peers,
                         "ranks_per_node": ranks_per_node(args),
                         "iters": iters,
+                        "warmup_rounds": warmup_rounds,
                         "malloc": malloc_label(),
                         "runtime": if args.multi_thread { "multi_thread" } else { "current_thread" },
                         "time_us": (secs * 1e6 * 10.0).round() / 10.0,

@@ -9,6 +9,7 @@ fn the_bench_prints_a_line_per_size_and_the_tcp_baseline() {
     let out = Command::new(env!("CARGO_BIN_EXE_allreduce-bench"))
         .args(["--ranks", "3", "--sizes", "4096,65540", "--iters", "2"])
         .args(["--warmup", "1", "--baseline-bytes", "4194304"])
+        .args(["--warmup-seconds", "0.05"])
         .output()
         .expect("running allreduce-bench");
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -37,6 +38,11 @@ fn the_bench_prints_a_line_per_size_and_the_tcp_baseline() {
             .collect();
         assert_eq!(peaks, [2 * ring, 2 * ring, 2 * ring], "{line}");
         assert!(line["time_us"].as_f64().is_some_and(|v| v > 0.0), "{line}");
+        // The machine's warm-up ran before the first size, and all three ranks left it together.
+        assert!(
+            line["warmup_rounds"].as_u64().is_some_and(|r| r >= 1),
+            "{line}"
+        );
         // What each rank holds as the world grows: 2 links each here, and descriptors and memory.
         assert_eq!(line["links_per_rank"]["max"], 2, "{line}");
         assert!(
@@ -137,10 +143,25 @@ fn a_size_that_is_not_whole_floats_is_refused_by_name() {
 }
 
 #[test]
+fn a_warm_up_time_that_is_no_duration_is_refused_by_name() {
+    for bad in ["-1", "NaN", "1e9"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_allreduce-bench"))
+            .args(["--ranks", "2", "--sizes", "4096"])
+            .arg(format!("--warmup-seconds={bad}"))
+            .output()
+            .expect("running allreduce-bench");
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("--warmup-seconds"), "{bad}: {stderr}");
+    }
+}
+
+#[test]
 fn a_breakdown_splits_each_lines_time_per_call() {
     let out = Command::new(env!("CARGO_BIN_EXE_allreduce-bench"))
         .args(["--ranks", "2", "--sizes", "4096", "--iters", "3"])
         .args(["--warmup", "1", "--no-baseline", "--breakdown"])
+        .args(["--warmup-seconds", "0"])
         .output()
         .expect("running allreduce-bench");
     assert!(
@@ -156,4 +177,6 @@ fn a_breakdown_splits_each_lines_time_per_call() {
     assert!(part("fixed_us").is_some_and(|v| v > 0.0), "{line}");
     assert!(part("copies_us").is_some_and(|v| v > 0.0), "{line}");
     assert!(part("rest_us").is_some_and(|v| v >= 0.0), "{line}");
+    // `--warmup-seconds 0` reached the ranks: no warm-up round.
+    assert_eq!(line["warmup_rounds"], 0, "{line}");
 }
