@@ -16,6 +16,8 @@ pub struct FakeApi {
     objects: Arc<Mutex<BTreeMap<String, Value>>>,
     log: Arc<Mutex<Vec<String>>>,
     failures: Arc<Mutex<Vec<(String, String)>>>,
+    /// Creates answer 201 with a body that is not the object (see [`FakeApi::answer_creates_unparsably`]).
+    unparsable_creates: Arc<Mutex<bool>>,
 }
 
 fn decode(query: &str) -> String {
@@ -118,6 +120,12 @@ impl FakeApi {
             .push((method.to_string(), path_prefix.to_string()));
     }
 
+    /// Every later create is stored but answered with a body that is no object at all, so a client that parses
+    /// the answer fails the write.
+    pub fn answer_creates_unparsably(&self) {
+        *self.unparsable_creates.lock().expect("lock") = true;
+    }
+
     /// Every object stored under `prefix` (e.g. a namespace's pods), parsed.
     pub fn objects_under<T: serde::de::DeserializeOwned>(&self, prefix: &str) -> Vec<T> {
         self.paths_under(prefix)
@@ -168,6 +176,12 @@ impl FakeApi {
                     );
                 }
                 self.put(&object_path, body.clone());
+                if *self.unparsable_creates.lock().expect("lock") {
+                    return respond(
+                        StatusCode::CREATED,
+                        &json!("created, answered with no object"),
+                    );
+                }
                 respond(StatusCode::CREATED, &body)
             }
             "PUT" => {
