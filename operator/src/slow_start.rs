@@ -6,8 +6,10 @@
 
 use std::future::Future;
 
-/// The largest batch: this many writes of one reconcile are in flight at once, as the Job controller does.
-pub const MAX_BATCH: usize = 16;
+/// The largest batch: at most this many writes of one reconcile are in flight at once. The Job controller doubles
+/// its batches up to its 500 writes per sync; 16 here left a 4,096-rank job's creation waiting on each batch's
+/// slowest write (10–12 s on 2 cores), 64 keeps the API server busy (8.6–9.3 s) and still holds few built pods.
+pub const MAX_BATCH: usize = 64;
 
 /// Runs `write` over `items` in slow-start batches of at most `max_batch` (at least 1). Every write of a batch
 /// completes before the next batch starts; after a batch with a failure none starts, and the first failure of
