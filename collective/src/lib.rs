@@ -19,6 +19,7 @@ mod rendezvous;
 mod segments;
 mod spin;
 mod transport;
+mod warm;
 
 /// Generated gRPC code of `proto/collective/v1/collective.proto`.
 pub mod proto {
@@ -39,3 +40,4 @@ pub use rendezvous::{RendezvousHandler, RendezvousService, RendezvousTable};
 pub use segments::{chunk_count, segment_range, segment_ranges};
 pub use spin::{DEFAULT_SPIN, SPIN_MAX_FRAME_BYTES, Spin};
 pub use transport::{FROM_RANK, GENERATION, RING_SEGMENT_BYTES, RingMemoryUse};
+pub use warm::{MAX_WARM_BYTES, warm_len, warm_up};

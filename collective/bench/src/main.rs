@@ -9,7 +9,7 @@
 //! other ranks' start-up included) and `rendezvous_seconds` (the shortest connect of any rank: the
 //! last to join waits only for the exchange itself).
 //!
-//! Before the first size the ranks warm the machine up for `--warmup-seconds` (`warm.rs`; the rounds it took
+//! Before the first size the ranks warm the machine up for `--warmup-seconds` (`rdu_collective::warm_up`; the rounds it took
 //! are each line's `warmup_rounds`). Prints one JSON line per size with nccl-tests' definitions: algbw = bytes / time,
 //! busbw = algbw * 2 (n - 1) / n; bandwidths in GB/s where 1 GB = 1e9 bytes; and `busbw_vs_tcp`, busbw over the
 //! baseline. Then one line `{"baseline":"tcp_stream","gbps":..}` (same unit): the mean of a raw TCP stream
@@ -21,7 +21,6 @@ mod breakdown;
 mod footprint;
 mod mpi;
 mod pingpong;
-mod warm;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -142,7 +141,7 @@ struct Args {
     #[arg(long, default_value_t = 3)]
     warmup: u32,
     /// Seconds of all-reduces of the largest size (at most 16 MiB) before the first size: an idle
-    /// machine runs every size slower until warm (see `warm.rs`); 0 skips it.
+    /// machine runs every size slower until warm (see `rdu_collective::warm_up`); 0 skips it.
     #[arg(long, default_value_t = 0.25)]
     warmup_seconds: f64,
     /// How chunks travel: auto (raw TCP streams, frames in shared-memory rings between ranks
@@ -583,9 +582,9 @@ fn run_rank(
         let connecting = Instant::now();
         let comm = Communicator::connect_with(cfg, options).await?;
         let connect = connecting.elapsed();
-        let warm_len = warm::warm_len(&args.sizes);
+        let warm_len = rdu_collective::warm_len(args.sizes.iter().map(|&b| b as u64));
         let warm_for = Duration::from_secs_f64(args.warmup_seconds);
-        let warmup_rounds = warm::warm_up(&comm, reduce, warm_len, warm_for).await?;
+        let warmup_rounds = rdu_collective::warm_up(&comm, reduce, warm_len, warm_for).await?;
         for &bytes in &args.sizes {
             let elems = bytes / 4;
             let mut buf = vec![(rank + 1) as f32; elems];

@@ -1,5 +1,6 @@
-//! The machine's warm-up before the first timed size (`--warmup-seconds`): the ranks all-reduce the
-//! largest timed buffer (at most 16 MiB) over and over for that long. On the 2-vCPU VM this bench
+//! A benchmark's warm-up of the machine before its first timed size (`allreduce-bench
+//! --warmup-seconds`, `spec.allReduceBenchmark.warmupMilliseconds`): the ranks all-reduce the
+//! largest timed buffer (at most 16 MiB) over and over for that long. On the 2-vCPU VM the bench
 //! was tuned on, a machine that had sat idle for a few seconds ran every size 2-3x slower until
 //! something heavy had run for a fraction of a second (2 ranks, `--no-baseline`: 4 KiB 8-23 us
 //! against 2.8-3.4 us, 1 MiB 265-515 us against 146-245), whatever the ring's size or the spin;
@@ -10,14 +11,18 @@
 
 use std::time::{Duration, Instant};
 
-use rdu_collective::{CollectiveError, Communicator, ReduceOptions};
+use crate::{CollectiveError, Communicator, ReduceOptions};
 
 /// The largest buffer the warm-up all-reduces.
 pub const MAX_WARM_BYTES: usize = 16 << 20;
 
-/// The warm-up's buffer length in f32s: the largest timed size, at most [`MAX_WARM_BYTES`].
-pub fn warm_len(sizes: &[usize]) -> usize {
-    sizes.iter().copied().max().unwrap_or(4).min(MAX_WARM_BYTES) / 4
+/// The warm-up's buffer length in f32s: the largest timed size (bytes), at most [`MAX_WARM_BYTES`].
+pub fn warm_len(sizes: impl IntoIterator<Item = u64>) -> usize {
+    let largest = sizes.into_iter().max().unwrap_or(4);
+    usize::try_from(largest)
+        .unwrap_or(usize::MAX)
+        .min(MAX_WARM_BYTES)
+        / 4
 }
 
 /// This rank's vote in a round: 1 once its clock reached `until`, 0 before.
@@ -58,9 +63,9 @@ mod tests {
 
     #[test]
     fn the_buffer_is_the_largest_size_up_to_the_cap() {
-        assert_eq!(warm_len(&[4096, 65536]), 16384);
-        assert_eq!(warm_len(&[4096, 64 << 20]), MAX_WARM_BYTES / 4);
-        assert_eq!(warm_len(&[]), 1);
+        assert_eq!(warm_len([4096, 65536]), 16384);
+        assert_eq!(warm_len([4096, 64 << 20]), MAX_WARM_BYTES / 4);
+        assert_eq!(warm_len([]), 1);
     }
 
     #[test]
