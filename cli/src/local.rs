@@ -362,13 +362,14 @@ fn header(job: &RduJob, scratch: &Path) -> Vec<String> {
     ]
 }
 
-/// `all-reduce of [4Ki, 64Mi], 5 untimed and 20 timed each, algorithm auto, compression none`.
+/// `all-reduce of [4Ki, 64Mi] after a 250 ms warm-up, 5 untimed and 20 timed each, algorithm auto, compression none`.
 fn benchmark_line(spec: &RduJobSpec) -> String {
     let bench = spec.all_reduce_benchmark.clone().unwrap_or_default();
     let dp = &spec.data_parallel;
     format!(
-        "all-reduce of [{}], {} untimed and {} timed each, algorithm {}, compression {}",
+        "all-reduce of [{}] after a {} ms warm-up, {} untimed and {} timed each, algorithm {}, compression {}",
         bench.sizes.join(", "),
+        bench.warmup_milliseconds,
         bench.warmup_iterations,
         bench.iterations,
         if dp.reduce_on_rdu {

@@ -621,7 +621,7 @@ const BENCHMARK: &str = "  workers: 2
   model: {name: ffn-logreg}
   data: {source: csv, path: no/such/file.csv}
   training: {epochs: 1, batchSize: 8, learningRate: 0.1}
-  allReduceBenchmark: {sizes: [4Ki, 256Ki], warmupIterations: 2, iterations: 5}
+  allReduceBenchmark: {sizes: [4Ki, 256Ki], warmupMilliseconds: 0, warmupIterations: 2, iterations: 5}
   dataParallel: {algorithm: ring}
 ";
 
@@ -641,6 +641,10 @@ fn the_all_reduce_benchmark_prints_a_line_per_size_then_the_result_of_the_same_s
             (bench["algorithm"].as_str(), bench["iterations"].as_u64()),
             (Some("ring"), Some(5))
         );
+        assert_eq!(
+            bench["warmupRounds"], 0,
+            "warmupMilliseconds 0 reached the ranks"
+        );
         let sizes = bench["sizes"].as_array().expect("sizes");
         let lines: Vec<serde_json::Value> = f
             .stdout
@@ -659,6 +663,7 @@ fn the_all_reduce_benchmark_prints_a_line_per_size_then_the_result_of_the_same_s
                 "the line says what the result says"
             );
             assert_eq!(line["ranks"].as_u64(), ranks.parse().ok());
+            assert_eq!(line["warmup_rounds"], 0);
         }
         assert_eq!(
             (sizes[0]["bytes"].as_u64(), sizes[1]["bytes"].as_u64()),

@@ -291,8 +291,9 @@ impl RunMode {
 }
 
 /// `mode: allReduceBenchmark`: every rank joins the job as in training (the same rendezvous, `dataParallel`'s
-/// algorithm and compression, the same data path), then all-reduces a buffer of each size `warmupIterations`
-/// times untimed and `iterations` times timed, as nccl-tests' all_reduce_perf does.
+/// algorithm and compression, the same data path), warms the machine up for `warmupMilliseconds`, then all-reduces
+/// a buffer of each size `warmupIterations` times untimed and `iterations` times timed, as nccl-tests'
+/// all_reduce_perf does.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AllReduceBenchmarkSpec {
@@ -302,6 +303,12 @@ pub struct AllReduceBenchmarkSpec {
     #[schemars(length(min = 1, max = 32), inner(length(max = 16)))]
     #[x_kube(validation = Rule::new(crate::byte_size::SIZE_RULE).message(crate::byte_size::SIZE_MESSAGE))]
     pub sizes: Vec<String>,
+    /// Milliseconds the ranks all-reduce the largest size (at most 16 MiB) before the first size, to bring an idle
+    /// machine to the steady state a training job runs in (an idle VM ran every size 2-3x slower until something
+    /// heavy ran); 0 to 60000, default 250, 0 skips it.
+    #[serde(default = "default_warmup_milliseconds")]
+    #[x_kube(validation = Rule::new("self <= 60000").message("spec.allReduceBenchmark.warmupMilliseconds must be at most 60000"))]
+    pub warmup_milliseconds: u32,
     /// Untimed all-reduces of each size before the timed ones (default 5).
     #[serde(default = "default_warmup_iterations")]
     #[x_kube(validation = Rule::new("self <= 1000").message("spec.allReduceBenchmark.warmupIterations must be at most 1000"))]
@@ -316,6 +323,7 @@ impl Default for AllReduceBenchmarkSpec {
     fn default() -> Self {
         AllReduceBenchmarkSpec {
             sizes: default_benchmark_sizes(),
+            warmup_milliseconds: default_warmup_milliseconds(),
             warmup_iterations: default_warmup_iterations(),
             iterations: default_iterations(),
         }
@@ -326,6 +334,10 @@ fn default_benchmark_sizes() -> Vec<String> {
     ["4Ki", "64Ki", "1Mi", "16Mi", "64Mi"]
         .map(String::from)
         .to_vec()
+}
+
+fn default_warmup_milliseconds() -> u32 {
+    250
 }
 
 fn default_warmup_iterations() -> u32 {

@@ -294,6 +294,10 @@ pub struct AllReduceResult {
     pub data_path: String,
     /// Peers rank 0's all-reduces reached through shared memory (same host, data path `auto`).
     pub shared_memory_peers: u32,
+    /// Rounds of the largest size the ranks all-reduced to warm the machine up before the first size
+    /// (`spec.allReduceBenchmark.warmupMilliseconds`; 0 when it was 0).
+    #[serde(default)]
+    pub warmup_rounds: u32,
     pub warmup_iterations: u32,
     pub iterations: u32,
     /// One entry per size, in the spec's order.

@@ -268,6 +268,11 @@ fn check_benchmark(c: &mut Checks, spec: &RduJobSpec) {
         c.check(false, "spec.allReduceBenchmark.sizes", || error);
     }
     c.check(
+        bench.warmup_milliseconds <= 60_000,
+        "spec.allReduceBenchmark.warmupMilliseconds",
+        || "spec.allReduceBenchmark.warmupMilliseconds must be at most 60000".into(),
+    );
+    c.check(
         bench.warmup_iterations <= 1000,
         "spec.allReduceBenchmark.warmupIterations",
         || "spec.allReduceBenchmark.warmupIterations must be at most 1000".into(),
@@ -387,6 +392,7 @@ spec:
     ) -> crate::AllReduceBenchmarkSpec {
         crate::AllReduceBenchmarkSpec {
             sizes: sizes.iter().map(|s| s.to_string()).collect(),
+            warmup_milliseconds: 0,
             warmup_iterations,
             iterations,
         }
@@ -508,6 +514,15 @@ spec:
             (
                 |s| s.all_reduce_benchmark = Some(bench(&["4Ki", "3"], 0, 1)),
                 "spec.allReduceBenchmark.sizes",
+            ),
+            (
+                |s| {
+                    s.all_reduce_benchmark = Some(crate::AllReduceBenchmarkSpec {
+                        warmup_milliseconds: 60_001,
+                        ..bench(&["4Ki"], 0, 1)
+                    })
+                },
+                "spec.allReduceBenchmark.warmupMilliseconds",
             ),
             (
                 |s| s.all_reduce_benchmark = Some(bench(&["4Ki"], 1001, 1)),

@@ -54,6 +54,15 @@ fn bad_specs() -> Vec<(&'static str, Value, &'static str)> {
             "spec.tilesPerWorker must be 1, 2, 4 or 8",
         ),
         (
+            "a benchmark warm-up over a minute",
+            with(
+                b(),
+                "/spec/allReduceBenchmark",
+                json!({"warmupMilliseconds": 60_001}),
+            ),
+            "spec.allReduceBenchmark.warmupMilliseconds must be at most 60000",
+        ),
+        (
             "no epochs nor steps",
             with(b(), "/spec/training/epochs", Value::Null),
             "spec.training needs epochs or steps",

@@ -159,6 +159,9 @@ fn the_all_reduce_benchmark_times_every_size_and_reports_bus_bandwidth() {
         (bench["ranks"].as_u64(), bench["iterations"].as_u64()),
         (Some(3), Some(3))
     );
+    // The default warm-up (250 ms of the largest size) ran, and all ranks left it together (or the sizes after
+    // it would not line up and the job would fail).
+    assert!(bench["warmupRounds"].as_u64() >= Some(1), "{json}");
     let sizes = bench["sizes"].as_array().expect("sizes");
     let bytes: Vec<u64> = sizes.iter().map(|s| s["bytes"].as_u64().unwrap()).collect();
     assert_eq!(bytes, [4096, 65536, 1 << 20]);

@@ -112,6 +112,7 @@ fn an_all_reduce_benchmark_shows_a_row_per_size() {
                 compression: "none".into(),
                 data_path: "auto".into(),
                 shared_memory_peers: 0,
+                warmup_rounds: 12,
                 warmup_iterations: 5,
                 iterations: 20,
                 sizes: vec![

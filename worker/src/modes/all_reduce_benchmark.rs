@@ -1,13 +1,14 @@
 //! `spec.mode: allReduceBenchmark`, nccl-tests' all_reduce_perf across a job's ranks. Every rank joins the job as
-//! in training (the same rendezvous, `spec.dataParallel`'s algorithm and compression, the same data path), then for
-//! each size of `spec.allReduceBenchmark` all-reduces a buffer once to check the sum (every rank's ones add up to
+//! in training (the same rendezvous, `spec.dataParallel`'s algorithm and compression, the same data path), warms the
+//! machine up (`warmupMilliseconds` of the largest size, `rdu_collective::warm_up`), then for each size of
+//! `spec.allReduceBenchmark` all-reduces a buffer once to check the sum (every rank's ones add up to
 //! the world size everywhere; values that do not are counted, as nccl-tests' `#wrong`), `warmupIterations` times
 //! untimed, and `iterations` times each timed on its own. Rank 0 reports per size the median time and nccl-tests'
 //! bandwidths (algbw = bytes / time, busbw = algbw × 2(n−1)/n, GB/s of 1e9 bytes): a JSON line in its log as each
 //! size ends, with `allreduce-bench`'s keys, and all of them in `status.result.allReduce`. The model, the data and
 //! the training settings are not read.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rdu_collective::{Communicator, Compression, ReduceOptions};
 use rdu_crds::{AllReduceResult, AllReduceTiming, JobResult, RunMode, byte_size};
@@ -23,6 +24,7 @@ use crate::stop::StopRequest;
 #[derive(Debug)]
 pub struct AllReduceBenchmark {
     sizes: Vec<u64>,
+    warmup: Duration,
     warmup_iterations: u32,
     iterations: u32,
 }
@@ -43,6 +45,7 @@ impl Mode for AllReduceBenchmark {
             .map_err(|reason| WorkerError::config("spec.allReduceBenchmark.sizes", reason))?;
         Ok(AllReduceBenchmark {
             sizes,
+            warmup: Duration::from_millis(u64::from(bench.warmup_milliseconds)),
             warmup_iterations: bench.warmup_iterations,
             iterations: bench.iterations.max(1),
         })
@@ -61,6 +64,7 @@ impl Mode for AllReduceBenchmark {
             data_path: env.data_path.to_string(),
             // Links open at first use: counted once the sizes ran.
             shared_memory_peers: 0,
+            warmup_rounds: 0,
             warmup_iterations: self.warmup_iterations,
             iterations: self.iterations,
             sizes: Vec::with_capacity(self.sizes.len()),
@@ -75,6 +79,10 @@ impl Mode for AllReduceBenchmark {
             "all-reduce benchmark starts"
         );
         let started = Instant::now();
+        stopped(stop)?;
+        let warm_len = rdu_collective::warm_len(self.sizes.iter().copied());
+        result.warmup_rounds =
+            rdu_collective::warm_up(comm, options, warm_len, self.warmup).await?;
         for &bytes in &self.sizes {
             let timing = self.time_size(comm, stop, options, bytes).await?;
             result.shared_memory_peers = comm.shared_memory_peers().len() as u32;
@@ -201,6 +209,7 @@ struct Line<'a> {
     compression: &'a str,
     data_path: &'a str,
     shared_memory_peers: u32,
+    warmup_rounds: u32,
     iters: u32,
     time_us: f64,
     algbw_gbps: f64,
@@ -220,6 +229,7 @@ pub fn json_line(run: &AllReduceResult, timing: &AllReduceTiming) -> String {
         compression: &run.compression,
         data_path: &run.data_path,
         shared_memory_peers: run.shared_memory_peers,
+        warmup_rounds: run.warmup_rounds,
         iters: run.iterations,
         time_us: significant(timing.median_seconds * 1e6),
         algbw_gbps: timing.algbw_gbps,
@@ -290,6 +300,7 @@ mod tests {
             compression: "bf16".into(),
             data_path: "auto".into(),
             shared_memory_peers: 4095,
+            warmup_rounds: u32::MAX,
             warmup_iterations: 1000,
             iterations: 10_000,
             sizes: (0..rdu_crds::validation::MAX_BENCHMARK_SIZES)
