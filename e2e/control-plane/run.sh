@@ -2,7 +2,8 @@
 # Runs the real control-plane tests (DESIGN 7, rung 4): builds or reuses etcd, kube-apiserver,
 # kube-scheduler, kube-controller-manager and helm (e2e/control-plane/build.sh, cached outside the
 # repository), builds the operator binary and kubectl-rdujob, and runs every e2e/tests/*.rs but the real-node
-# ones (node, multi_node: their own scripts) with `-- --ignored`. The tests are #[ignore]d so that a plain
+# ones (node, multi_node: their own scripts) with `-- --ignored`, the 4,096-rank bench (scale) last, with the
+# release build of the operator. The tests are #[ignore]d so that a plain
 # `cargo test` lists them as ignored instead of passing them; run here, a missing binary fails them.
 # Exit 0 only if all pass.
 set -euo pipefail
@@ -23,9 +24,15 @@ targets=()
 for file in e2e/tests/*.rs; do
   name="$(basename "$file" .rs)"
   case "$name" in
-    node | multi_node | kueue | failure_rules) ;;
+    node | multi_node | kueue | failure_rules | scale) ;;
     *) targets+=(--test "$name") ;;
   esac
 done
 # Each test starts its own control plane; two at a time fit a 2-core machine.
 cargo test -p rdu-e2e "${targets[@]}" --no-fail-fast -- --ignored --test-threads="${RDU_E2E_THREADS:-2}" --nocapture
+
+# The 4,096-rank bench (issue 26) times the operator users run, the release build: the debug build spends about
+# twice the CPU per pod, and on 2 cores that the API server and etcd share, the operator's CPU is creation time.
+cargo build --release -p rdu-operator --bin rdu-operator
+RDU_OPERATOR_BIN="$PWD/target/release/rdu-operator" \
+  cargo test -p rdu-e2e --test scale -- --ignored --nocapture

@@ -1,10 +1,11 @@
 //! One RduJob of 4,096 ranks, the API's ceiling, against the real API server (issue 26, item 4), with the
-//! operator binary running as the chart's ServiceAccount and the test reporting a pod's state as a kubelet
-//! would. Prints one JSON line (`"bench": "scale"`): how long until every pod existed (the operator's own
-//! `job_pods_created_seconds`), the operator's memory per rank and CPU per pod event, and what one pod's change
-//! cost. Checks what must hold at any speed: every pod is created and counted, creating them runs no admission
-//! policy's match conditions (the chart's device-plugin policy matches updates only), and one pod turning Running
-//! makes the operator neither list pods nor write any pod (the API server's own request counters).
+//! operator binary (`e2e/control-plane/run.sh` gives it the release build users run) running as the chart's
+//! ServiceAccount and the test reporting a pod's state as a kubelet would. Prints one JSON line (`"bench":
+//! "scale"`): how long until every pod existed (the operator's own `job_pods_created_seconds`), the operator's
+//! memory per rank and CPU per pod event, and what one pod's change cost. Checks what must hold at any speed:
+//! every pod is created and counted, creating them runs no admission policy's match conditions (the chart's
+//! device-plugin policy matches updates only), and one pod turning Running makes the operator neither list pods
+//! nor write any pod (the API server's own request counters).
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

@@ -7,8 +7,8 @@
 use std::future::Future;
 
 /// The largest batch: at most this many writes of one reconcile are in flight at once. The Job controller doubles
-/// its batches up to its 500 writes per sync; 16 here left a 4,096-rank job's creation waiting on each batch's
-/// slowest write (10–12 s on 2 cores), 64 keeps the API server busy (8.6–9.3 s) and still holds few built pods.
+/// its batches up to its 500 writes per sync; 16 here left the API server waiting on each batch's slowest write
+/// while a 4,096-rank job was created (DESIGN 5.1); 64 keeps it busy and still holds few built pods.
 pub const MAX_BATCH: usize = 64;
 
 /// Runs `write` over `items` in slow-start batches of at most `max_batch` (at least 1). Every write of a batch
