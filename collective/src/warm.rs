@@ -6,8 +6,9 @@
 //! against 2.8-3.4 us, 1 MiB 265-515 us against 146-245), whatever the ring's size or the spin;
 //! a 1 GiB TCP stream or a quarter second of large all-reduces before the first size brought it
 //! to the steady state a training job runs in, and the per-size warm-up iterations are far too
-//! short to. The warm-up's buffer is a timed size's, so it runs an algorithm the timed runs run
-//! and opens no link they do not.
+//! short to. The warm-up's buffer is the largest timed size, capped at 16 MiB, far above where
+//! `auto` switches algorithms, so it runs an algorithm the timed runs run and opens no link they
+//! do not.
 
 use std::time::{Duration, Instant};
 
@@ -25,20 +26,22 @@ pub fn warm_len(sizes: impl IntoIterator<Item = u64>) -> usize {
         / 4
 }
 
-/// This rank's vote in a round: 1 once its clock reached `until`, 0 before.
-fn vote(now: Instant, until: Instant) -> f32 {
-    if now >= until { 1.0 } else { 0.0 }
+/// This rank's vote in a round: 1 once its clock reached `until` or it is asked to stop, 0 before.
+fn vote(now: Instant, until: Instant, stopping: bool) -> f32 {
+    if stopping || now >= until { 1.0 } else { 0.0 }
 }
 
-/// All-reduces a `len`-value buffer until `duration` has passed on some rank; returns the rounds.
-/// The buffer's last value carries each rank's vote to stop, so every rank sees the same sum and
-/// all stop after the same round (a collective's calls must line up on every rank); the others
-/// stay 0, so the sums never grow.
+/// All-reduces a `len`-value buffer until `duration` has passed on some rank, or some rank's
+/// `stopping` says it was asked to stop (a SIGTERM then waits one round, not the whole warm-up);
+/// returns the rounds. The buffer's last value carries each rank's vote to stop, so every rank sees
+/// the same sum and all stop after the same round (a collective's calls must line up on every
+/// rank); the others stay 0, so the sums never grow.
 pub async fn warm_up(
     comm: &Communicator,
     reduce: ReduceOptions,
     len: usize,
     duration: Duration,
+    stopping: impl Fn() -> bool,
 ) -> Result<u32, CollectiveError> {
     if duration.is_zero() || len == 0 {
         return Ok(0);
@@ -48,7 +51,7 @@ pub async fn warm_up(
     let mut rounds = 0;
     loop {
         buf.fill(0.0);
-        buf[len - 1] = vote(Instant::now(), until);
+        buf[len - 1] = vote(Instant::now(), until, stopping());
         comm.all_reduce_sum(&mut buf, reduce).await?;
         rounds += 1;
         if buf[len - 1] > 0.0 {
@@ -72,8 +75,15 @@ mod tests {
     fn a_rank_votes_to_stop_once_its_time_is_up() {
         let start = Instant::now();
         let until = start + Duration::from_millis(5);
-        assert_eq!(vote(start, until), 0.0);
-        assert_eq!(vote(until, until), 1.0);
-        assert_eq!(vote(until + Duration::from_millis(1), until), 1.0);
+        assert_eq!(vote(start, until, false), 0.0);
+        assert_eq!(vote(until, until, false), 1.0);
+        assert_eq!(vote(until + Duration::from_millis(1), until, false), 1.0);
+    }
+
+    #[test]
+    fn a_rank_asked_to_stop_votes_to_stop_at_once() {
+        let start = Instant::now();
+        let until = start + Duration::from_secs(60);
+        assert_eq!(vote(start, until, true), 1.0);
     }
 }

@@ -584,7 +584,7 @@ fn run_rank(
         let connect = connecting.elapsed();
         let warm_len = rdu_collective::warm_len(args.sizes.iter().map(|&b| b as u64));
         let warm_for = Duration::from_secs_f64(args.warmup_seconds);
-        let warmup_rounds = rdu_collective::warm_up(&comm, reduce, warm_len, warm_for).await?;
+        let warmup_rounds = rdu_collective::warm_up(&comm, reduce, warm_len, warm_for, || false).await?;
         for &bytes in &args.sizes {
             let elems = bytes / 4;
             let mut buf = vec![(rank + 1) as f32; elems];

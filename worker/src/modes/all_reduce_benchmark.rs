@@ -79,10 +79,11 @@ impl Mode for AllReduceBenchmark {
             "all-reduce benchmark starts"
         );
         let started = Instant::now();
-        stopped(stop)?;
         let warm_len = rdu_collective::warm_len(self.sizes.iter().copied());
+        let stopping = || stop.requested().is_some();
         result.warmup_rounds =
-            rdu_collective::warm_up(comm, options, warm_len, self.warmup).await?;
+            rdu_collective::warm_up(comm, options, warm_len, self.warmup, stopping).await?;
+        stopped(stop)?;
         for &bytes in &self.sizes {
             let timing = self.time_size(comm, stop, options, bytes).await?;
             result.shared_memory_peers = comm.shared_memory_peers().len() as u32;
