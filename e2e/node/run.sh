@@ -2,7 +2,7 @@
 # Real pods on a real kubelet, without Docker or a registry (DESIGN 7, rung 5): builds or reuses the control
 # plane (e2e/control-plane/build.sh) and the node's kubelet, kube-proxy, CoreDNS and pause
 # (e2e/node/build.sh), builds the operator, device plugin and worker, and runs `cargo test -p rdu-e2e
-# --test node --test failure_rules -- --ignored`: each test assembles the three images from docker/*.Dockerfile, starts a one-node
+# --test node --test failure_rules -- --ignored`: each test assembles the three images from docker/Dockerfile, starts a one-node
 # testbed (e2e/src/testbed.rs: the node in namespaces of its own with containerd, the kubelet and kube-proxy;
 # CoreDNS), `helm install`s the chart, runs examples/digits.yaml as pods, faults them, and removes everything it
 # made (failure_rules: an OOM-killed rank under a FailJob rule, a hung gang, a deleted pod under RestartJobNotCounted).

@@ -1,8 +1,8 @@
-//! Container images without Docker or a registry: reads the final stage of a `docker/*.Dockerfile`,
+//! Container images without Docker or a registry: reads one image's target stage of `docker/Dockerfile`,
 //! carries out its instructions on binaries built by cargo (an OCI layout made with `umoci`), and
 //! checks an assembled image against what its Dockerfile declares, so the two cannot drift apart.
 //!
-//! The final stage may hold only `FROM` (the distroless base, emulated: its users, `/tmp`, CA bundle and
+//! An image's stage (`FROM … AS <target>`, up to the next `FROM`) may hold only `FROM` (the distroless base, emulated: its users, `/tmp`, CA bundle and
 //! the shared libraries each binary links), `COPY --from=<stage> /out/<binary>`, `COPY [--chown] <dir>`
 //! from the build context, `WORKDIR`, `USER` and `ENTRYPOINT`; anything else is an error naming the line.
 
@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The base image every final stage must use (its content is emulated, see [`write_base`]).
+/// The base image every image's stage must use (its content is emulated, see [`write_base`]).
 pub const BASE_IMAGE: &str = "gcr.io/distroless/cc-debian12:nonroot";
 /// distroless's `nonroot` user and group.
 pub const NONROOT: u32 = 65532;
@@ -36,7 +36,7 @@ pub enum ImageError {
     Layout { image: String, problem: String },
 }
 
-/// One file or directory the final stage copies into the image.
+/// One file or directory an image's stage copies into the image.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Source {
     /// `COPY --from=<stage> /out/<name> <dest>`: a binary the build stage made (cargo's `<name>`).
@@ -45,7 +45,7 @@ pub enum Source {
     Context(PathBuf),
 }
 
-/// A `COPY` of the final stage.
+/// A `COPY` of an image's stage.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Copy {
     pub source: Source,
@@ -54,9 +54,9 @@ pub struct Copy {
     pub chown: Option<(u32, u32)>,
 }
 
-/// What the final stage of a Dockerfile declares.
+/// What an image's target stage of a Dockerfile declares.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct FinalStage {
+pub struct TargetStage {
     pub base: String,
     pub copies: Vec<Copy>,
     pub workdir: Option<String>,
@@ -64,20 +64,31 @@ pub struct FinalStage {
     pub entrypoint: Vec<String>,
 }
 
-/// Parses the final stage (after the last `FROM`) of a Dockerfile's text.
-pub fn parse_final_stage(file: &str, text: &str) -> Result<FinalStage, ImageError> {
+/// Parses the stage named `target` (from its `FROM … AS target` up to the next `FROM`) of a Dockerfile's text.
+pub fn parse_target_stage(file: &str, text: &str, target: &str) -> Result<TargetStage, ImageError> {
     let err = |line: usize, problem: String| ImageError::Dockerfile {
         file: file.to_string(),
         line,
         problem,
     };
     let lines = logical_lines(text);
+    let names_target = |line: &str| {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        keyword(line) == "FROM"
+            && words.len() == 4
+            && words[2].eq_ignore_ascii_case("AS")
+            && words[3] == target
+    };
     let start = lines
         .iter()
-        .rposition(|(_, l)| keyword(l) == "FROM")
-        .ok_or_else(|| err(0, "no FROM".into()))?;
-    let mut stage = FinalStage::default();
-    for (number, line) in &lines[start..] {
+        .position(|(_, l)| names_target(l))
+        .ok_or_else(|| err(0, format!("no stage `FROM … AS {target}`")))?;
+    let end = lines[start + 1..]
+        .iter()
+        .position(|(_, l)| keyword(l) == "FROM")
+        .map_or(lines.len(), |i| start + 1 + i);
+    let mut stage = TargetStage::default();
+    for (number, line) in &lines[start..end] {
         let (word, rest) = line.split_once(char::is_whitespace).unwrap_or((line, ""));
         let rest = rest.trim();
         match word.to_ascii_uppercase().as_str() {
@@ -99,7 +110,7 @@ pub fn parse_final_stage(file: &str, text: &str) -> Result<FinalStage, ImageErro
                 return Err(err(
                     *number,
                     format!(
-                        "the final stage may not use {other}: e2e/src/image.rs assembles images without Docker and knows only FROM, COPY, WORKDIR, USER and ENTRYPOINT there; teach it the new instruction"
+                        "the stage {target} may not use {other}: e2e/src/image.rs assembles images without Docker and knows only FROM, COPY, WORKDIR, USER and ENTRYPOINT there; teach it the new instruction"
                     ),
                 ));
             }
@@ -109,13 +120,13 @@ pub fn parse_final_stage(file: &str, text: &str) -> Result<FinalStage, ImageErro
         return Err(err(
             lines[start].0,
             format!(
-                "the final stage must be FROM {BASE_IMAGE} (emulated here), not {}",
+                "the stage {target} must be FROM {BASE_IMAGE} (emulated here), not {}",
                 stage.base
             ),
         ));
     }
     if stage.entrypoint.is_empty() {
-        return Err(err(0, "the final stage has no ENTRYPOINT".into()));
+        return Err(err(0, format!("the stage {target} has no ENTRYPOINT")));
     }
     Ok(stage)
 }
@@ -206,19 +217,20 @@ pub struct Assembled {
     pub layout: PathBuf,
     pub tag: String,
     pub tar: PathBuf,
-    pub stage: FinalStage,
+    pub stage: TargetStage,
 }
 
 /// Assembles the image of `dockerfile` as `out/<name>-layout:<tag>` with umoci.
 pub fn assemble(
     dockerfile: &Path,
+    target: &str,
     name: &str,
     tag: &str,
     inputs: &Inputs,
     out: &Path,
 ) -> Result<Assembled, ImageError> {
     let text = read(dockerfile)?;
-    let stage = parse_final_stage(&dockerfile.display().to_string(), &text)?;
+    let stage = parse_target_stage(&dockerfile.display().to_string(), &text, target)?;
     let config = OciConfig {
         user: stage.user.clone(),
         workdir: stage.workdir.clone(),
@@ -455,8 +467,8 @@ pub fn inspect(layout: &Path, tag: &str) -> Result<ImageFacts, ImageError> {
     })
 }
 
-/// Differences between what a Dockerfile's final stage declares and what an image holds (empty: none).
-pub fn drift(stage: &FinalStage, facts: &ImageFacts) -> Vec<String> {
+/// Differences between what an image's stage of a Dockerfile declares and what an image holds (empty: none).
+pub fn drift(stage: &TargetStage, facts: &ImageFacts) -> Vec<String> {
     let mut problems = Vec::new();
     if stage.user.as_deref().unwrap_or_default() != facts.user {
         problems.push(format!(
@@ -566,17 +578,22 @@ fn chown_tree(path: &Path, uid: u32, gid: u32) -> Result<(), ImageError> {
 mod tests {
     use super::*;
 
-    fn dockerfile(name: &str) -> FinalStage {
-        let path = crate::tools::workspace_root().join("docker").join(name);
-        parse_final_stage(name, &std::fs::read_to_string(path).unwrap()).unwrap()
+    fn dockerfile(target: &str) -> TargetStage {
+        let path = crate::tools::workspace_root().join("docker/Dockerfile");
+        parse_target_stage(
+            "Dockerfile",
+            &std::fs::read_to_string(path).unwrap(),
+            target,
+        )
+        .unwrap()
     }
 
     #[test]
-    fn the_three_dockerfiles_are_understood() {
+    fn the_three_images_of_the_dockerfile_are_understood() {
         for (file, binary) in [
-            ("operator.Dockerfile", "rdu-operator"),
-            ("device-plugin.Dockerfile", "rdu-device-plugin"),
-            ("worker.Dockerfile", "rdu-worker"),
+            ("operator", "rdu-operator"),
+            ("device-plugin", "rdu-device-plugin"),
+            ("worker", "rdu-worker"),
         ] {
             let stage = dockerfile(file);
             assert_eq!(stage.user.as_deref(), Some("65532:65532"), "{file}");
@@ -592,7 +609,7 @@ mod tests {
                 "{file}"
             );
         }
-        let worker = dockerfile("worker.Dockerfile");
+        let worker = dockerfile("worker");
         assert_eq!(worker.workdir.as_deref(), Some("/opt/rdu/examples"));
         assert_eq!(
             worker.copies[1],
@@ -606,8 +623,8 @@ mod tests {
 
     #[test]
     fn an_instruction_the_assembler_cannot_carry_out_is_refused_with_its_line() {
-        let text = "FROM rust AS build\nRUN make\n\nFROM gcr.io/distroless/cc-debian12:nonroot\nCOPY --from=build /out/x /usr/local/bin/x\nRUN echo hi\nENTRYPOINT [\"/usr/local/bin/x\"]\n";
-        let err = parse_final_stage("x.Dockerfile", text)
+        let text = "FROM rust AS build\nRUN make\n\nFROM gcr.io/distroless/cc-debian12:nonroot AS x\nCOPY --from=build /out/x /usr/local/bin/x\nRUN echo hi\nENTRYPOINT [\"/usr/local/bin/x\"]\n";
+        let err = parse_target_stage("x.Dockerfile", text, "x")
             .unwrap_err()
             .to_string();
         assert!(
@@ -617,10 +634,24 @@ mod tests {
         let other_base = text
             .replace("cc-debian12:nonroot", "static")
             .replace("RUN echo hi\n", "");
-        let err = parse_final_stage("x.Dockerfile", &other_base)
+        let err = parse_target_stage("x.Dockerfile", &other_base, "x")
             .unwrap_err()
             .to_string();
         assert!(err.contains("must be FROM"), "{err}");
+    }
+
+    #[test]
+    fn a_stage_ends_at_the_next_from_and_a_missing_target_is_named() {
+        let text = "FROM gcr.io/distroless/cc-debian12:nonroot AS a\nENTRYPOINT [\"/a\"]\nFROM gcr.io/distroless/cc-debian12:nonroot AS b\nUSER 1:1\nENTRYPOINT [\"/b\"]\n";
+        let a = parse_target_stage("D", text, "a").unwrap();
+        assert_eq!((a.entrypoint, a.user), (vec!["/a".to_string()], None));
+        let b = parse_target_stage("D", text, "b").unwrap();
+        assert_eq!(
+            (b.entrypoint, b.user.as_deref()),
+            (vec!["/b".to_string()], Some("1:1"))
+        );
+        let err = parse_target_stage("D", text, "c").unwrap_err().to_string();
+        assert!(err.contains("AS c"), "{err}");
     }
 
     #[test]
@@ -634,7 +665,7 @@ mod tests {
 
     #[test]
     fn drift_names_every_difference() {
-        let stage = dockerfile("worker.Dockerfile");
+        let stage = dockerfile("worker");
         let mut owners = BTreeMap::new();
         owners.insert("usr/local/bin/rdu-worker".to_string(), (0, 0));
         owners.insert("opt/rdu/examples/data".to_string(), (NONROOT, NONROOT));

@@ -526,7 +526,7 @@ fn machine_size() -> (u64, u64) {
     (cpus, memory_kib / 1024)
 }
 
-/// The three images, assembled from the Dockerfiles and checked against them.
+/// The three images, assembled from their stages of `docker/Dockerfile` and checked against them.
 pub fn assemble_images(out: &Path) -> Vec<Image> {
     let root = workspace_root();
     let binaries = std::env::var_os(IMAGE_BINARIES_ENV)
@@ -537,14 +537,16 @@ pub fn assemble_images(out: &Path) -> Vec<Image> {
         binaries,
     };
     let mut images = Vec::new();
-    for (dockerfile, repository) in [
-        ("operator.Dockerfile", "rdu-operator"),
-        ("device-plugin.Dockerfile", "rdu-device-plugin"),
-        ("worker.Dockerfile", "rdu-worker"),
+    for (target, repository) in [
+        ("operator", "rdu-operator"),
+        ("device-plugin", "rdu-device-plugin"),
+        ("worker", "rdu-worker"),
     ] {
         let tag = chart_app_version();
+        let dockerfile = format!("docker/Dockerfile, target {target}");
         let assembled = image::assemble(
-            &root.join("docker").join(dockerfile),
+            &root.join("docker/Dockerfile"),
+            target,
             repository,
             &tag,
             &inputs,

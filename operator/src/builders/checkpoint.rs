@@ -19,7 +19,7 @@ pub const CHECKPOINT_MOUNT: &str = "/var/lib/rdu/checkpoints";
 pub const CHECKPOINT_VOLUME: &str = "rdu-checkpoints";
 /// Name of rank 0's pod volume for the claim of `spec.checkpoint.volumeClaimTemplate`.
 pub const CHECKPOINT_CLAIM_VOLUME: &str = "rdu-checkpoint-claim";
-/// The group the worker image runs as (`USER 65532:65532` in docker/worker.Dockerfile).
+/// The group the worker image runs as (`USER 65532:65532` in docker/Dockerfile, target worker).
 pub const WORKER_FS_GROUP: i64 = 65532;
 
 /// The checkpoint storage of one rank's pod.
