@@ -1,11 +1,16 @@
 # Shared by the e2e scripts (sourced, not run): versions, the cache of Go-built binaries, stamps, and the
 # ldflags that stamp a Kubernetes binary's version as Kubernetes' own build does.
 #   RDU_E2E_CACHE          where binaries are cached (default ~/.cache/rdu-e2e)
-#   RDU_E2E_K8S_VERSION    Kubernetes (default v1.34.4); RDU_E2E_HELM_VERSION, RDU_E2E_COREDNS_VERSION
+#   RDU_E2E_K8S_VERSION    Kubernetes (default v1.34.4); RDU_E2E_HELM_VERSION, RDU_E2E_COREDNS_VERSION,
+#                          RDU_E2E_KIND_VERSION, RDU_E2E_CONTAINERD_VERSION
 
 K8S_VERSION="${RDU_E2E_K8S_VERSION:-v1.34.4}"
 HELM_VERSION="${RDU_E2E_HELM_VERSION:-v3.22.0}"
 COREDNS_VERSION="${RDU_E2E_COREDNS_VERSION:-v1.14.7}"
+# kind (its offline node image, e2e/kind/) and the containerd v2 inside that image.
+KIND_VERSION="${RDU_E2E_KIND_VERSION:-v0.33.0}"
+CONTAINERD_VERSION="${RDU_E2E_CONTAINERD_VERSION:-v2.4.2}"
+LOCAL_PATH_VERSION="${RDU_E2E_LOCAL_PATH_VERSION:-v0.0.30}"
 E2E_CACHE="${RDU_E2E_CACHE:-$HOME/.cache/rdu-e2e}"
 # Everything built for one Kubernetes version lives below this directory.
 K8S_ROOT="$E2E_CACHE/k8s-${K8S_VERSION#v}"
