@@ -97,6 +97,8 @@ trap cleanup EXIT
 started=$(now)
 run kind create cluster --name "$CLUSTER" --config e2e/kind/cluster.yaml "${NODE_IMAGE_ARGS[@]}" --wait 300s
 CLUSTER_CREATE_SECONDS=$(since "$started")
+NODES=null
+if [[ $DRY_RUN == 0 ]]; then NODES="$(kubectl get nodes -o name | wc -l)"; fi
 
 started=$(now)
 run env CONTAINER_ENGINE="$ENGINE" bash docker/build.sh "${BUILD_ARGS[@]}"
@@ -188,6 +190,9 @@ if [[ $DRY_RUN == 0 ]]; then
   }
   wait_for "rdujob/$KILL_JOB to run again on $rank0_node" resumed
   NODE_KILL_TO_RESUMED_SECONDS=$(since "$killed")
+  # The node is gone for good: remove its Node, as a cloud's node controller would, so that the pods the kubelet
+  # can no longer stop (the device plugin's among them) are collected.
+  run kubectl delete node "$rank1_node"
   wait_for "rdujob/$KILL_JOB to finish" finished "$KILL_JOB"
   [[ "$phase" == Succeeded ]] || { log "rdujob/$KILL_JOB ended $phase"; exit 1; }
   kubectl get pods -l "rdu.dev/job-name=$KILL_JOB" -o wide
@@ -197,7 +202,7 @@ if [[ $DRY_RUN == 0 ]]; then
     [[ "$node" == "$rank0_node" ]] || { log "rank $rank of the new generation runs on $node, not $rank0_node"; exit 1; }
   done
   rank0_log="$(kubectl logs "$KILL_JOB-worker-0")"
-  RESUMED_FROM_STEP="$(grep 'resumed from checkpoint' <<<"$rank0_log" | grep -o 'step[=":]*[0-9]*' | head -n 1 | grep -o '[0-9]*$' || true)"
+  RESUMED_FROM_STEP="$(grep 'resumed from checkpoint' <<<"$rank0_log" | grep -o '\bstep[=":]\+[0-9]\+' | head -n 1 | grep -o '[0-9]*$' || true)"
   [[ -n "$RESUMED_FROM_STEP" && "$RESUMED_FROM_STEP" -ge 60 ]] \
     || { log "the new generation did not resume from a checkpoint of step 60 or later:"; echo "$rank0_log" >&2; exit 1; }
   [[ "$(job_field "$KILL_JOB" .status.failureRestarts)" == 0 ]] \
@@ -210,17 +215,20 @@ run helm uninstall "$RELEASE" --namespace "$NAMESPACE" --wait --timeout 5m
 LEFTOVERS=null
 if [[ $DRY_RUN == 0 ]]; then
   kinds="$(kubectl api-resources --verbs=list -o name | grep -v -x -e events -e events.events.k8s.io | paste -sd, -)"
-  left="$( {
-    kubectl get "$kinds" -A -l "app.kubernetes.io/instance=$RELEASE" -o name 2>/dev/null
-    kubectl get pods,services,secrets,networkpolicies,persistentvolumeclaims -A -l rdu.dev/job-name -o name 2>/dev/null
-  } | sort -u)"
-  LEFTOVERS="$(grep -c . <<<"$left" || true)"
-  [[ "$LEFTOVERS" == 0 ]] || { log "left after helm uninstall:"; echo "$left" >&2; exit 1; }
+  nothing_left() {
+    left="$( {
+      kubectl get "$kinds" -A -l "app.kubernetes.io/instance=$RELEASE" -o name 2>/dev/null
+      kubectl get pods,services,secrets,networkpolicies,persistentvolumeclaims -A -l rdu.dev/job-name -o name 2>/dev/null
+    } | sort -u)"
+    LEFTOVERS="$(grep -c . <<<"$left" || true)"
+    [[ "$LEFTOVERS" == 0 ]]
+  }
+  wait_for "no object of the release or its jobs to be left" nothing_left \
+    || { log "left after helm uninstall:"; echo "$left" >&2; exit 1; }
 fi
 
 if [[ $DRY_RUN == 1 ]]; then log "dry run: nothing was executed"; exit 0; fi
 log "rdujob/digits Succeeded, rdujob/$KILL_JOB resumed from step $RESUMED_FROM_STEP after its node was killed"
-NODES="$(kubectl get nodes -o name | wc -l)"
 printf '{"bench":"kind","provider":"%s","nodes":%s,"node_image_seconds":%s,"images_build_seconds":%s,"image_mib":{%s},"cluster_create_seconds":%s,"helm_install_to_tiles_seconds":%s,"apply_to_succeeded_seconds":%s,"node_kill_to_resumed_seconds":%s,"resumed_from_step":%s,"accuracy":%s,"leftover_objects_after_uninstall":%s}\n' \
   "$ENGINE" "$NODES" "${RDU_KIND_NODE_IMAGE_SECONDS:-null}" "$IMAGES_BUILD_SECONDS" "$(IFS=,; echo "${IMAGE_MIB[*]}")" \
   "$CLUSTER_CREATE_SECONDS" "$HELM_TO_TILES_SECONDS" "$APPLY_TO_SUCCEEDED_SECONDS" "$NODE_KILL_TO_RESUMED_SECONDS" \
