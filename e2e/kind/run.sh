@@ -94,6 +94,11 @@ cleanup() {
 trap cleanup EXIT
 
 # --- cluster and images --------------------------------------------------------------------------------------
+# The cluster is this script's own: one left by a run that was killed outright is swept first.
+if [[ $DRY_RUN == 0 ]] && kind get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
+  log "deleting cluster $CLUSTER, left by an earlier run"
+  kind delete cluster --name "$CLUSTER"
+fi
 started=$(now)
 run kind create cluster --name "$CLUSTER" --config e2e/kind/cluster.yaml "${NODE_IMAGE_ARGS[@]}" --wait 300s
 CLUSTER_CREATE_SECONDS=$(since "$started")
