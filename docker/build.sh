@@ -2,7 +2,8 @@
 # Builds the three images from docker/Dockerfile, compiled once (the build stage is shared by the targets):
 #   bash docker/build.sh            # rdu-operator, rdu-device-plugin and rdu-worker, tagged $TAG (0.1.0)
 # Uses docker when it answers, else podman (CONTAINER_ENGINE=podman picks it). Extra arguments go to every
-# build (for example --pull=never where the base images are local).
+# build (for example --pull=never where the base images are local). RDU_BINARIES_OUT=DIR also copies the three
+# release binaries into DIR (the target `binaries`; with docker that needs BuildKit).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TAG="${TAG:-0.1.0}"
@@ -17,3 +18,7 @@ for target in operator device-plugin worker; do
   printf '+ %s build -f docker/Dockerfile --target %s -t rdu-%s:%s %s .\n' "$ENGINE" "$target" "$target" "$TAG" "$*" >&2
   "$ENGINE" build -f docker/Dockerfile --target "$target" -t "rdu-$target:$TAG" "$@" .
 done
+if [[ -n "${RDU_BINARIES_OUT:-}" ]]; then
+  printf '+ %s build -f docker/Dockerfile --target binaries --output type=local,dest=%s %s .\n' "$ENGINE" "$RDU_BINARIES_OUT" "$*" >&2
+  "$ENGINE" build -f docker/Dockerfile --target binaries --output "type=local,dest=$RDU_BINARIES_OUT" "$@" .
+fi

@@ -3,7 +3,7 @@
 # kube-scheduler, kube-controller-manager and helm (e2e/control-plane/build.sh, cached outside the
 # repository), builds the operator binary and kubectl-rdujob, and runs every e2e/tests/*.rs but the real-node
 # ones (node, multi_node: their own scripts) with `-- --ignored`, the 4,096-rank bench (scale) last, with the
-# release build of the operator. The tests are #[ignore]d so that a plain
+# release build of the operator (RDU_OPERATOR_RELEASE_BIN: one built already). The tests are #[ignore]d so that a plain
 # `cargo test` lists them as ignored instead of passing them; run here, a missing binary fails them.
 # Exit 0 only if all pass.
 set -euo pipefail
@@ -33,6 +33,12 @@ cargo test -p rdu-e2e "${targets[@]}" --no-fail-fast -- --ignored --test-threads
 
 # The 4,096-rank bench (issue 26) times the operator users run, the release build: the debug build spends about
 # twice the CPU per pod, and on 2 cores that the API server and etcd share, the operator's CPU is creation time.
-cargo build --release -p rdu-operator --bin rdu-operator
-RDU_OPERATOR_BIN="$PWD/target/release/rdu-operator" \
-  cargo test -p rdu-e2e --test scale -- --ignored --nocapture
+# RDU_OPERATOR_RELEASE_BIN names one built already: CI passes the operator of the image it built from
+# docker/Dockerfile, so the release profile is compiled once.
+RELEASE_OPERATOR="${RDU_OPERATOR_RELEASE_BIN:-}"
+if [[ -z "$RELEASE_OPERATOR" ]]; then
+  cargo build --release -p rdu-operator --bin rdu-operator
+  RELEASE_OPERATOR="$PWD/target/release/rdu-operator"
+fi
+[[ -x "$RELEASE_OPERATOR" ]] || { echo "run.sh: no release operator at $RELEASE_OPERATOR" >&2; exit 1; }
+RDU_OPERATOR_BIN="$RELEASE_OPERATOR" cargo test -p rdu-e2e --test scale -- --ignored --nocapture
