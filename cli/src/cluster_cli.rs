@@ -29,6 +29,7 @@ pub fn find() -> Option<PathBuf> {
 pub fn run(command: &str, args: &[String]) -> Result<i32, CliError> {
     let binary = find().ok_or_else(|| CliError::ClusterCliMissing {
         command: command.to_string(),
+        binary: CLUSTER_CLI,
     })?;
     let status = Command::new(&binary)
         .arg(command)

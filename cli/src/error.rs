@@ -54,13 +54,16 @@ pub enum CliError {
         #[source]
         source: serde_json::Error,
     },
-    /// `rdujob logs|status` without `kubectl-rdujob` beside this executable or on PATH.
+    /// `rdujob logs|status` without the cluster CLI (`binary`, `kubectl-rdujob`) beside this executable or on
+    /// PATH.
     #[error(
-        "rdujob {command}: {} is not installed: `cargo install --path kubectl-rdujob` (it also makes \
-         `kubectl rdujob {command}` work)",
-        crate::cluster_cli::CLUSTER_CLI
+        "rdujob {command}: {binary} is not installed: `cargo install --path kubectl-rdujob` (it also makes \
+         `kubectl rdujob {command}` work)"
     )]
-    ClusterCliMissing { command: String },
+    ClusterCliMissing {
+        command: String,
+        binary: &'static str,
+    },
     /// A run of `rdujob bench` ended without a result.
     #[error(
         "the job with {ranks} rank(s) ended with {status} (run `rdujob run {} --workers {ranks}` to see its logs)",

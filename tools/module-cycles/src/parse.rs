@@ -128,7 +128,8 @@ impl Parser<'_> {
         }
     }
 
-    /// `#[…]` or `#![…]`: kept for the next item.
+    /// `#[…]` or `#![…]`: kept for the next item; the paths it names (`#[error("…", crate::a::B)]`) are
+    /// imports like those of code.
     fn attribute(&mut self) {
         let mut at = self.at + 1;
         if self.token(at) == Some(&Token::Punct('!')) {
@@ -138,6 +139,7 @@ impl Parser<'_> {
             self.at += 1;
             return;
         }
+        let open = at;
         let mut depth = 0;
         let mut body = Vec::new();
         while let Some(token) = self.token(at) {
@@ -155,6 +157,16 @@ impl Parser<'_> {
                 body.push(token.clone());
             }
             at += 1;
+        }
+        let mut inside = open + 1;
+        while inside < at {
+            if self.ident(inside).is_some() {
+                self.at = inside;
+                self.code_path();
+                inside = self.at.max(inside + 1);
+            } else {
+                inside += 1;
+            }
         }
         self.attrs.push(body);
         self.at = at + 1;
@@ -410,6 +422,29 @@ mod tests {
             vec![
                 ("crate::c::d".into(), vec!["tests".to_string()]),
                 ("super::e::h".into(), vec![]),
+            ]
+        );
+    }
+
+    #[test]
+    fn paths_named_in_attributes_are_paths() {
+        let source = r#"
+            #[derive(Debug, thiserror::Error)]
+            enum E {
+                #[error("{} is missing", crate::cluster_cli::CLUSTER_CLI)]
+                Missing,
+            }
+        "#;
+        let paths: Vec<String> = of(source)
+            .paths
+            .iter()
+            .map(|p| p.item.segments.join("::"))
+            .collect();
+        assert_eq!(
+            paths,
+            vec![
+                "thiserror::Error".to_string(),
+                "crate::cluster_cli::CLUSTER_CLI".to_string()
             ]
         );
     }
