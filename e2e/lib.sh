@@ -31,5 +31,23 @@ k8s_ldflags() {
 # cached STAMP: true when STAMP exists (the build it names is done).
 cached() { [[ -f "$1" ]]; }
 
+# done_if_cached NAME STAMP DIR: when STAMP exists, says so and prints DIR (a build script's last line), and ends
+# the script that sourced this file.
+done_if_cached() {
+  if cached "$2"; then
+    e2e_log "$1" "cached: $3"
+    echo "$3"
+    exit 0
+  fi
+}
+
+# wrapper_module NAME: builds the control plane first (its wrapper module and module downloads, see
+# e2e/control-plane/build.sh) and prints the wrapper module's directory.
+wrapper_module() {
+  bash e2e/control-plane/build.sh >&2
+  [[ -f "$K8S_WRAPPER/go.mod" ]] || { e2e_log "$1" "no wrapper module in $K8S_WRAPPER"; exit 1; }
+  echo "$K8S_WRAPPER"
+}
+
 # need_go: fails with a clear message when Go is missing.
 need_go() { command -v go >/dev/null || { e2e_log "${0##*/}" "go is not on PATH; install Go >= 1.24"; exit 1; }; }

@@ -17,15 +17,8 @@ STAMP="$BIN/.stamp-${K8S_VERSION}-kind-${KIND_VERSION}-containerd-${CONTAINERD_V
 
 log() { e2e_log kind/build.sh "$@"; }
 
-if cached "$STAMP"; then
-  log "cached: $BIN"
-  echo "$BIN"
-  exit 0
-fi
-
-bash e2e/control-plane/build.sh >&2
-WRAP="$K8S_WRAPPER"
-[[ -f "$WRAP/go.mod" ]] || { log "no wrapper module in $WRAP"; exit 1; }
+done_if_cached kind/build.sh "$STAMP" "$BIN"
+WRAP="$(wrapper_module kind/build.sh)"
 mkdir -p "$BIN"
 
 log "building kubeadm and kubectl (${K8S_VERSION})"

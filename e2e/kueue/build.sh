@@ -14,11 +14,7 @@ STAMP="$ROOT/.stamp-${KUEUE_VERSION}-2"
 
 log() { e2e_log kueue/build.sh "$@"; }
 
-if cached "$STAMP"; then
-  log "cached: $ROOT"
-  echo "$ROOT"
-  exit 0
-fi
+done_if_cached kueue/build.sh "$STAMP" "$ROOT"
 need_go
 mkdir -p "$ROOT/bin" "$ROOT/crds" "$ROOT/rbac"
 log "building kueue ${KUEUE_VERSION} (a few minutes)"

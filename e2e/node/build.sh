@@ -16,16 +16,8 @@ STAMP="$BIN/.stamp-${K8S_VERSION}-coredns-${COREDNS_VERSION}"
 
 log() { e2e_log node/build.sh "$@"; }
 
-if cached "$STAMP"; then
-  log "cached: $BIN"
-  echo "$BIN"
-  exit 0
-fi
-
-# The control plane's wrapper module (and its module downloads) first.
-bash e2e/control-plane/build.sh >&2
-WRAP="$K8S_WRAPPER"
-[[ -f "$WRAP/go.mod" ]] || { log "no wrapper module in $WRAP"; exit 1; }
+done_if_cached node/build.sh "$STAMP" "$BIN"
+WRAP="$(wrapper_module node/build.sh)"
 mkdir -p "$BIN"
 
 log "building kubelet and kube-proxy (${K8S_VERSION})"
