@@ -49,5 +49,8 @@ wrapper_module() {
   echo "$K8S_WRAPPER"
 }
 
+# go_module_dir MODULE@VERSION: downloads a module (no build) and prints the directory of its source.
+go_module_dir() { go mod download -json "$1" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p'; }
+
 # need_go: fails with a clear message when Go is missing.
 need_go() { command -v go >/dev/null || { e2e_log "${0##*/}" "go is not on PATH; install Go >= 1.24"; exit 1; }; }

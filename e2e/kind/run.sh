@@ -67,7 +67,8 @@ if [[ $DRY_RUN == 0 ]]; then
 fi
 NODE_IMAGE_ARGS=()
 if [[ -n "${RDU_KIND_NODE_IMAGE:-}" ]]; then NODE_IMAGE_ARGS=(--image "$RDU_KIND_NODE_IMAGE"); fi
-KUBECTL_RDUJOB="$(command -v kubectl-rdujob || echo target/debug/kubectl-rdujob)"
+# `kubectl rdujob` of this checkout (an installed one may be older than the chart it reads).
+KUBECTL_RDUJOB=target/debug/kubectl-rdujob
 
 job_field() { kubectl get rdujob "$1" -o jsonpath="{$2}" 2>/dev/null; }
 
@@ -108,7 +109,7 @@ if [[ $DRY_RUN == 0 ]]; then NODES="$(kubectl get nodes -o name | wc -l)"; fi
 started=$(now)
 run env CONTAINER_ENGINE="$ENGINE" bash docker/build.sh "${BUILD_ARGS[@]}"
 IMAGES_BUILD_SECONDS=$(since "$started")
-[[ -x "$KUBECTL_RDUJOB" ]] || run cargo build --quiet -p kubectl-rdujob
+run cargo build --quiet -p kubectl-rdujob
 
 IMAGE_MIB=()
 ARCHIVE_DIR="$(mktemp -d)"

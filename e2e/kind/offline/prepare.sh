@@ -127,7 +127,7 @@ KUBEADM="$KIND_BIN/kubeadm"
 mapfile -t KUBEADM_IMAGES < <("$KUBEADM" config images list --kubernetes-version "$K8S_VERSION" 2>/dev/null)
 ((${#KUBEADM_IMAGES[@]} >= 6)) || { log "kubeadm config images list gave: ${KUBEADM_IMAGES[*]}"; exit 1; }
 # kind's containerd config names its own sandbox image; kubeadm lists another pause: both are tagged.
-KIND_MOD="$(go mod download -json "sigs.k8s.io/kind@${KIND_VERSION}" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
+KIND_MOD="$(go_module_dir "sigs.k8s.io/kind@${KIND_VERSION}")"
 KIND_BASE="$KIND_MOD/images/base/files"
 [[ -d "$KIND_BASE" ]] || { log "kind's base files are missing in $KIND_MOD"; exit 1; }
 SANDBOX_IMAGE="$(sed -n 's/^[[:space:]]*sandbox_image = "\(.*\)"/\1/p' "$KIND_BASE/etc/containerd/config.toml")"
@@ -171,8 +171,7 @@ PRELOAD+=("$NET_IMAGE" "$STORAGE_IMAGE" "$COMPONENT_BASE")
 
 # kind's node images ship local-path-provisioner's manifest as /kind/manifests/default-storage.yaml; this one is
 # the module's own deploy manifest with the local images, plus kind's default StorageClass `standard`.
-LOCAL_PATH_MOD="$(go mod download -json "github.com/rancher/local-path-provisioner@${LOCAL_PATH_VERSION}" \
-  | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
+LOCAL_PATH_MOD="$(go_module_dir "github.com/rancher/local-path-provisioner@${LOCAL_PATH_VERSION}")"
 STORAGE_MANIFEST="$WORK/default-storage.yaml"
 sed -e "s#image: rancher/local-path-provisioner:.*#image: $STORAGE_IMAGE#" -e "s#image: busybox#image: $COMPONENT_BASE#" \
   "$LOCAL_PATH_MOD/deploy/local-path-storage.yaml" > "$STORAGE_MANIFEST"
