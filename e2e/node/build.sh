@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds what a real test node needs beside the control plane, into a cache outside the repository:
+# Builds what a kind node needs beside the control plane (e2e/kind/offline/prepare.sh puts them in the offline
+# node image and its component images), into a cache outside the repository:
 #   ${RDU_E2E_CACHE:-$HOME/.cache/rdu-e2e}/k8s-<ver>/node-bin/{kubelet,kube-proxy,coredns,pause}
 # kubelet and kube-proxy come from the same throw-away wrapper module as the control plane
 # (e2e/control-plane/build.sh, run first), at the same version; CoreDNS from its own Go module (its

@@ -33,6 +33,8 @@ pub enum ControlPlaneError {
     NotReady(#[from] PollError),
     #[error(transparent)]
     Token(#[from] rdu_crds::token::TokenError),
+    #[error("kubeconfig {path}: {problem}")]
+    Kubeconfig { path: String, problem: String },
 }
 
 /// Which optional components run beside etcd and kube-apiserver.
@@ -42,30 +44,8 @@ pub struct Components {
     pub scheduler: bool,
     /// kube-controller-manager with the garbage collector, the ServiceAccount controller, the
     /// ValidatingAdmissionPolicy status controller (which type-checks policies) and the ClusterRole aggregation
-    /// controller (which fills the built-in admin, edit and view roles); with `node`, every
-    /// default controller (Deployments, DaemonSets, EndpointSlices, node lifecycle, volumes...).
+    /// controller (which fills the built-in admin, edit and view roles).
     pub controller_manager: bool,
-    /// Serve real nodes (e2e/src/node) too.
-    pub node: Option<NodeAccess>,
-}
-
-/// What real nodes need of the control plane.
-#[derive(Debug, Clone)]
-pub struct NodeAccess {
-    /// The control plane's address on the nodes' network: the API server binds and advertises it, so the
-    /// `kubernetes` Service leads pods to it; it reaches kubelets at their InternalIP.
-    pub address: Ipv4Addr,
-    /// The Service CIDR; its first address is the `kubernetes` Service's ClusterIP.
-    pub service_cidr: (Ipv4Addr, u8),
-    /// The nodes' names: each kubelet authenticates as `system:node:<name>` with a credential of its own.
-    pub names: Vec<String>,
-}
-
-impl NodeAccess {
-    /// The `kubernetes` Service's ClusterIP (the Service CIDR's first address).
-    pub fn kubernetes_service_ip(&self) -> Ipv4Addr {
-        Ipv4Addr::from(u32::from(self.service_cidr.0) + 1)
-    }
 }
 
 /// A running control plane.
@@ -76,8 +56,6 @@ pub struct ControlPlane {
     pub admin_kubeconfig: PathBuf,
     /// CA of the API server's serving certificate.
     pub ca_cert: PathBuf,
-    /// With nodes: a kubeconfig per node for its kubelet (`system:node:<name>`, group `system:nodes`).
-    pub node_kubeconfigs: Vec<(String, PathBuf)>,
     processes: Vec<Managed>,
     dir: TempDir,
 }
@@ -87,28 +65,15 @@ impl ControlPlane {
     pub async fn start(assets: &Assets, components: Components) -> Result<Self, ControlPlaneError> {
         let dir = tempfile::Builder::new().prefix("rdu-e2e-").tempdir()?;
         let root = dir.path().to_path_buf();
-        let node = components.node.clone();
-        let extra_ips: Vec<Ipv4Addr> = node
-            .iter()
-            .flat_map(|n| [n.address, n.kubernetes_service_ip()])
-            .collect();
-        let pki = pki::generate(&root, &extra_ips)?;
+        let pki = pki::generate(&root)?;
         let admin_token = new_token()?;
-        let mut tokens = format!("{admin_token},admin,admin,\"{ADMIN_GROUP}\"\n");
-        let mut node_tokens = Vec::new();
-        for name in node.iter().flat_map(|n| n.names.iter()) {
-            let token = new_token()?;
-            tokens.push_str(&format!(
-                "{token},system:node:{name},system:node:{name},\"system:nodes\"\n"
-            ));
-            node_tokens.push((name.clone(), token));
-        }
+        let tokens = format!("{admin_token},admin,admin,\"{ADMIN_GROUP}\"\n");
         std::fs::write(root.join("tokens.csv"), tokens)?;
 
         let etcd_port = free_port()?;
         let etcd_peer_port = free_port()?;
         let api_port = free_port()?;
-        let api_address = node.as_ref().map_or(Ipv4Addr::LOCALHOST, |n| n.address);
+        let api_address = Ipv4Addr::LOCALHOST;
         let server = format!("https://{api_address}:{api_port}");
         let admin_kubeconfig = root.join("admin.kubeconfig");
         std::fs::write(
@@ -157,13 +122,7 @@ impl ControlPlane {
                 root.join("tokens.csv").display()
             ))
             .arg("--authorization-mode=RBAC,Node")
-            .arg(match &node {
-                Some(n) => format!(
-                    "--service-cluster-ip-range={}/{}",
-                    n.service_cidr.0, n.service_cidr.1
-                ),
-                None => "--service-cluster-ip-range=10.0.0.0/24".to_string(),
-            })
+            .arg("--service-cluster-ip-range=10.0.0.0/24")
             .arg("--service-account-issuer=https://kubernetes.default.svc")
             .arg(format!(
                 "--service-account-key-file={}",
@@ -175,37 +134,12 @@ impl ControlPlane {
             ))
             .arg("--allow-privileged=true")
             .arg("--v=1");
-        let mut node_kubeconfigs = Vec::new();
-        if node.is_some() {
-            // As kubeadm does: the API server calls kubelets (logs, exec) with a client certificate in
-            // system:masters, at their InternalIP.
-            let (cert, key) = pki::client_certificate(
-                &root,
-                "apiserver-kubelet-client",
-                "kube-apiserver-kubelet-client",
-                ADMIN_GROUP,
-            )?;
-            apiserver
-                .arg(format!("--kubelet-client-certificate={}", cert.display()))
-                .arg(format!("--kubelet-client-key={}", key.display()))
-                .arg("--kubelet-preferred-address-types=InternalIP");
-            for (name, token) in &node_tokens {
-                let path = root.join(format!("kubelet-{name}.kubeconfig"));
-                let user = format!("system:node:{name}");
-                std::fs::write(
-                    &path,
-                    kubeconfig::render(&server, &pki.ca_cert, &user, token, "default"),
-                )?;
-                node_kubeconfigs.push((name.clone(), path));
-            }
-        }
         processes.push(Managed::spawn("kube-apiserver", apiserver, &root)?);
 
         let mut plane = Self {
             server,
             admin_kubeconfig,
             ca_cert: pki.ca_cert,
-            node_kubeconfigs,
             processes,
             dir,
         };
@@ -232,14 +166,10 @@ impl ControlPlane {
             let mut kcm = Command::new(&assets.kube_controller_manager);
             kcm.arg(format!("--kubeconfig={}", plane.admin_kubeconfig.display()))
                 .arg("--leader-elect=false")
-                .arg(if node.is_some() {
-                    // root-ca-cert-publisher (kube-root-ca.crt, which every projected
-                    // ServiceAccount token volume needs) is among the defaults.
-                    "--controllers=*"
-                } else {
+                .arg(
                     "--controllers=garbage-collector-controller,serviceaccount-controller,\
-                     validatingadmissionpolicy-status-controller,clusterrole-aggregation-controller"
-                })
+                     validatingadmissionpolicy-status-controller,clusterrole-aggregation-controller",
+                )
                 .arg(format!("--root-ca-file={}", plane.ca_cert.display()))
                 .arg("--use-service-account-credentials=false")
                 .arg("--bind-address=127.0.0.1")
@@ -283,12 +213,42 @@ impl ControlPlane {
         })
     }
 
-    /// The kubeconfig of node `name`'s kubelet (started with [`NodeAccess`] naming it).
-    pub fn node_kubeconfig(&self, name: &str) -> Option<&std::path::Path> {
-        self.node_kubeconfigs
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, p)| p.as_path())
+    /// An API server this process did not start (a kind cluster's), known by its admin kubeconfig: the server
+    /// and CA are read from it. Processes spawned beside it (Kueue's manager) are still this value's to stop.
+    pub fn attach(admin_kubeconfig: PathBuf) -> Result<Self, ControlPlaneError> {
+        use base64::Engine as _;
+        let bad = |problem: String| ControlPlaneError::Kubeconfig {
+            path: admin_kubeconfig.display().to_string(),
+            problem,
+        };
+        let config = kube::config::Kubeconfig::read_from(&admin_kubeconfig)
+            .map_err(|e| bad(e.to_string()))?;
+        let cluster = config
+            .clusters
+            .first()
+            .and_then(|c| c.cluster.as_ref())
+            .ok_or_else(|| bad("no cluster".into()))?;
+        let server = cluster
+            .server
+            .clone()
+            .ok_or_else(|| bad("no server".into()))?;
+        let ca = cluster
+            .certificate_authority_data
+            .as_deref()
+            .ok_or_else(|| bad("no certificate-authority-data".into()))?;
+        let ca = base64::engine::general_purpose::STANDARD
+            .decode(ca.trim())
+            .map_err(|e| bad(format!("certificate-authority-data: {e}")))?;
+        let dir = tempfile::Builder::new().prefix("rdu-e2e-").tempdir()?;
+        let ca_cert = dir.path().join("ca.crt");
+        std::fs::write(&ca_cert, ca)?;
+        Ok(Self {
+            server,
+            admin_kubeconfig,
+            ca_cert,
+            processes: Vec::new(),
+            dir,
+        })
     }
 
     /// A client authenticated as the admin.

@@ -1,7 +1,7 @@
 //! Harness for the real control-plane tests: starts etcd and kube-apiserver (and, when a test needs them,
 //! kube-scheduler and kube-controller-manager) from `KUBEBUILDER_ASSETS`, the envtest convention, and
-//! gives tests a kubeconfig, a kube client, kubectl, helm and the operator binary; and a real node
-//! (`node`: containerd, kubelet, kube-proxy, CoreDNS) with images assembled from the Dockerfiles (`image`).
+//! gives tests a kubeconfig, a kube client, kubectl, helm and the operator binary; and kind clusters with real
+//! nodes (`kind`), the images of `docker/Dockerfile` loaded and the chart installed (`testbed`).
 //! The control-plane tests share `kit`; the tests with real nodes share `testbed`.
 //!
 //! Every test that needs these binaries is `#[ignore]`d: `cargo test` lists it as ignored, and the scripts that
@@ -11,13 +11,12 @@
 pub mod assets;
 pub mod cluster;
 pub mod control_plane;
-pub mod image;
+pub mod kind;
 pub mod kit;
 pub mod kubeconfig;
 pub mod kueue;
 pub mod logs;
 pub mod metrics;
-pub mod node;
 pub mod pki;
 pub mod poll;
 pub mod ports;
@@ -31,7 +30,7 @@ pub use cluster::{
     kubectl, kubectl_as, service_account_token, start_operator_as_chart,
     start_operator_as_chart_at, start_operator_as_chart_with, start_operator_with_chart_values,
 };
-pub use control_plane::{Components, ControlPlane, ControlPlaneError, NodeAccess};
+pub use control_plane::{Components, ControlPlane, ControlPlaneError};
 pub use metrics::{MetricsError, Sample};
 pub use poll::{PollError, poll_until};
 pub use tools::{ToolError, helm_template, kubectl_in, operator_binary, workspace_root};

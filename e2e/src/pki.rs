@@ -1,8 +1,6 @@
 //! Certificates and keys for a test control plane, made with the `openssl` command: a CA, the API
-//! server's serving certificate (127.0.0.1, localhost, and any extra address) signed by it, the
-//! service-account key pair, and client certificates (the API server's, to call kubelets).
+//! server's serving certificate (127.0.0.1, localhost) signed by it, and the service-account key pair.
 
-use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -65,8 +63,8 @@ fn sign(dir: &Path, step: &'static str, csr: &str, crt: &str, ext: &str) -> Resu
     )
 }
 
-/// Writes a fresh PKI into `dir`; the serving certificate also names `extra_ips`.
-pub fn generate(dir: &Path, extra_ips: &[Ipv4Addr]) -> Result<Pki, PkiError> {
+/// Writes a fresh PKI into `dir`.
+pub fn generate(dir: &Path) -> Result<Pki, PkiError> {
     openssl(
         "CA",
         dir,
@@ -106,13 +104,10 @@ pub fn generate(dir: &Path, extra_ips: &[Ipv4Addr]) -> Result<Pki, PkiError> {
             "/CN=kube-apiserver",
         ],
     )?;
-    let extra: String = extra_ips.iter().map(|ip| format!(",IP:{ip}")).collect();
     std::fs::write(
         dir.join("apiserver.ext"),
-        format!(
-            "subjectAltName=IP:127.0.0.1,IP:10.0.0.1{extra},DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc\n\
-             extendedKeyUsage=serverAuth\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
-        ),
+        "subjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc\n\
+         extendedKeyUsage=serverAuth\nkeyUsage=critical,digitalSignature,keyEncipherment\n",
     )?;
     sign(
         dir,
@@ -140,43 +135,12 @@ pub fn generate(dir: &Path, extra_ips: &[Ipv4Addr]) -> Result<Pki, PkiError> {
     })
 }
 
-/// A client certificate `<name>.crt`/`<name>.key` in `dir` for common name `cn` in group `org`, signed by
-/// the CA that [`generate`] wrote there. Returns (certificate, key).
-pub fn client_certificate(
-    dir: &Path,
-    name: &str,
-    cn: &str,
-    org: &str,
-) -> Result<(PathBuf, PathBuf), PkiError> {
-    let (key, csr, crt, ext) = (
-        format!("{name}.key"),
-        format!("{name}.csr"),
-        format!("{name}.crt"),
-        format!("{name}.ext"),
-    );
-    let subject = format!("/O={org}/CN={cn}");
-    openssl(
-        "client key",
-        dir,
-        &[
-            "req", "-newkey", "rsa:2048", "-nodes", "-keyout", &key, "-out", &csr, "-subj",
-            &subject,
-        ],
-    )?;
-    std::fs::write(
-        dir.join(&ext),
-        "extendedKeyUsage=clientAuth\nkeyUsage=critical,digitalSignature,keyEncipherment\n",
-    )?;
-    sign(dir, "client certificate", &csr, &crt, &ext)?;
-    Ok((dir.join(crt), dir.join(key)))
-}
-
 #[cfg(test)]
 mod tests {
     #[test]
     fn generates_a_serving_certificate_for_loopback() {
         let dir = tempfile::tempdir().unwrap();
-        let pki = super::generate(dir.path(), &["10.9.8.7".parse().unwrap()]).unwrap();
+        let pki = super::generate(dir.path()).unwrap();
         let text = std::process::Command::new("openssl")
             .args(["x509", "-noout", "-text", "-in"])
             .arg(&pki.serving_cert)
@@ -184,16 +148,6 @@ mod tests {
             .unwrap();
         let text = String::from_utf8_lossy(&text.stdout);
         assert!(text.contains("IP Address:127.0.0.1"), "{text}");
-        assert!(text.contains("IP Address:10.9.8.7"), "{text}");
         assert!(pki.service_account_pub.is_file());
-        let (cert, _) =
-            super::client_certificate(dir.path(), "client", "someone", "some-group").unwrap();
-        let text = std::process::Command::new("openssl")
-            .args(["x509", "-noout", "-subject", "-in"])
-            .arg(&cert)
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&text.stdout);
-        assert!(text.contains("O = some-group, CN = someone"), "{text}");
     }
 }

@@ -1,14 +1,14 @@
-//! A whole test cluster on this machine, for the tests with real pods: the control plane (etcd, kube-apiserver,
-//! kube-scheduler, kube-controller-manager with every default controller), CoreDNS, and N real nodes
-//! (`node`), with the three images assembled from the Dockerfiles and imported into every node. The chart is
-//! installed with `helm install` as a user would. Tests drive it with kubectl and a kube client, and fault it:
-//! crash, partition or reboot a node, restart a kubelet.
+//! A whole test cluster on this machine, for the tests with real pods: a kind cluster (`kind`: one control plane
+//! and N RDU nodes, each a container of podman or docker) from the node image CI assembles offline or kind's
+//! own, with the three images of `docker/Dockerfile` loaded into it and the chart installed with `helm install`
+//! as a user would. Tests drive it with kubectl and a kube client, and fault it: crash, partition or reboot a
+//! node, restart a kubelet, kill a container's process.
 //!
-//! Tests that need it are `#[ignore]`d (they need root and the Go-built binaries), so `cargo test` lists them as
-//! ignored, never as passed; `bash e2e/node/run.sh` and `bash e2e/multi-node/run.sh` run them with `--ignored`,
-//! and then anything missing is a failure.
+//! Tests that need it are `#[ignore]`d (they need kind, a container engine and the images), so `cargo test`
+//! lists them as ignored, never as passed; `bash e2e/node/run.sh` and `bash e2e/multi-node/run.sh` run them with
+//! `--ignored`, and then anything missing is a failure.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -19,17 +19,11 @@ use rdu_crds::RduJob;
 use serde_json::Value;
 use tempfile::TempDir;
 
-use crate::assets::Assets;
 pub use crate::cluster::SYSTEM_NAMESPACE;
 use crate::cluster::kubectl;
-use crate::control_plane::{Components, ControlPlane, NodeAccess};
-use crate::image::{self, Inputs};
-use crate::node::kubelet::Reserved;
-use crate::node::network::{self, HostNetwork};
-use crate::node::sandbox::MountPoints;
-use crate::node::{self, Image, Node, NodeBins, NodeConfig, services};
+use crate::control_plane::ControlPlane;
+use crate::kind::{Kind, KindSpec};
 use crate::poll::poll_until;
-use crate::process::Managed;
 use crate::tools::{helm_binary, run_ok, workspace_root};
 
 mod operator_home;
@@ -38,113 +32,97 @@ mod operator_home;
 pub const RELEASE: &str = crate::cluster::CHART_RELEASE;
 /// The operator's Deployment, as the chart names it.
 pub const OPERATOR_DEPLOYMENT: &str = "rdu-rdu-operator";
-/// Env var naming the directory of the binaries the images are assembled from (default target/debug).
-pub const IMAGE_BINARIES_ENV: &str = "RDU_E2E_IMAGE_BINARIES";
+/// The images the chart runs, as `docker/build.sh` tags them (`<repository>:<appVersion>`).
+const IMAGES: [&str; 3] = ["rdu-operator", "rdu-device-plugin", "rdu-worker"];
 
 /// What the cluster is made of.
 #[derive(Debug, Clone)]
 pub struct TestbedSpec {
-    /// How many nodes (1..=15).
+    /// The kind cluster's name (one per test, so that a run killed outright is swept by the next).
+    pub name: &'static str,
+    /// How many RDU nodes (kind workers, 1..=9).
     pub nodes: u8,
 }
 
-/// The control plane's binaries and the nodes', or a panic naming what is missing. Only `#[ignore]`d tests call
-/// it: a test run explicitly must not pass by skipping.
-pub fn require(test: &str) -> (Assets, NodeBins) {
-    let assets = Assets::from_env().unwrap_or_else(|e| panic!("{test}: {e}"));
-    let bins = node::bins_from_env().unwrap_or_else(|e| panic!("{test}: {e}"));
-    (assets, bins)
+/// One RDU node of the testbed.
+#[derive(Debug, Clone)]
+pub struct Node {
+    /// 1-based.
+    pub index: u8,
+    /// The Node's name (its container's).
+    pub name: String,
+    pod_logs: PathBuf,
 }
 
-/// A running cluster. Dropped in field order: nodes (and their pods) first, the network last.
+impl Node {
+    /// The node's `/var/log/pods`, kept on the host: readable while the node is down or cut off.
+    pub fn pod_logs(&self) -> &std::path::Path {
+        &self.pod_logs
+    }
+}
+
+/// A running cluster. Dropped in field order: the processes beside the control plane (Kueue) first, the
+/// cluster, then the directories its nodes mounted.
 pub struct Testbed {
     pub nodes: Vec<Node>,
-    dns: Option<Managed>,
     pub plane: ControlPlane,
     pub client: kube::Client,
-    _mount_points: MountPoints,
-    pub network: HostNetwork,
-    _images: TempDir,
+    kind: Kind,
+    shared: TempDir,
+    _logs: TempDir,
+    /// kind's configuration and kubeconfig.
+    _work: TempDir,
     /// When `start` was called.
     pub started: Instant,
 }
 
 impl Testbed {
-    /// Assembles the images, starts the network, the control plane, CoreDNS and the nodes, and waits until every
+    /// Creates the kind cluster, loads the three images (built by `bash docker/build.sh`) and waits until every
     /// node is Ready.
-    pub async fn start(assets: &Assets, bins: NodeBins, spec: &TestbedSpec) -> Self {
+    pub async fn start(spec: &TestbedSpec) -> Self {
         let started = Instant::now();
-        node::sweep();
-        // Interrupted, the run kills its children (above all the nodes' processes and containers) and removes the
-        // nodes' namespaces, links and rules; drops would not run.
-        crate::process::on_interrupt(interrupted);
-        let images_dir = tempfile::Builder::new()
-            .prefix("rdu-images-")
-            .tempdir()
-            .expect("tempdir");
-        let images = assemble_images(images_dir.path());
-        let names: Vec<String> = (1..=spec.nodes).map(node::node_name).collect();
-        let components = Components {
-            scheduler: true,
-            controller_manager: true,
-            node: Some(NodeAccess {
-                address: network::control_plane_address(),
-                service_cidr: network::SERVICE_CIDR,
-                names,
-            }),
+        let shared = tempdir("rdu-shared-storage-");
+        set_mode(shared.path(), 0o777);
+        let logs = tempdir("rdu-pod-logs-");
+        let work = tempdir("rdu-kind-");
+        let kind_spec = KindSpec {
+            name: spec.name.to_string(),
+            workers: spec.nodes,
+            shared: shared.path().to_path_buf(),
+            logs: logs.path().to_path_buf(),
         };
-        // The bridge first: the API server binds the control plane's address on it.
-        let network = HostNetwork::create().unwrap_or_else(|e| panic!("network: {e}"));
-        let mount_points =
-            MountPoints::ensure(&node::bind_targets()).expect("the nodes' mount points");
-        let plane = ControlPlane::start(assets, components)
-            .await
-            .expect("control plane");
-        let corefile = plane.dir().join("Corefile");
-        std::fs::write(
-            &corefile,
-            services::corefile(
-                network::control_plane_address(),
-                &plane.admin_kubeconfig,
-                "rdu-e2e",
-            ),
-        )
-        .expect("Corefile");
-        let mut dns = Command::new(&bins.coredns);
-        dns.arg("-conf").arg(&corefile);
-        let dns = Managed::spawn("coredns", dns, plane.dir()).expect("coredns");
-        let client = plane.admin_client().await.expect("client");
-        let (cpus, memory_mib) = machine_size();
-        let mut nodes = Vec::new();
-        for index in 1..=spec.nodes {
-            network
-                .add_node(index, spec.nodes)
-                .unwrap_or_else(|e| panic!("node {index}'s network: {e}"));
-            let name = node::node_name(index);
-            let config = NodeConfig {
-                index,
-                bins: bins.clone(),
-                kubelet_kubeconfig: plane
-                    .node_kubeconfig(&name)
-                    .expect("a kubeconfig per node")
-                    .to_path_buf(),
-                admin_kubeconfig: plane.admin_kubeconfig.clone(),
-                client_ca: plane.ca_cert.clone(),
-                reserved: Reserved::share(u64::from(spec.nodes), cpus, memory_mib),
-            };
-            let node = Node::start(&plane, config, &images)
-                .await
-                .unwrap_or_else(|e| panic!("node {name}: {e}"));
-            nodes.push(node);
+        let kind = Kind::create(&kind_spec, work.path())
+            .unwrap_or_else(|e| panic!("kind cluster {}: {e}", spec.name));
+        let tag = chart_app_version();
+        for image in IMAGES {
+            kind.load_image(&format!("{image}:{tag}"), work.path())
+                .unwrap_or_else(|e| panic!("loading {image}:{tag}: {e}"));
         }
+        let plane = ControlPlane::attach(kind.kubeconfig.clone()).expect("kind's API server");
+        // No dynamic provisioner: a claim binds the PersistentVolume its test made (on `shared_dir`, or a node's
+        // disk), as on a cluster whose storage an administrator provides; kind's default StorageClass would
+        // provision a volume of its own instead.
+        kubectl(&plane, &["delete", "storageclass", "--all"], None)
+            .unwrap_or_else(|e| panic!("removing kind's StorageClass: {e}"));
+        let client = plane.admin_client().await.expect("client");
+        let nodes = kind
+            .workers
+            .iter()
+            .zip(1..)
+            .map(|(name, index)| Node {
+                index,
+                name: name.clone(),
+                pod_logs: kind.pod_logs(name),
+            })
+            .collect();
         Self {
             nodes,
-            dns: Some(dns),
             plane,
             client,
-            _mount_points: mount_points,
-            network,
-            _images: images_dir,
+            kind,
+            shared,
+            _logs: logs,
+            _work: work,
             started,
         }
     }
@@ -154,11 +132,6 @@ impl Testbed {
         &self.nodes[usize::from(index) - 1]
     }
 
-    /// Node `index` (1-based), to change it.
-    pub fn node_mut(&mut self, index: u8) -> &mut Node {
-        &mut self.nodes[usize::from(index) - 1]
-    }
-
     /// The 1-based index of the node called `name`.
     pub fn index_of(&self, name: &str) -> u8 {
         self.nodes
@@ -166,6 +139,12 @@ impl Testbed {
             .find(|n| n.name == name)
             .map(|n| n.index)
             .unwrap_or_else(|| panic!("no node called {name}"))
+    }
+
+    /// A host directory every node sees at the same path (storage shared by the nodes, as network storage is):
+    /// a hostPath PersistentVolume on it is ReadWriteMany.
+    pub fn shared_dir(&self) -> &std::path::Path {
+        self.shared.path()
     }
 
     /// `helm install` of the chart with `--set` values (the nodes' paths are the chart's defaults).
@@ -232,9 +211,9 @@ impl Testbed {
             text.push_str(&format!(
                 "\n--- {} kubelet\n{}\n--- {} containerd\n{}",
                 node.name,
-                node.log_tail("kubelet", 20),
+                self.kind.journal_tail(&node.name, "kubelet", 20),
                 node.name,
-                node.log_tail("containerd", 10)
+                self.kind.journal_tail(&node.name, "containerd", 10)
             ));
         }
         text
@@ -467,104 +446,98 @@ impl Testbed {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
-    /// Crashes node `index`: its link goes down, then every process of it is killed at once.
+    /// Crashes node `index`: its container is killed, every process of the node at once.
     pub fn crash(&mut self, index: u8) {
-        self.network
-            .set_link(index, false)
-            .unwrap_or_else(|e| panic!("link of node {index}: {e}"));
-        self.node_mut(index)
-            .crash()
-            .unwrap_or_else(|e| panic!("crash of node {index}: {e}"));
+        let name = self.node(index).name.clone();
+        self.kind
+            .kill(&name)
+            .unwrap_or_else(|e| panic!("crash of {name}: {e}"));
     }
 
-    /// Boots a crashed node `index` again: link up, new processes on the same disk; waits until it is Ready.
+    /// Boots a crashed node `index` again on the same disk and waits until it posts a Ready heartbeat.
     pub async fn reboot(&mut self, index: u8) {
-        self.network
-            .set_link(index, true)
-            .unwrap_or_else(|e| panic!("link of node {index}: {e}"));
-        let Self { nodes, plane, .. } = self;
-        nodes[usize::from(index) - 1]
-            .reboot(plane)
-            .await
-            .unwrap_or_else(|e| panic!("reboot of node {index}: {e}"));
+        let name = self.node(index).name.clone();
+        let booted = std::time::SystemTime::now();
+        self.kind
+            .start(&name)
+            .unwrap_or_else(|e| panic!("reboot of {name}: {e}"));
+        self.wait_ready_heartbeat_after(&name, booted, Duration::from_secs(300))
+            .await;
     }
 
-    /// Takes node `index`'s link down (`up` false) or up: a network partition.
+    /// Takes node `index` off the cluster's network (`up` false) or puts it back with its address: a partition.
     pub fn set_link(&self, index: u8, up: bool) {
-        self.network
-            .set_link(index, up)
-            .unwrap_or_else(|e| panic!("link of node {index}: {e}"));
+        let name = &self.node(index).name;
+        self.kind
+            .set_connected(name, up)
+            .unwrap_or_else(|e| panic!("link of {name}: {e}"));
+    }
+
+    /// Restarts node `index`'s kubelet (`systemctl restart kubelet` in the node).
+    pub fn restart_kubelet(&self, index: u8) {
+        let name = &self.node(index).name;
+        self.kind
+            .exec(name, &["systemctl", "restart", "kubelet"])
+            .unwrap_or_else(|e| panic!("kubelet restart on {name}: {e}"));
+    }
+
+    /// SIGKILLs the process of container `container_id` (`containerd://…`, as pod status names it) on node
+    /// `index`, as the kernel would.
+    pub fn kill_container(&self, index: u8, container_id: &str) {
+        let name = &self.node(index).name;
+        let id = container_id
+            .strip_prefix("containerd://")
+            .unwrap_or(container_id);
+        self.kind
+            .exec(
+                name,
+                &["ctr", "-n", "k8s.io", "task", "kill", "-s", "SIGKILL", id],
+            )
+            .unwrap_or_else(|e| panic!("kill of container {id} on {name}: {e}"));
+    }
+
+    /// The packets kube-proxy's `KUBE-FORWARD` chain dropped as conntrack-INVALID on node `index` (connections
+    /// the node's conntrack lost track of), if the chain is there.
+    pub fn invalid_forward_drops(&self, index: u8) -> Option<u64> {
+        let listing = self
+            .kind
+            .exec(
+                &self.node(index).name,
+                &[
+                    "iptables",
+                    "-t",
+                    "filter",
+                    "-L",
+                    "KUBE-FORWARD",
+                    "-v",
+                    "-n",
+                    "-x",
+                ],
+            )
+            .ok()?;
+        invalid_drops_in(&listing)
     }
 }
 
-impl Drop for Testbed {
-    fn drop(&mut self) {
-        // The nodes go first (their pods with them); CoreDNS and the control plane after.
-        self.nodes.clear();
-        self.dns.take();
-    }
+/// The packet count of the INVALID DROP rule in `iptables -L -v -n -x` text.
+fn invalid_drops_in(listing: &str) -> Option<u64> {
+    listing
+        .lines()
+        .find(|l| l.contains("DROP") && l.contains("INVALID"))
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
 }
 
-/// The nodes' part of the clean-up of an interrupted run: their cgroups' processes killed, their namespaces,
-/// the bridge and the rules removed.
-fn interrupted() {
-    node::sweep();
-    network::sweep();
+fn tempdir(prefix: &str) -> TempDir {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .expect("tempdir")
 }
 
-/// The machine's CPUs and memory (MiB), which the nodes share.
-fn machine_size() -> (u64, u64) {
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
-    let memory_kib = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|text| {
-            text.lines()
-                .find_map(|l| l.strip_prefix("MemTotal:"))
-                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-        })
-        .unwrap_or(4 << 20);
-    (cpus, memory_kib / 1024)
-}
-
-/// The three images, assembled from their stages of `docker/Dockerfile` and checked against them.
-pub fn assemble_images(out: &Path) -> Vec<Image> {
-    let root = workspace_root();
-    let binaries = std::env::var_os(IMAGE_BINARIES_ENV)
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target/debug"));
-    let inputs = Inputs {
-        context: root.clone(),
-        binaries,
-    };
-    let mut images = Vec::new();
-    for (target, repository) in [
-        ("operator", "rdu-operator"),
-        ("device-plugin", "rdu-device-plugin"),
-        ("worker", "rdu-worker"),
-    ] {
-        let tag = chart_app_version();
-        let dockerfile = format!("docker/Dockerfile, target {target}");
-        let assembled = image::assemble(
-            &root.join("docker/Dockerfile"),
-            target,
-            repository,
-            &tag,
-            &inputs,
-            out,
-        )
-        .unwrap_or_else(|e| panic!("{dockerfile}: {e}"));
-        let facts = image::inspect(&assembled.layout, &assembled.tag).expect("inspect");
-        let drift = image::drift(&assembled.stage, &facts);
-        assert!(
-            drift.is_empty(),
-            "{dockerfile} and its image differ: {drift:?}"
-        );
-        images.push(Image {
-            name: format!("{repository}:{tag}"),
-            tar: assembled.tar,
-        });
-    }
-    images
+/// Sets `path`'s mode (a directory the pods' non-root user writes).
+pub fn set_mode(path: &std::path::Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
 }
 
 /// The chart's appVersion: the images' tag.
@@ -576,4 +549,14 @@ pub fn chart_app_version() -> String {
         .as_str()
         .expect("appVersion")
         .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_invalid_drop_rule_is_counted() {
+        let listing = "Chain KUBE-FORWARD (1 references)\n    pkts      bytes target     prot opt in     out     source               destination\n      17     1020 DROP       0    --  *      *       0.0.0.0/0            0.0.0.0/0            ctstate INVALID\n       0        0 ACCEPT     0    --  *      *       0.0.0.0/0            0.0.0.0/0            mark match 0x4000/0x4000\n";
+        assert_eq!(super::invalid_drops_in(listing), Some(17));
+        assert_eq!(super::invalid_drops_in("Chain KUBE-FORWARD\n"), None);
+    }
 }

@@ -9,7 +9,7 @@
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use rdu_e2e::testbed::{self, Testbed, TestbedSpec};
+use rdu_e2e::testbed::{Testbed, TestbedSpec};
 use rdu_e2e::workspace_root;
 use serde_json::{Value, json};
 
@@ -23,10 +23,13 @@ const PROGRESS_DEADLINE: u64 = 20;
 const HANG_AT_STEP: u64 = 60;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs root, Debian's containerd and the Go-built binaries: sudo bash e2e/node/run.sh"]
+#[ignore = "needs kind, podman or docker, and the images of docker/Dockerfile: bash e2e/node/run.sh"]
 async fn failure_rules_and_hang_detection_on_a_real_node() {
-    let (assets, bins) = testbed::require("failure_rules");
-    let bed = Testbed::start(&assets, bins, &TestbedSpec { nodes: 1 }).await;
+    let bed = Testbed::start(&TestbedSpec {
+        name: "rdu-failure-rules",
+        nodes: 1,
+    })
+    .await;
     bed.helm_install(&[
         format!("devicePlugin.rdusPerNode={RDUS}"),
         format!("devicePlugin.tilesPerRdu={TILES_PER_RDU}"),

@@ -1,9 +1,9 @@
 //! One job across three real nodes, and the faults that befall nodes under a running job (issue 21): the testbed
-//! with three nodes of 2 RDUs × 2 tiles (so an 8-rank job must span them), the chart installed with `helm
-//! install`, checkpoints on storage every node sees (a directory shared by the nodes' namespaces behind a
-//! ReadWriteMany PersistentVolume, standing in for network storage), Kueue's manager beside the control plane (a
-//! queued job preempted and resumed, `multi_node/preemption.rs`). `bash e2e/multi-node/run.sh` runs it and prints
-//! the JSON line it writes to `RDU_MULTI_NODE_BENCH_OUT`.
+//! (a kind cluster) with three nodes of 2 RDUs × 2 tiles (so an 8-rank job must span them), the chart installed
+//! with `helm install`, checkpoints on storage every node sees (a host directory mounted into every node behind a
+//! ReadWriteMany PersistentVolume, standing in for network storage), Kueue's manager on the host against the
+//! cluster's API server (a queued job preempted and resumed, `multi_node/preemption.rs`). `bash
+//! e2e/multi-node/run.sh` runs it and prints the JSON line it writes to `RDU_MULTI_NODE_BENCH_OUT`.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use rdu_e2e::kueue;
 use rdu_e2e::logs::field_of;
-use rdu_e2e::testbed::{self, Testbed, TestbedSpec};
+use rdu_e2e::testbed::{Testbed, TestbedSpec, set_mode};
 use rdu_e2e::workspace_root;
 use serde_json::{Value, json};
 
@@ -33,12 +33,15 @@ const RANKS: u32 = 8;
 pub(crate) const LONG: Duration = Duration::from_secs(300);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs root, Debian's containerd and the Go-built binaries: bash e2e/multi-node/run.sh"]
+#[ignore = "needs kind, podman or docker, the images of docker/Dockerfile and Kueue: bash e2e/multi-node/run.sh"]
 async fn one_job_spans_three_nodes_and_survives_their_faults() {
-    let (assets, bins) = testbed::require("multi_node");
     let kueue_dir = kueue::kueue_dir().unwrap_or_else(|e| panic!("{e}"));
-    let mut bed = Testbed::start(&assets, bins, &TestbedSpec { nodes: NODES }).await;
-    // Kueue's manager beside the control plane, before the chart: the operator runs with `kueue.enabled`, so
+    let mut bed = Testbed::start(&TestbedSpec {
+        name: "rdu-multi-node",
+        nodes: NODES,
+    })
+    .await;
+    // Kueue's manager on the host, before the chart: the operator runs with `kueue.enabled`, so
     // jobs labelled with a queue wait for admission; the others run as they would without Kueue.
     let _kueue = kueue::start(&mut bed.plane, &kueue_dir, None)
         .await
@@ -51,11 +54,6 @@ async fn one_job_spans_three_nodes_and_survives_their_faults() {
         "nodes_ready_seconds".into(),
         json!(bed.started.elapsed().as_secs_f64()),
     );
-    let shared = tempfile::Builder::new()
-        .prefix("rdu-shared-storage-")
-        .tempdir()
-        .expect("shared storage");
-    set_mode(shared.path(), 0o777);
     let installed = Instant::now();
     bed.helm_install(&[
         format!("devicePlugin.rdusPerNode={RDUS}"),
@@ -71,12 +69,13 @@ async fn one_job_spans_three_nodes_and_survives_their_faults() {
         json!(installed.elapsed().as_secs_f64()),
     );
 
-    let (spread, steps_per_second) = spans_the_nodes(&bed, shared.path()).await;
+    let shared = bed.shared_dir().to_path_buf();
+    let (spread, steps_per_second) = spans_the_nodes(&bed, &shared).await;
     summary.extend(spread);
     summary.extend(bandwidth::between_two_nodes(&bed).await);
     let mut faults = Faults {
         bed,
-        shared: shared.path().to_path_buf(),
+        shared,
         steps_per_second,
     };
     summary.extend(faults.kueue_preemption().await);
@@ -219,7 +218,7 @@ pub(crate) fn run_local(job: &Value, env: &[(&str, &str)]) -> Value {
 }
 
 /// A ReadWriteMany PersistentVolume for job `job`'s checkpoint claim, on `<shared>/<job>`, a directory every
-/// node's namespaces see (no provisioner runs here); returns the directory.
+/// node sees at the same path (`Testbed::shared_dir`); returns the directory.
 fn shared_volume(bed: &Testbed, shared: &Path, job: &str) -> std::path::PathBuf {
     let dir = shared.join(job);
     std::fs::create_dir_all(&dir).expect("job's shared directory");
@@ -232,9 +231,4 @@ fn shared_volume(bed: &Testbed, shared: &Path, job: &str) -> std::path::PathBuf 
         dir.display()
     ));
     dir
-}
-
-fn set_mode(path: &Path, mode: u32) {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
 }

@@ -1,9 +1,9 @@
-//! Real pods on a real kubelet (the shared testbed with one node), everything as a user does it: the three
-//! images assembled from the Dockerfiles, `helm install` of the chart (the operator and the device plugin run as
+//! Real pods on a real kubelet (the shared testbed, a kind cluster, with one RDU node), everything as a user does
+//! it: the three images built from `docker/Dockerfile`, `helm install` of the chart (the operator and the device plugin run as
 //! pods), the node's `rdu.dev/tile` from the kubelet, `kubectl apply -f examples/digits.yaml`, the job's result
 //! from rank 0's termination message, `kubectl logs` of every rank; then faults with real processes and bad
-//! input. `bash e2e/node/run.sh` runs it (as root, with Debian's containerd, runc, CNI plugins and umoci)
-//! and prints the JSON line it appends to `RDU_NODE_BENCH_OUT`.
+//! input. `bash e2e/node/run.sh` runs it (with kind and podman or docker) and prints the JSON line it appends to
+//! `RDU_NODE_BENCH_OUT`.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::Api;
 use kube::api::{ListParams, LogParams};
 use rdu_e2e::logs::field_of;
-use rdu_e2e::testbed::{self, SYSTEM_NAMESPACE, Testbed, TestbedSpec};
+use rdu_e2e::testbed::{SYSTEM_NAMESPACE, Testbed, TestbedSpec, set_mode};
 use rdu_e2e::{poll_until, workspace_root};
 use serde_json::{Value, json};
 
@@ -27,11 +27,14 @@ const SHORT: Duration = Duration::from_secs(60);
 const LONG: Duration = Duration::from_secs(300);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs root, Debian's containerd and the Go-built binaries: sudo bash e2e/node/run.sh"]
+#[ignore = "needs kind, podman or docker, and the images of docker/Dockerfile: bash e2e/node/run.sh"]
 async fn the_chart_and_the_digits_job_run_on_a_real_node() {
-    let (assets, bins) = testbed::require("node");
     let mut cluster = Cluster {
-        bed: Testbed::start(&assets, bins, &TestbedSpec { nodes: 1 }).await,
+        bed: Testbed::start(&TestbedSpec {
+            name: "rdu-node",
+            nodes: 1,
+        })
+        .await,
         undisturbed_steps: None,
     };
     let mut summary = serde_json::Map::new();
@@ -74,7 +77,7 @@ async fn the_chart_and_the_digits_job_run_on_a_real_node() {
 
     summary.insert(
         "kube_forward_invalid_drops".into(),
-        json!(rdu_e2e::node::network::invalid_forward_drops(1)),
+        json!(cluster.bed.invalid_forward_drops(1)),
     );
     let line = Value::Object(summary).to_string();
     println!("{line}");
@@ -115,14 +118,6 @@ impl Cluster {
         self.bed
             .wait_tiles(&self.node_name(), count, when, LONG)
             .await;
-    }
-
-    async fn system_pod(&self, name: &str) -> Result<Value, String> {
-        self.get(
-            Api::<Pod>::namespaced(self.client.clone(), SYSTEM_NAMESPACE),
-            name,
-        )
-        .await
     }
 
     /// `kubectl logs <pod>`: what a user reads.
@@ -269,7 +264,7 @@ impl Cluster {
     ) -> serde_json::Map<String, Value> {
         let mut out = serde_json::Map::new();
         self.kubectl(&["delete", "rdujob", "digits", "-n", "default", "--wait=true"]);
-        let pv_dir = self.bed.node(1).dir().join("pv-checkpoints");
+        let pv_dir = self.bed.shared_dir().join("pv-checkpoints");
         std::fs::create_dir_all(&pv_dir).expect("pv dir");
         set_mode(&pv_dir, 0o777);
         self.apply(&static_volume(&pv_dir));
@@ -324,17 +319,7 @@ impl Cluster {
             .as_str()
             .expect("containerID")
             .to_string();
-        let pid = self
-            .bed
-            .node(1)
-            .container_pid(&container)
-            .expect("ctr")
-            .expect("rank 1 is running");
-        let killed = std::process::Command::new("kill")
-            .args(["-9", &pid.to_string()])
-            .status()
-            .expect("kill");
-        assert!(killed.success());
+        self.bed.kill_container(1, &container);
         let killed_at = Instant::now();
         self.wait("generation 1 running", LONG, async || {
             let job = self.job(&name).await?;
@@ -372,14 +357,20 @@ impl Cluster {
                     if pod == old {
                         return Err("the old pod is still there".into());
                     }
-                    let ip = self.system_pod(&pod).await?["status"]["podIP"]
-                        .as_str()
-                        .map(str::to_string)
-                        .ok_or("no pod IP yet")?;
-                    let url = format!("http://{ip}:9464/status");
-                    let status = rdu_tiles::tilestat::fetch(&url)
+                    // Through the API server's proxy to the pod, as from outside the cluster.
+                    let path = format!(
+                        "/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods/{pod}:9464/proxy/status"
+                    );
+                    let request = http::Request::get(path)
+                        .body(Vec::new())
+                        .map_err(|e| e.to_string())?;
+                    let text = self
+                        .client
+                        .request_text(request)
                         .await
                         .map_err(|e| e.to_string())?;
+                    let status: rdu_tiles::tilestat::NodeStatus =
+                        serde_json::from_str(&text).map_err(|e| format!("{e}: {text}"))?;
                     if status.tiles_allocated == workers {
                         Ok(status)
                     } else {
@@ -469,7 +460,7 @@ impl Cluster {
                     let tails = tails.lock().expect("tails");
                     eprintln!(
                         "EXTRA GANG RESTART of {name} (restarts {restarts}): {status}; kube-proxy's INVALID drops so far: {:?}",
-                        rdu_e2e::node::network::invalid_forward_drops(1)
+                        self.bed.invalid_forward_drops(1)
                     );
                     for (rank, tail) in tails.iter().enumerate() {
                         eprintln!(
@@ -514,10 +505,7 @@ impl Cluster {
         let before = registrations(self).await.expect("the plugin's log");
         let restarted = Instant::now();
         let restarted_at = std::time::SystemTime::now();
-        self.bed
-            .node_mut(1)
-            .restart_kubelet()
-            .expect("restart the kubelet");
+        self.bed.restart_kubelet(1);
         // The allocatable read below must be the new kubelet's, not the one from before the restart.
         self.bed
             .wait_ready_heartbeat_after(&self.node_name(), restarted_at, SHORT)
@@ -613,11 +601,6 @@ fn checkpoint_files(dir: &Path) -> Vec<String> {
         .collect();
     names.sort();
     names
-}
-
-fn set_mode(path: &Path, mode: u32) {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
 }
 
 fn parse_mask(text: &str) -> u128 {

@@ -69,7 +69,6 @@ async fn main() -> anyhow::Result<()> {
     let components = Components {
         scheduler: false,
         controller_manager: false,
-        node: None,
     };
     let mut plane = ControlPlane::start(&assets, components)
         .await

@@ -246,10 +246,7 @@ impl Faults {
         let index = self.bed.index_of(&node);
         let before = self.bed.job(name).await.expect("job")["status"]["restarts"].clone();
         let restarted = SystemTime::now();
-        self.bed
-            .node_mut(index)
-            .restart_kubelet()
-            .expect("restart the kubelet");
+        self.bed.restart_kubelet(index);
         self.bed
             .wait_ready_heartbeat_after(&node, restarted, LONG)
             .await;
@@ -467,7 +464,7 @@ impl Faults {
         self.bed.set_link(index, true);
         let healed = Instant::now();
         // The old rank 0 learns its peers are gone (or is stopped by its kubelet) and tries to checkpoint.
-        let zombie_log = self.bed.node(index).disk_path("/var/log/pods");
+        let zombie_log = self.bed.node(index).pod_logs().to_path_buf();
         let refused = self
             .bed
             .wait(
