@@ -20,7 +20,7 @@ use rdu_worker::modes::all_reduce_benchmark;
 
 use crate::error::CliError;
 use crate::launch::RankLaunch;
-use rdu_crds::policy::RankExit;
+use rdu_crds::policy::{GangNow, Hang, HangCheck, ProgressWatch, RankExit, check_hang};
 
 /// How to start and stop the ranks.
 #[derive(Debug, Clone)]
@@ -39,15 +39,6 @@ pub struct GangOptions {
     pub job_deadline: Option<Instant>,
     /// spec.runPolicy.progressDeadlineSeconds: how long rank 0's step may stand still while every rank runs.
     pub progress_deadline: Option<Duration>,
-}
-
-/// Rank 0 made no progress for `progressDeadlineSeconds` while every rank ran.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Hang {
-    /// The step it last reported, if any.
-    pub step: Option<u64>,
-    /// How long that step stood still, in whole seconds.
-    pub seconds: u64,
 }
 
 /// How the generation ended.
@@ -170,14 +161,26 @@ pub async fn run(launches: &[RankLaunch], opts: &GangOptions) -> Result<GangOutc
         deadline_exceeded: false,
         hung: None,
     };
-    // Hang detection: rank 0's last step, since when it stood still, and when that becomes a hang.
-    let mut last_step: Option<u64> = None;
-    let mut still_since = Instant::now();
-    let mut hang_at = opts.progress_deadline.map(|d| still_since + d);
+    // Hang detection, judged as the operator judges it (`check_hang`): rank 0's last step and the watch on it.
+    let mut hang = HangWatch::new(opts.progress_deadline);
+    let mut hang_at = hang.start();
     let far = Instant::now() + Duration::from_secs(86_400 * 365);
     let mut job_deadline = opts.job_deadline;
     let mut kill_at: Option<Instant> = None;
     while !running.is_empty() {
+        if let Some(hung) = hang.take_hang() {
+            opts.console.note(&format!(
+                "{}: stopping {} rank(s)",
+                hung.message(),
+                running.len()
+            ));
+            for &(_, pid) in &running {
+                send_signal(pid, libc::SIGTERM);
+            }
+            outcome.hung = Some(hung);
+            let stop = Instant::now() + opts.stop_grace;
+            kill_at = Some(kill_at.map_or(stop, |k| k.min(stop)));
+        }
         let deadline =
             kill_at.unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400 * 365));
         tokio::select! {
@@ -186,6 +189,7 @@ pub async fn run(launches: &[RankLaunch], opts: &GangOptions) -> Result<GangOutc
                 running.retain(|(r, _)| *r != rank);
                 // Not every rank runs any more: no hang to watch for.
                 hang_at = None;
+                hang.stop();
                 if !exit.is_success() {
                     opts.console.note(&format!("rank {rank} ended with {exit}"));
                     if kill_at.is_none() {
@@ -212,36 +216,12 @@ pub async fn run(launches: &[RankLaunch], opts: &GangOptions) -> Result<GangOutc
                 kill_at = Some(kill_at.map_or(stop, |k| k.min(stop)));
             }
             Some(step) = step_rx.recv() => {
-                if last_step != Some(step) {
-                    last_step = Some(step);
-                    still_since = Instant::now();
-                    if hang_at.is_some() {
-                        hang_at = opts.progress_deadline.map(|d| still_since + d);
-                    }
+                if hang_at.is_some() {
+                    hang_at = hang.look(Some(step));
                 }
             }
             _ = sleep_until(hang_at.unwrap_or(far)), if hang_at.is_some() => {
-                let hang = Hang {
-                    step: last_step,
-                    seconds: still_since.elapsed().as_secs(),
-                };
-                let at = match hang.step {
-                    Some(step) => format!("its step stayed at {step}"),
-                    None => "it reported no step".to_string(),
-                };
-                opts.console.note(&format!(
-                    "rank 0 hung: {at} for {} s while every rank ran (spec.runPolicy.progressDeadlineSeconds {}): stopping {} rank(s)",
-                    hang.seconds,
-                    opts.progress_deadline.unwrap_or_default().as_secs(),
-                    running.len()
-                ));
-                for &(_, pid) in &running {
-                    send_signal(pid, libc::SIGTERM);
-                }
-                outcome.hung = Some(hang);
-                hang_at = None;
-                let stop = Instant::now() + opts.stop_grace;
-                kill_at = Some(kill_at.map_or(stop, |k| k.min(stop)));
+                hang_at = hang.look(None);
             }
             _ = sigint.recv() => forward(&running, libc::SIGINT, opts, &mut outcome, &mut kill_at),
             _ = sigterm.recv() => forward(&running, libc::SIGTERM, opts, &mut outcome, &mut kill_at),
@@ -249,6 +229,73 @@ pub async fn run(launches: &[RankLaunch], opts: &GangOptions) -> Result<GangOutc
     }
     while logs.join_next().await.is_some() {}
     Ok(outcome)
+}
+
+/// Rank 0's progress under `progressDeadlineSeconds`, on a clock of whole seconds from the gang's start.
+struct HangWatch {
+    deadline: Option<u64>,
+    started: Instant,
+    step: Option<u64>,
+    watch: Option<ProgressWatch>,
+    every_rank_runs: bool,
+    hung: Option<Hang>,
+}
+
+impl HangWatch {
+    fn new(deadline: Option<Duration>) -> Self {
+        Self {
+            deadline: deadline.map(|d| d.as_secs()),
+            started: Instant::now(),
+            step: None,
+            watch: None,
+            every_rank_runs: true,
+            hung: None,
+        }
+    }
+
+    /// Every rank runs: the watch starts; when to look next.
+    fn start(&mut self) -> Option<Instant> {
+        self.look(None)
+    }
+
+    /// Looks again, with rank 0's newest step if one came: when to look next, none when nothing is watched any
+    /// more (a hang found is kept for `take_hang`).
+    fn look(&mut self, step: Option<u64>) -> Option<Instant> {
+        if step.is_some() {
+            self.step = step;
+        }
+        let now = i64::try_from(self.started.elapsed().as_secs()).unwrap_or(i64::MAX);
+        let gang = GangNow {
+            generation: 0,
+            step: self.step,
+            every_rank_runs: self.every_rank_runs,
+            now,
+        };
+        match check_hang(self.deadline, self.watch.take(), gang) {
+            HangCheck::Off => None,
+            HangCheck::Watching { watch, recheck_in } => {
+                self.watch = Some(watch);
+                let at = now.saturating_add(recheck_in).unsigned_abs();
+                Some(self.started + Duration::from_secs(at))
+            }
+            HangCheck::Hung(hang) => {
+                self.hung = Some(hang);
+                self.every_rank_runs = false;
+                None
+            }
+        }
+    }
+
+    /// Not every rank runs any more: nothing to watch.
+    fn stop(&mut self) {
+        self.watch = None;
+        self.every_rank_runs = false;
+    }
+
+    /// The hang found by the last look, once.
+    fn take_hang(&mut self) -> Option<Hang> {
+        self.hung.take()
+    }
 }
 
 fn forward(

@@ -9,8 +9,7 @@ use std::time::Duration;
 
 use rdu_collective::RingMemory;
 use rdu_crds::consts::exit_code;
-use rdu_crds::failure_policy::HUNG;
-use rdu_crds::policy::{self, Culprit, RankExit, Restarts, Verdict};
+use rdu_crds::policy::{self, Culprit, Restarts, Verdict};
 use rdu_crds::rank_env::SuppliedValues;
 use rdu_crds::token::new_token;
 use rdu_crds::{AllReduceResult, EndCause, JobResult, RduJob, RduJobSpec, RunMode, RunPolicy};
@@ -136,11 +135,7 @@ pub async fn run(path: &Path, options: RunOptions) -> Result<i32, CliError> {
         // A hang is blamed on rank 0; the ranks stopped for it are its consequence. Local mode has no cluster to
         // disrupt it: every end is the job's own.
         let blamed = match outcome.hung {
-            Some(_) => Some(Culprit {
-                reason: HUNG.to_string(),
-                container_reason: None,
-                ..Culprit::from_exit(0, RankExit::Lost, EndCause::Failure)
-            }),
+            Some(hang) => Some(hang.culprit()),
             None => policy::culprit(outcome.exits.iter().copied())
                 .map(|(rank, exit)| Culprit::from_exit(rank, exit, EndCause::Failure)),
         };

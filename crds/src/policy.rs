@@ -1,12 +1,15 @@
 //! The run-policy rules of DESIGN 5, written once for the operator and local mode: how a rank ended, which rank
-//! caused a failed generation, and whether the gang restarts or the job fails (the failure rules of `rules`).
+//! caused a failed generation, whether the gang restarts or the job fails (the failure rules of `rules`), and
+//! when a gang that stopped making progress is hung (`hang`).
 
 use std::fmt;
 
 use crate::consts::exit_code;
 use crate::{EndCause, RestartPolicy, RunPolicy};
 
+mod hang;
 mod rules;
+pub use hang::{GangNow, Hang, HangCheck, ProgressWatch, check_hang};
 pub use rules::{CodeSet, Culprit, Restarts, Ruling, default_rules, judge};
 
 /// How one rank of a generation ended.

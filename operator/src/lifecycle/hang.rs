@@ -4,9 +4,8 @@
 //! then blames rank 0 with a `Hung` end, which the failure rules judge as any other (by default a counted restart).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use rdu_crds::failure_policy::HUNG;
-use rdu_crds::policy::RankExit;
-use rdu_crds::{EndCause, ProgressMark};
+use rdu_crds::ProgressMark;
+use rdu_crds::policy::{GangNow, HangCheck, ProgressWatch, check_hang};
 
 use super::Step;
 use super::pod_view::PodState;
@@ -22,49 +21,54 @@ impl Step<'_> {
 
     /// Keeps `status.lastProgress` while every rank runs and no generation is stopping (cleared otherwise), and
     /// returns rank 0's `Hung` end once its step stood still for `progressDeadlineSeconds`; else requeues at the
-    /// deadline.
+    /// deadline. The judgement is `rdu_crds::policy::check_hang`, local mode's too.
     pub(super) fn hang(&mut self) -> Option<RankFailure> {
-        let deadline = self.job.spec.run_policy.progress_deadline_seconds;
-        let watched = self.status.stopping.is_none() && self.all_ranks_running();
-        let (Some(deadline), true) = (deadline, watched) else {
-            self.status.last_progress = None;
-            return None;
+        let kept = self.status.last_progress.take();
+        let previous = kept.as_ref().map(|mark| ProgressWatch {
+            generation: mark.generation,
+            step: mark.step,
+            since: mark.since.0.as_second(),
+        });
+        let gang = GangNow {
+            generation: self.generation(),
+            step: self.status.progress.as_ref().map(|p| p.step),
+            every_rank_runs: self.status.stopping.is_none() && self.all_ranks_running(),
+            now: self.now.as_second(),
         };
-        let generation = self.generation();
-        let step = self.status.progress.as_ref().map(|p| p.step);
-        let mark = match self.status.last_progress.take() {
-            Some(mark) if mark.generation == generation && mark.step == step => mark,
-            _ => ProgressMark {
-                generation,
-                step,
-                since: Time(self.now),
-            },
-        };
-        let still = self.now.as_second() - mark.since.0.as_second();
-        self.status.last_progress = Some(mark);
-        let remaining = i64::try_from(deadline).unwrap_or(i64::MAX) - still;
-        if remaining > 0 {
-            self.requeue_in(remaining);
-            return None;
+        match check_hang(
+            self.job.spec.run_policy.progress_deadline_seconds,
+            previous,
+            gang,
+        ) {
+            HangCheck::Off => None,
+            HangCheck::Watching { watch, recheck_in } => {
+                // An unchanged watch keeps its mark as it was (its time to the nanosecond); a new one starts now.
+                self.status.last_progress = match kept {
+                    Some(mark) if previous == Some(watch) => Some(mark),
+                    _ => Some(ProgressMark {
+                        generation: watch.generation,
+                        step: watch.step,
+                        since: Time(self.now),
+                    }),
+                };
+                self.requeue_in(recheck_in);
+                None
+            }
+            // The generation stops now: no window until the next one runs (`last_progress` stays cleared).
+            HangCheck::Hung(hang) => {
+                let pod = self.current_rank(0)?;
+                let culprit = hang.culprit();
+                let mut hung = RankFailure::new(
+                    culprit.rank,
+                    culprit.exit,
+                    &culprit.reason,
+                    &culprit.reason,
+                    culprit.cause,
+                    pod.node.clone(),
+                );
+                hung.message = hang.message();
+                Some(hung)
+            }
         }
-        // The generation stops now: no window until the next one runs.
-        self.status.last_progress = None;
-        let pod = self.current_rank(0)?;
-        let at = match step {
-            Some(step) => format!("its step stayed at {step}"),
-            None => "it reported no step".to_string(),
-        };
-        let mut hung = RankFailure::new(
-            0,
-            RankExit::Lost,
-            HUNG,
-            HUNG,
-            EndCause::Failure,
-            pod.node.clone(),
-        );
-        hung.message = format!(
-            "rank 0 hung: {at} for {still} s while every rank ran (spec.runPolicy.progressDeadlineSeconds {deadline})"
-        );
-        Some(hung)
     }
 }

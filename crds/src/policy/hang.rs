@@ -1,0 +1,244 @@
+//! Hang detection (`spec.runPolicy.progressDeadlineSeconds`, DESIGN 5.3), written once for the operator and local
+//! mode: while every rank of a generation runs, rank 0's step is watched; a step that stood still for the
+//! deadline is a hang, blamed on rank 0 (reason `Hung`), which the failure rules judge as any other end.
+//! Time is whole seconds on the caller's clock (the operator's wall clock, local mode's gang start).
+
+use crate::EndCause;
+use crate::failure_policy::HUNG;
+
+use super::{Culprit, RankExit};
+
+/// Rank 0's step as last seen for `generation`, unchanged since `since`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProgressWatch {
+    pub generation: u32,
+    /// None before rank 0 ever reported.
+    pub step: Option<u64>,
+    pub since: i64,
+}
+
+/// What the gang looks like now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GangNow {
+    pub generation: u32,
+    /// The step rank 0 last reported.
+    pub step: Option<u64>,
+    /// Every rank of the generation runs (none pending, ended or being stopped).
+    pub every_rank_runs: bool,
+    pub now: i64,
+}
+
+/// What the watch says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HangCheck {
+    /// No deadline, or not every rank runs: nothing is watched (the caller forgets its watch).
+    Off,
+    /// Keep `watch`; look again in `recheck_in` seconds (at least 1).
+    Watching {
+        watch: ProgressWatch,
+        recheck_in: i64,
+    },
+    /// The step stood still for the deadline: the generation stops, rank 0 is blamed.
+    Hung(Hang),
+}
+
+/// Rank 0 made no progress for `progressDeadlineSeconds` while every rank ran.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hang {
+    /// The step it last reported, if any.
+    pub step: Option<u64>,
+    /// How long that step stood still.
+    pub still_seconds: i64,
+    pub deadline_seconds: u64,
+}
+
+impl Hang {
+    /// The message both the operator's history and local mode's console give.
+    pub fn message(&self) -> String {
+        let at = match self.step {
+            Some(step) => format!("its step stayed at {step}"),
+            None => "it reported no step".to_string(),
+        };
+        format!(
+            "rank 0 hung: {at} for {} s while every rank ran (spec.runPolicy.progressDeadlineSeconds {})",
+            self.still_seconds, self.deadline_seconds
+        )
+    }
+
+    /// Rank 0, ended without an exit code, for the reason `Hung`: the job's own doing.
+    pub fn culprit(&self) -> Culprit {
+        Culprit {
+            reason: HUNG.to_string(),
+            container_reason: None,
+            ..Culprit::from_exit(0, RankExit::Lost, EndCause::Failure)
+        }
+    }
+}
+
+/// Looks at the gang against the deadline `deadline` (seconds), given the watch kept from the last look.
+pub fn check_hang(
+    deadline: Option<u64>,
+    previous: Option<ProgressWatch>,
+    gang: GangNow,
+) -> HangCheck {
+    let (Some(deadline), true) = (deadline, gang.every_rank_runs) else {
+        return HangCheck::Off;
+    };
+    let watch = match previous {
+        Some(watch) if watch.generation == gang.generation && watch.step == gang.step => watch,
+        _ => ProgressWatch {
+            generation: gang.generation,
+            step: gang.step,
+            since: gang.now,
+        },
+    };
+    let still_seconds = gang.now - watch.since;
+    let remaining = i64::try_from(deadline).unwrap_or(i64::MAX) - still_seconds;
+    if remaining > 0 {
+        HangCheck::Watching {
+            watch,
+            recheck_in: remaining,
+        }
+    } else {
+        HangCheck::Hung(Hang {
+            step: gang.step,
+            still_seconds,
+            deadline_seconds: deadline,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gang(generation: u32, step: Option<u64>, every_rank_runs: bool, now: i64) -> GangNow {
+        GangNow {
+            generation,
+            step,
+            every_rank_runs,
+            now,
+        }
+    }
+
+    fn watch(generation: u32, step: Option<u64>, since: i64) -> Option<ProgressWatch> {
+        Some(ProgressWatch {
+            generation,
+            step,
+            since,
+        })
+    }
+
+    fn watching(generation: u32, step: Option<u64>, since: i64, recheck_in: i64) -> HangCheck {
+        HangCheck::Watching {
+            watch: ProgressWatch {
+                generation,
+                step,
+                since,
+            },
+            recheck_in,
+        }
+    }
+
+    fn hung(step: Option<u64>, still_seconds: i64) -> HangCheck {
+        HangCheck::Hung(Hang {
+            step,
+            still_seconds,
+            deadline_seconds: 20,
+        })
+    }
+
+    #[test]
+    fn the_watch_follows_rank_0s_step_while_every_rank_runs() {
+        let cases = [
+            // (name, deadline, previous watch, gang now, expected)
+            (
+                "no deadline",
+                None,
+                None,
+                gang(0, Some(5), true, 100),
+                HangCheck::Off,
+            ),
+            (
+                "a rank not running",
+                Some(20),
+                watch(0, Some(5), 50),
+                gang(0, Some(5), false, 100),
+                HangCheck::Off,
+            ),
+            (
+                "first look starts the clock",
+                Some(20),
+                None,
+                gang(0, None, true, 100),
+                watching(0, None, 100, 20),
+            ),
+            (
+                "same step: the clock runs on",
+                Some(20),
+                watch(0, Some(5), 90),
+                gang(0, Some(5), true, 100),
+                watching(0, Some(5), 90, 10),
+            ),
+            (
+                "a new step restarts the clock",
+                Some(20),
+                watch(0, Some(5), 50),
+                gang(0, Some(6), true, 100),
+                watching(0, Some(6), 100, 20),
+            ),
+            (
+                "a new generation restarts the clock",
+                Some(20),
+                watch(0, Some(5), 50),
+                gang(1, Some(5), true, 100),
+                watching(1, Some(5), 100, 20),
+            ),
+            (
+                "one second short: look again in 1",
+                Some(20),
+                watch(0, Some(5), 81),
+                gang(0, Some(5), true, 100),
+                watching(0, Some(5), 81, 1),
+            ),
+            (
+                "the deadline reached: hung",
+                Some(20),
+                watch(0, Some(5), 80),
+                gang(0, Some(5), true, 100),
+                hung(Some(5), 20),
+            ),
+            (
+                "never reported: hung too",
+                Some(20),
+                watch(0, None, 70),
+                gang(0, None, true, 100),
+                hung(None, 30),
+            ),
+        ];
+        for (name, deadline, previous, now, expected) in cases {
+            assert_eq!(check_hang(deadline, previous, now), expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_hang_is_rank_0s_and_says_where_it_stood() {
+        let hang = Hang {
+            step: Some(60),
+            still_seconds: 21,
+            deadline_seconds: 20,
+        };
+        assert_eq!(
+            hang.message(),
+            "rank 0 hung: its step stayed at 60 for 21 s while every rank ran \
+             (spec.runPolicy.progressDeadlineSeconds 20)"
+        );
+        let none = Hang { step: None, ..hang };
+        assert!(none.message().contains("it reported no step for 21 s"));
+        let culprit = hang.culprit();
+        assert_eq!((culprit.rank, culprit.exit), (0, RankExit::Lost));
+        assert_eq!(culprit.reason, HUNG);
+        assert_eq!(culprit.cause, EndCause::Failure);
+        assert_eq!(culprit.container_reason, None);
+    }
+}
