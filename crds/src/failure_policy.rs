@@ -10,18 +10,52 @@ use crate::{EndAction, EndCause};
 /// Most rules a job may have (a CEL cost bound too).
 pub const MAX_RULES: usize = 32;
 
-/// The reason of a generation stopped by hang detection (`progressDeadlineSeconds`), blamed on rank 0.
-pub const HUNG: &str = "Hung";
+/// The ends the operator records that never carry an exit code, by the reason they are recorded with
+/// (`status.history[].reason`, matched by `onReasons`), each with the cause it always has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LostReason {
+    /// Hang detection (`progressDeadlineSeconds`) stopped the generation, blamed on rank 0: the job's own failure.
+    Hung,
+    /// Someone deleted the rank's pod: the job's own failure (a person or a controller of the job's owner).
+    PodDeleted,
+    /// The rank's pod is gone without a trace of why: the job's own failure.
+    PodVanished,
+    /// The rank's node is lost (unreachable, out of service, gone): a disruption.
+    NodeLost,
+}
 
-/// Reasons the operator records for ends that never carry an exit code, and the cause they always have: a rank
-/// hung (`Hung`), its pod deleted or gone (`PodDeleted`, `PodVanished`) are the job's own failures; a node lost
-/// (`NodeLost`) is a disruption.
-pub const REASONS_WITHOUT_EXIT_CODE: [(&str, EndCause); 4] = [
-    ("Hung", EndCause::Failure),
-    ("PodDeleted", EndCause::Failure),
-    ("PodVanished", EndCause::Failure),
-    ("NodeLost", EndCause::Disruption),
-];
+impl LostReason {
+    pub const ALL: [Self; 4] = [
+        Self::Hung,
+        Self::PodDeleted,
+        Self::PodVanished,
+        Self::NodeLost,
+    ];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Hung => "Hung",
+            Self::PodDeleted => "PodDeleted",
+            Self::PodVanished => "PodVanished",
+            Self::NodeLost => "NodeLost",
+        }
+    }
+
+    pub const fn cause(self) -> EndCause {
+        match self {
+            Self::NodeLost => EndCause::Disruption,
+            Self::Hung | Self::PodDeleted | Self::PodVanished => EndCause::Failure,
+        }
+    }
+
+    /// The reason recorded as `reason`, if it is one of these.
+    pub fn of(reason: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| r.as_str() == reason)
+    }
+}
+
+/// The reason of a generation stopped by hang detection (`progressDeadlineSeconds`), blamed on rank 0.
+pub const HUNG: &str = LostReason::Hung.as_str();
 
 /// The pod condition the control plane and the kubelet set on a pod they take away; a culprit whose pod carries it
 /// is always a disruption.
@@ -213,4 +247,31 @@ pub struct PodConditionMatcher {
     pub type_: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_end_without_an_exit_code_is_read_back_from_its_reason_with_its_cause() {
+        let table = [
+            ("Hung", EndCause::Failure),
+            ("PodDeleted", EndCause::Failure),
+            ("PodVanished", EndCause::Failure),
+            ("NodeLost", EndCause::Disruption),
+        ];
+        for (reason, cause) in table {
+            let known = LostReason::of(reason).unwrap_or_else(|| panic!("{reason} unknown"));
+            assert_eq!((known.as_str(), known.cause()), (reason, cause));
+        }
+        assert_eq!(LostReason::ALL.len(), table.len());
+        assert_eq!(LostReason::of("OOMKilled"), None);
+        assert_eq!(HUNG, "Hung");
+        // The validation messages name them as they are recorded.
+        for known in LostReason::ALL {
+            assert!(REASONS_WITHOUT_CODES.contains(known.as_str()), "{known:?}");
+            assert!(REASONS_AGAINST_CAUSE.contains(known.as_str()), "{known:?}");
+        }
+    }
 }

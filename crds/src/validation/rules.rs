@@ -3,7 +3,7 @@
 //! (decided by comparing the two rules' matchers, so it refuses only rules that can really never apply).
 
 use super::Checks;
-use crate::failure_policy::{self as fp, DISRUPTION_TARGET, MAX_RULES, REASONS_WITHOUT_EXIT_CODE};
+use crate::failure_policy::{self as fp, DISRUPTION_TARGET, LostReason, MAX_RULES};
 use crate::{EndAction, EndCause, ExitCodeOperator, FailureRule, RduJobSpec};
 
 const RULES: &str = "spec.runPolicy.failurePolicy.rules";
@@ -115,19 +115,13 @@ fn check_rule(c: &mut Checks, path: &str, rule: &FailureRule, spec: &RduJobSpec)
     }
     let wants_code = rule.on_exit_codes.is_some() || rule.on_signals.is_some();
     if let (true, Some(reasons)) = (wants_code, &rule.on_reasons) {
-        let some_with_code = reasons.iter().any(|r| {
-            !REASONS_WITHOUT_EXIT_CODE
-                .iter()
-                .any(|(known, _)| known == r)
-        });
+        let some_with_code = reasons.iter().any(|r| LostReason::of(r).is_none());
         at(c, some_with_code, "", fp::REASONS_WITHOUT_CODES);
     }
     if let (Some(cause), Some(reasons)) = (rule.on_cause, &rule.on_reasons) {
-        let possible = reasons.iter().any(|r| {
-            !REASONS_WITHOUT_EXIT_CODE
-                .iter()
-                .any(|(known, other)| known == r && *other != cause)
-        });
+        let possible = reasons
+            .iter()
+            .any(|r| LostReason::of(r).is_none_or(|known| known.cause() == cause));
         at(c, possible, "", fp::REASONS_AGAINST_CAUSE);
     }
     if let (Some(EndCause::Failure), Some(conditions)) = (rule.on_cause, &rule.on_pod_conditions) {

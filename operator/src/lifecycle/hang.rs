@@ -5,6 +5,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use rdu_crds::ProgressMark;
+use rdu_crds::failure_policy::LostReason;
 use rdu_crds::policy::{GangNow, HangCheck, ProgressWatch, check_hang};
 
 use super::Step;
@@ -57,15 +58,7 @@ impl Step<'_> {
             // The generation stops now: no window until the next one runs (`last_progress` stays cleared).
             HangCheck::Hung(hang) => {
                 let pod = self.current_rank(0)?;
-                let culprit = hang.culprit();
-                let mut hung = RankFailure::new(
-                    culprit.rank,
-                    culprit.exit,
-                    &culprit.reason,
-                    &culprit.reason,
-                    culprit.cause,
-                    pod.node.clone(),
-                );
+                let mut hung = RankFailure::lost(0, LostReason::Hung, None, pod.node.clone());
                 hung.message = hang.message();
                 Some(hung)
             }

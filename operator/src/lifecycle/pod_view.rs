@@ -5,6 +5,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use rdu_crds::PodConditionMatcher;
 use rdu_crds::consts::{self, WORKER_CONTAINER};
+use rdu_crds::failure_policy::LostReason;
 use rdu_crds::policy::RankExit;
 
 use super::blocked::{self, Blocked};
@@ -69,11 +70,12 @@ impl PodView {
             .and_then(|s| s.terminated.as_ref());
         let ready = worker.is_some_and(|c| c.ready);
         let finished = terminated.and_then(|t| t.finished_at.as_ref()).map(|t| t.0);
-        let state = if pod_reason.as_deref() == Some("NodeLost") {
+        let node_lost = LostReason::NodeLost.as_str();
+        let state = if pod_reason.as_deref() == Some(node_lost) {
             PodState::Failed(Failure {
                 exit: RankExit::Lost,
-                kind: "NodeLost".into(),
-                reason: "NodeLost".into(),
+                kind: node_lost.into(),
+                reason: node_lost.into(),
                 finished,
                 container_reason: terminated.and_then(|t| t.reason.clone()),
             })

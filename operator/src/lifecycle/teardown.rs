@@ -11,6 +11,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use rdu_crds::consts::exit_code;
+use rdu_crds::failure_policy::LostReason;
 use rdu_crds::policy::{self, Culprit, FailureReason, RankExit, Restarts, Ruling, Verdict};
 use rdu_crds::{EndCause, GenerationEnd, JobPhase, PodConditionMatcher, RankStatus, RuleSource};
 
@@ -65,6 +66,22 @@ impl RankFailure {
             container_reason: None,
             pod_conditions: Vec::new(),
         }
+    }
+
+    /// A rank gone without an exit code, for `reason`; `detail` says more (the node's loss…).
+    pub fn lost(rank: u32, reason: LostReason, detail: Option<&str>, node: Option<String>) -> Self {
+        let text = match detail {
+            Some(detail) => format!("{}: {detail}", reason.as_str()),
+            None => reason.as_str().to_string(),
+        };
+        Self::new(
+            rank,
+            RankExit::Lost,
+            reason.as_str(),
+            &text,
+            reason.cause(),
+            node,
+        )
     }
 
     /// With what `pod` says of the end: its container's reason and its true conditions.
@@ -182,36 +199,17 @@ impl Step<'_> {
                     }
                     let node = seen.node.clone();
                     return Some(match self.lost(seen.node.as_deref()) {
-                        Some(loss) => RankFailure::new(
-                            rank,
-                            RankExit::Lost,
-                            "NodeLost",
-                            &format!("NodeLost: {loss}"),
-                            EndCause::Disruption,
-                            node,
-                        ),
-                        None => RankFailure::new(
-                            rank,
-                            RankExit::Lost,
-                            "PodVanished",
-                            "PodVanished",
-                            EndCause::Failure,
-                            node,
-                        ),
+                        Some(loss) => {
+                            RankFailure::lost(rank, LostReason::NodeLost, Some(&loss), node)
+                        }
+                        None => RankFailure::lost(rank, LostReason::PodVanished, None, node),
                     });
                 };
                 let node = pod.node.clone();
                 if let Some(loss) = self.lost(pod.node.as_deref()) {
                     return Some(
-                        RankFailure::new(
-                            rank,
-                            RankExit::Lost,
-                            "NodeLost",
-                            &format!("NodeLost: {loss}"),
-                            EndCause::Disruption,
-                            node,
-                        )
-                        .seen_on(pod),
+                        RankFailure::lost(rank, LostReason::NodeLost, Some(&loss), node)
+                            .seen_on(pod),
                     );
                 }
                 if let Some(kind) = &pod.disruption {
@@ -243,18 +241,17 @@ impl Step<'_> {
                         && f.exit == RankExit::Code(exit_code::SIGNAL_BASE + SIGTERM);
                     if deleted {
                         return Some(
-                            RankFailure::new(
+                            RankFailure::lost(
                                 rank,
-                                RankExit::Lost,
-                                "PodDeleted",
-                                "PodDeleted: it stopped on SIGTERM",
-                                EndCause::Failure,
+                                LostReason::PodDeleted,
+                                Some("it stopped on SIGTERM"),
                                 node,
                             )
                             .seen_on(pod),
                         );
                     }
-                    let cause = if f.kind == "NodeLost" || rejected_by_kubelet(f.exit, &f.kind) {
+                    let node_lost = LostReason::of(&f.kind) == Some(LostReason::NodeLost);
+                    let cause = if node_lost || rejected_by_kubelet(f.exit, &f.kind) {
                         EndCause::Disruption
                     } else {
                         EndCause::Failure
@@ -265,17 +262,7 @@ impl Step<'_> {
                     );
                 }
                 (pod.terminating && stopping_since.is_none() && seen_before(rank).is_some()).then(
-                    || {
-                        RankFailure::new(
-                            rank,
-                            RankExit::Lost,
-                            "PodDeleted",
-                            "PodDeleted",
-                            EndCause::Failure,
-                            node,
-                        )
-                        .seen_on(pod)
-                    },
+                    || RankFailure::lost(rank, LostReason::PodDeleted, None, node).seen_on(pod),
                 )
             })
             .collect()
