@@ -223,3 +223,45 @@ fn ready(port: u16) -> std::io::Result<()> {
         ))
     }
 }
+
+/// Job `name`'s Workload in `namespace` (the one labelled with the job's UID), as JSON.
+pub async fn workload_of(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> Result<serde_json::Value, String> {
+    use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
+    let job = Api::<rdu_crds::RduJob>::namespaced(client.clone(), namespace)
+        .get(name)
+        .await
+        .map_err(|e| format!("get rdujob {name}: {e}"))?;
+    let uid = job.metadata.uid.unwrap_or_default();
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("kueue.x-k8s.io", "v1beta2", "Workload"),
+        "workloads",
+    );
+    let list = Api::<DynamicObject>::namespaced_with(client.clone(), namespace, &resource)
+        .list(&ListParams::default().labels(&format!("kueue.x-k8s.io/job-uid={uid}")))
+        .await
+        .map_err(|e| e.to_string())?;
+    match &list.items[..] {
+        [one] => serde_json::to_value(one).map_err(|e| e.to_string()),
+        other => Err(format!("{} Workloads of {name}", other.len())),
+    }
+}
+
+/// Condition `type_` of a Workload (JSON), if it has one.
+pub fn condition<'a>(
+    workload: &'a serde_json::Value,
+    type_: &str,
+) -> Option<&'a serde_json::Value> {
+    workload["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+}
+
+/// Whether condition `type_` of a Workload has status `status` (`"True"`, `"False"`).
+pub fn condition_is(workload: &serde_json::Value, type_: &str, status: &str) -> bool {
+    condition(workload, type_).is_some_and(|c| c["status"] == status)
+}

@@ -118,17 +118,7 @@ impl Bed {
 
     /// Job `name`'s Workload (the one its UID labels).
     async fn workload_of(&self, name: &str) -> Result<Value, String> {
-        let job = self.jobs.get(name).await.map_err(|e| e.to_string())?;
-        let uid = job.metadata.uid.unwrap_or_default();
-        let list = self
-            .workloads
-            .list(&ListParams::default().labels(&format!("kueue.x-k8s.io/job-uid={uid}")))
-            .await
-            .map_err(|e| e.to_string())?;
-        match &list.items[..] {
-            [one] => serde_json::to_value(one).map_err(|e| e.to_string()),
-            other => Err(format!("{} Workloads of {name}", other.len())),
-        }
+        kueue::workload_of(&self.workloads.clone().into_client(), JOBS, name).await
     }
 
     async fn wait<T>(&self, what: &str, check: impl AsyncFnMut() -> Result<T, String>) -> T {
@@ -203,17 +193,6 @@ async fn report(pods: &Api<Pod>, pod: &Pod, code: Option<i32>) {
     }
 }
 
-fn condition<'a>(workload: &'a Value, type_: &str) -> Option<&'a Value> {
-    workload["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == type_)
-}
-
-fn is_true(workload: &Value, type_: &str) -> bool {
-    condition(workload, type_).is_some_and(|c| c["status"] == "True")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the control-plane binaries and Kueue's manager: bash e2e/kueue/run.sh"]
 async fn queued_jobs_wait_for_admission_and_survive_preemption() {
@@ -284,8 +263,10 @@ async fn queued_jobs_wait_for_admission_and_survive_preemption() {
     assert_eq!(low_workload["spec"]["priority"], 10);
     assert_eq!(low_workload["spec"]["podSets"][0]["count"], 4);
     bed.wait_phase("low", "Running").await;
-    bed.wait_workload("low", "PodsReady", |w| is_true(w, "PodsReady"))
-        .await;
+    bed.wait_workload("low", "PodsReady", |w| {
+        kueue::condition_is(w, "PodsReady", "True")
+    })
+    .await;
 
     // 2. No quota left: a second job waits whole, with no pod, and says why.
     kubectl(
@@ -295,7 +276,7 @@ async fn queued_jobs_wait_for_admission_and_survive_preemption() {
     )
     .expect("waiting");
     bed.wait_workload("waiting", "pending in Kueue", |w| {
-        condition(w, "QuotaReserved").is_some_and(|c| c["status"] == "False")
+        kueue::condition_is(w, "QuotaReserved", "False")
     })
     .await;
     let status = bed.wait_phase("waiting", "Suspended").await;
@@ -330,8 +311,8 @@ async fn queued_jobs_wait_for_admission_and_survive_preemption() {
     )
     .expect("urgent");
     bed.wait_workload("low", "evicted, its quota released", |w| {
-        let released = condition(w, "QuotaReserved").is_some_and(|c| c["status"] == "False");
-        released && is_true(w, "Evicted")
+        let released = kueue::condition_is(w, "QuotaReserved", "False");
+        released && kueue::condition_is(w, "Evicted", "True")
     })
     .await;
     summary.insert(
@@ -356,8 +337,10 @@ async fn queued_jobs_wait_for_admission_and_survive_preemption() {
     //    generation, its eviction still not counted.
     bed.run_pods("urgent", 4, Some(0)).await;
     bed.wait_phase("urgent", "Succeeded").await;
-    bed.wait_workload("urgent", "Finished", |w| is_true(w, "Finished"))
-        .await;
+    bed.wait_workload("urgent", "Finished", |w| {
+        kueue::condition_is(w, "Finished", "True")
+    })
+    .await;
     let readmitted = Instant::now();
     let mut done = Vec::new();
     bed.wait("waiting and low to run and succeed", async || {
@@ -393,8 +376,10 @@ async fn queued_jobs_wait_for_admission_and_survive_preemption() {
         "{low}"
     );
     bed.wait_phase("waiting", "Succeeded").await;
-    bed.wait_workload("low", "Finished", |w| is_true(w, "Finished"))
-        .await;
+    bed.wait_workload("low", "Finished", |w| {
+        kueue::condition_is(w, "Finished", "True")
+    })
+    .await;
 
     // 5. A gang that never gets ready: Kueue evicts it after waitForPodsReady's timeout (the operator's
     //    PodsReady stays False), the operator stops it and releases the quota, Kueue requeues it; no failure is
@@ -448,8 +433,10 @@ async fn queued_jobs_wait_for_admission_and_survive_preemption() {
     .expect("restarts");
     let first = bed.run_pods("restarts", 2, None).await;
     bed.wait_phase("restarts", "Running").await;
-    bed.wait_workload("restarts", "PodsReady", |w| is_true(w, "PodsReady"))
-        .await;
+    bed.wait_workload("restarts", "PodsReady", |w| {
+        kueue::condition_is(w, "PodsReady", "True")
+    })
+    .await;
     let admission =
         bed.workload_of("restarts").await.expect("workload")["status"]["admission"].clone();
     report(&bed.pods, &first[1], Some(75)).await;
@@ -459,9 +446,9 @@ async fn queued_jobs_wait_for_admission_and_survive_preemption() {
             async || {
                 let w = bed.workload_of("restarts").await?;
                 assert!(
-                    is_true(&w, "QuotaReserved")
-                        && is_true(&w, "Admitted")
-                        && !is_true(&w, "Evicted"),
+                    kueue::condition_is(&w, "QuotaReserved", "True")
+                        && kueue::condition_is(&w, "Admitted", "True")
+                        && !kueue::condition_is(&w, "Evicted", "True"),
                     "a gang restart lost the quota: {}",
                     w["status"]
                 );
@@ -488,7 +475,7 @@ async fn queued_jobs_wait_for_admission_and_survive_preemption() {
     join_all(second.iter().map(|p| report(&bed.pods, p, None))).await;
     // Kueue's reason `Recovered` says PodsReady was False while the gang restarted (WaitForRecovery).
     bed.wait_workload("restarts", "PodsReady again (Recovered)", |w| {
-        condition(w, "PodsReady")
+        kueue::condition(w, "PodsReady")
             .is_some_and(|c| c["status"] == "True" && c["reason"] == "Recovered")
     })
     .await;
@@ -517,8 +504,10 @@ async fn queued_jobs_wait_for_admission_and_survive_preemption() {
     .expect("victim");
     let held = bed.run_pods("victim", 4, None).await;
     bed.wait_phase("victim", "Running").await;
-    bed.wait_workload("victim", "PodsReady", |w| is_true(w, "PodsReady"))
-        .await;
+    bed.wait_workload("victim", "PodsReady", |w| {
+        kueue::condition_is(w, "PodsReady", "True")
+    })
+    .await;
     let hold = |finalizers: Value| json!({"metadata": {"finalizers": finalizers}});
     for pod in &held {
         bed.pods
@@ -548,7 +537,7 @@ async fn queued_jobs_wait_for_admission_and_survive_preemption() {
             .iter()
             .filter(|p| p.metadata.deletion_timestamp.is_some())
             .count();
-        if is_true(&w, "Evicted") && stopping == 4 {
+        if kueue::condition_is(&w, "Evicted", "True") && stopping == 4 {
             Ok(())
         } else {
             Err(format!(
@@ -586,7 +575,7 @@ async fn queued_jobs_wait_for_admission_and_survive_preemption() {
     .await;
     let w = bed.workload_of("victim").await.expect("workload");
     assert!(
-        is_true(&w, "QuotaReserved"),
+        kueue::condition_is(&w, "QuotaReserved", "True"),
         "the quota was released with no operator running: {}",
         w["status"]
     );
@@ -599,7 +588,7 @@ async fn queued_jobs_wait_for_admission_and_survive_preemption() {
     .expect("the operator starts again");
     let back = Instant::now();
     bed.wait_workload("victim", "quota released", |w| {
-        condition(w, "QuotaReserved").is_some_and(|c| c["status"] == "False")
+        kueue::condition_is(w, "QuotaReserved", "False")
     })
     .await;
     summary.insert(

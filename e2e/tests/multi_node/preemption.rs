@@ -9,6 +9,7 @@ use std::time::Instant;
 use futures::{AsyncBufReadExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, LogParams};
+use rdu_e2e::kueue;
 use rdu_e2e::logs::field_of;
 use serde_json::{Value, json};
 
@@ -61,19 +62,6 @@ fn queued(mut job: Value, priority: &str) -> Value {
     job
 }
 
-/// Whether condition `type_` of a Workload is True.
-fn is_true(workload: &Value, type_: &str) -> bool {
-    condition_status(workload, type_) == Some("True")
-}
-
-fn condition_status<'a>(workload: &'a Value, type_: &str) -> Option<&'a str> {
-    workload["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == type_)?["status"]
-        .as_str()
-}
-
 /// The step in rank 0's last words when it stopped on SIGTERM: the step it checkpointed on the way out, or the
 /// one already checkpointed.
 fn stopped_at(log: &[String]) -> Option<u64> {
@@ -88,31 +76,9 @@ fn stopped_at(log: &[String]) -> Option<u64> {
 }
 
 impl Faults {
-    /// Job `name`'s Workload in `default` (the one its UID labels).
+    /// Job `name`'s Workload in `default`.
     async fn workload_of(&self, name: &str) -> Result<Value, String> {
-        let job = self.bed.job(name).await?;
-        let uid = job["metadata"]["uid"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        let list: Value = serde_json::from_str(&self.bed.kubectl(&[
-            "get",
-            "workloads.kueue.x-k8s.io",
-            "-n",
-            "default",
-            "-l",
-            &format!("kueue.x-k8s.io/job-uid={uid}"),
-            "-o",
-            "json",
-        ]))
-        .map_err(|e| e.to_string())?;
-        match list["items"].as_array().map(Vec::as_slice) {
-            Some([one]) => Ok(one.clone()),
-            other => Err(format!(
-                "{} Workloads of {name}",
-                other.map_or(0, <[_]>::len)
-            )),
-        }
+        kueue::workload_of(&self.bed.client, "default", name).await
     }
 
     /// Follows pod `pod`'s log until its container ends; the lines.
@@ -147,7 +113,7 @@ impl Faults {
             .bed
             .wait("the queued job admitted", LONG, async || {
                 let w = self.workload_of(name).await?;
-                if is_true(&w, "Admitted") {
+                if kueue::condition_is(&w, "Admitted", "True") {
                     Ok(Instant::now())
                 } else {
                     Err(w["status"].to_string())
@@ -174,8 +140,8 @@ impl Faults {
                 LONG,
                 async || {
                     let w = self.workload_of(name).await?;
-                    if is_true(&w, "Evicted")
-                        && condition_status(&w, "QuotaReserved") == Some("False")
+                    if kueue::condition_is(&w, "Evicted", "True")
+                        && kueue::condition_is(&w, "QuotaReserved", "False")
                     {
                         Ok(())
                     } else {
@@ -216,7 +182,11 @@ impl Faults {
             "{status}"
         );
         let finished = self.workload_of(name).await.expect("workload");
-        assert!(is_true(&finished, "Finished"), "{}", finished["status"]);
+        assert!(
+            kueue::condition_is(&finished, "Finished", "True"),
+            "{}",
+            finished["status"]
+        );
         for job in [name, preemptor] {
             self.bed
                 .kubectl(&["delete", "rdujob", job, "-n", "default", "--wait=true"]);
