@@ -19,6 +19,9 @@ const BENCH_OUT_ENV: &str = "RDU_NODE_BENCH_OUT";
 const LONG: Duration = Duration::from_secs(300);
 /// The hang test's `progressDeadlineSeconds` (the least the API accepts).
 const PROGRESS_DEADLINE: u64 = 20;
+/// How much earlier than `PROGRESS_DEADLINE` after the last advance this test accepts the restart: the
+/// operator's whole seconds (under 1 s) and this test's poll (250 ms) and request.
+const HANG_EARLY_TOLERANCE: f64 = 2.0;
 /// Steps of generation 0 before its ranks hang.
 const HANG_AT_STEP: u64 = 60;
 
@@ -194,9 +197,11 @@ async fn hung_gang_restarts_within_the_deadline(bed: &Testbed) -> f64 {
         seconds <= (PROGRESS_DEADLINE + 10) as f64,
         "restarted {seconds:.1} s after the step last advanced (deadline {PROGRESS_DEADLINE} s)"
     );
+    // The operator keeps whole seconds (its mark's time is stored in status), so it may judge up to 1 s early;
+    // this test sees a new step up to one poll late. Anything earlier is a restart before the deadline.
     assert!(
-        seconds >= (PROGRESS_DEADLINE as f64) - 6.0,
-        "restarted {seconds:.1} s after the step last advanced: before the deadline"
+        seconds >= (PROGRESS_DEADLINE as f64) - HANG_EARLY_TOLERANCE,
+        "restarted {seconds:.1} s after the step last advanced: before the deadline ({PROGRESS_DEADLINE} s)"
     );
     let job = bed.wait_phase(name, "Succeeded", LONG).await;
     let end = job["status"]["history"][0].clone();

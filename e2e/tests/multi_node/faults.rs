@@ -265,6 +265,10 @@ impl Faults {
         let after = self.bed.job(name).await.expect("job")["status"]["restarts"].clone();
         let gang_restarts =
             after.as_u64().unwrap_or_default() - before.as_u64().unwrap_or_default();
+        assert_eq!(
+            gang_restarts, 0,
+            "a kubelet restart restarted the gang of {name} (status.restarts {before} -> {after})"
+        );
         out.insert("kubelet_restart_gang_restarts".into(), json!(gang_restarts));
 
         // Drain rank 0's node.
@@ -464,14 +468,16 @@ impl Faults {
         self.bed.set_link(index, true);
         let healed = Instant::now();
         // The old rank 0 learns its peers are gone (or is stopped by its kubelet) and tries to checkpoint.
+        // Only the old rank 0's own log: its pod's directory is `<namespace>_<pod>_<uid>`.
         let zombie_log = self.bed.node(index).pod_logs().to_path_buf();
+        let zombie_pod = format!("default_{name}-worker-0_");
         let refused = self
             .bed
             .wait(
                 "the old rank 0 to try a checkpoint and be refused",
                 LONG,
                 async || {
-                    let refused = count_in_logs(&zombie_log, "checkpoint refused");
+                    let refused = count_in_pod_logs(&zombie_log, &zombie_pod, "checkpoint refused");
                     if refused > 0 {
                         Ok(refused)
                     } else {
@@ -518,6 +524,19 @@ fn log_time(line: &str) -> Option<SystemTime> {
 fn rfc3339(text: &str) -> Option<SystemTime> {
     let at: jiff::Timestamp = text.parse().ok()?;
     Some(SystemTime::from(at))
+}
+
+/// How many lines of the logs of the pods whose directory below `dir` (a node's `/var/log/pods`) starts with
+/// `pod_prefix` contain `needle`.
+fn count_in_pod_logs(dir: &std::path::Path, pod_prefix: &str, needle: &str) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(pod_prefix))
+        .map(|e| count_in_logs(&e.path(), needle))
+        .sum()
 }
 
 /// How many lines of the files below `dir` contain `needle`.
