@@ -57,7 +57,7 @@ pub struct RduJobSpec {
     pub data: DataSpec,
     /// Epochs or steps, batch size, optimizer.
     pub training: TrainingSpec,
-    /// What the ranks run, as the seeds' commands: `train` (`run`, the default), `measurePerformance`
+    /// What the ranks run, as SambaNova's tutorial commands: `train` (`run`, the default), `measurePerformance`
     /// (`measure-performance`: `training.warmupSteps` untimed steps, then `training.steps` (default 50) timed ones;
     /// throughput and step latency, no model result), `inference` (`run --inference`: forward only over the
     /// test split with the parameters of the newest checkpoint in `spec.checkpoint`'s storage), or
@@ -133,7 +133,7 @@ pub struct ModelSpec {
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
 pub enum ModelName {
-    /// Hidden ReLU layers, then softmax regression (the seeds' MNIST tutorial model).
+    /// Hidden ReLU layers, then softmax regression (SambaNova's MNIST tutorial model).
     #[serde(rename = "ffn-logreg")]
     FfnLogreg,
 }
@@ -253,7 +253,7 @@ pub struct TrainingSpec {
     /// (default 5).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warmup_steps: Option<u32>,
-    /// Samples per second (whole job) below which the run fails, as the seeds' `--min-throughput`: the job ends
+    /// Samples per second (whole job) below which the run fails, as SambaNova's `--min-throughput`: the job ends
     /// Failed with a message naming the measured and the required throughput.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self > 0.0").message("spec.training.minThroughput must be greater than 0 (samples per second)"))]
@@ -266,12 +266,12 @@ pub struct TrainingSpec {
 )]
 #[serde(rename_all = "camelCase")]
 pub enum RunMode {
-    /// Train and evaluate on the test split (the seeds' `run`).
+    /// Train and evaluate on the test split (SambaNova's `run`).
     #[default]
     Train,
-    /// Timed training steps after a warm-up: throughput and step latency (the seeds' `measure-performance`).
+    /// Timed training steps after a warm-up: throughput and step latency (SambaNova's `measure-performance`).
     MeasurePerformance,
-    /// Forward passes over the test split from the newest checkpoint (the seeds' `run --inference`).
+    /// Forward passes over the test split from the newest checkpoint (SambaNova's `run --inference`).
     Inference,
     /// Timed all-reduces of each size of `spec.allReduceBenchmark` across the job's ranks (nccl-tests'
     /// all_reduce_perf): median time, algorithm and bus bandwidth per size.
