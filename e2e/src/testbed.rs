@@ -497,25 +497,30 @@ impl Testbed {
     }
 
     /// The packets kube-proxy's `KUBE-FORWARD` chain dropped as conntrack-INVALID on node `index` (connections
-    /// the node's conntrack lost track of), if the chain is there.
+    /// the node's conntrack lost track of), if the chain is there. kube-proxy's image writes through nftables
+    /// while the node's own `iptables` may be the legacy one, so `iptables-nft` is asked first.
     pub fn invalid_forward_drops(&self, index: u8) -> Option<u64> {
-        let listing = self
-            .kind
-            .exec(
-                &self.node(index).name,
-                &[
-                    "iptables",
-                    "-t",
-                    "filter",
-                    "-L",
-                    "KUBE-FORWARD",
-                    "-v",
-                    "-n",
-                    "-x",
-                ],
-            )
-            .ok()?;
-        invalid_drops_in(&listing)
+        ["iptables-nft", "iptables"]
+            .into_iter()
+            .find_map(|iptables| {
+                let listing = self
+                    .kind
+                    .exec(
+                        &self.node(index).name,
+                        &[
+                            iptables,
+                            "-t",
+                            "filter",
+                            "-L",
+                            "KUBE-FORWARD",
+                            "-v",
+                            "-n",
+                            "-x",
+                        ],
+                    )
+                    .ok()?;
+                invalid_drops_in(&listing)
+            })
     }
 }
 
