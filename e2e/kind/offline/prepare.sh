@@ -8,7 +8,7 @@
 # that carry their inputs' versions, so a second run takes seconds. Needs root, podman, mmdebstrap and Debian's
 # runc and CNI plugins on the host (.ci/run installs them). Env: RDU_KIND_SUITE (Debian suite, bookworm).
 #
-# Why each piece (DESIGN 7, rung 4):
+# Why each piece (DESIGN 7, rung 6):
 # - podman's default rlimits cannot be set without CAP_SYS_RESOURCE: containers.conf beside this script.
 # - `kind build node-image` pulls (docker, `ctr content fetch`), so the node image is assembled as kind assembles
 #   its own: kind's base layout (systemd units, containerd config, entrypoint, from the kind module), containerd
