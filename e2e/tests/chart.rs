@@ -926,3 +926,51 @@ fn the_job_size_limit_is_a_chart_value() {
         ["--max-workers-per-job=4096"]
     );
 }
+
+#[test]
+#[ignore = "needs the control-plane binaries: bash e2e/control-plane/run.sh"]
+fn the_pod_policy_is_chart_values_the_operator_and_the_admission_policy_share() {
+    kit::require_assets("chart podPolicy");
+    let policy_args = |extra: &[&str]| {
+        operator_args(extra)
+            .into_iter()
+            .filter(|a| a.starts_with("--pod-policy-"))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(policy_args(&[]), Vec::<String>::new(), "strict by default");
+    assert_eq!(
+        policy_args(&[
+            "--set",
+            "podPolicy.allow.hostPath=true",
+            "--set",
+            "podPolicy.allow.secrets=true",
+            "--set",
+            "podPolicy.serviceAccounts={trainer,default}",
+            "--set",
+            "podPolicy.runtimeClasses={kata}",
+        ]),
+        [
+            "--pod-policy-allow=hostPath,secrets",
+            "--pod-policy-service-accounts=trainer,default",
+            "--pod-policy-runtime-classes=kata",
+        ]
+    );
+    let kinds = |extra: &[&str]| -> Vec<String> {
+        documents(&helm_template("rdu", NAMESPACE, extra).expect("helm template"))
+            .iter()
+            .filter(|d| d["metadata"]["name"].as_str() == Some("rdu-rdu-operator-pod-policy"))
+            .filter_map(|d| d["kind"].as_str().map(str::to_string))
+            .collect()
+    };
+    assert_eq!(
+        kinds(&[]),
+        [
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding"
+        ]
+    );
+    assert_eq!(
+        kinds(&["--set", "podPolicy.admission=false"]),
+        Vec::<String>::new()
+    );
+}

@@ -3,6 +3,7 @@
 //! with `--progress-url`, creates every pod of a plain job and of one with a checkpoint claim and TensorBoard in a
 //! namespace labelled `pod-security.kubernetes.io/enforce: restricted`; a job whose template states
 //! `runAsNonRoot: false` keeps it, and the API server refuses its pods (so the level is enforced in this test).
+//! The admin's pod policy (tests/admin_safety.rs) would refuse that template first: here it allows privilege.
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
@@ -24,7 +25,8 @@ fn job(name: &str) -> JobFixture {
 async fn default_jobs_are_admitted_under_the_restricted_pod_security_level() {
     let (plane, _) = kit::plane("pod security")
         .namespaces(&[RESTRICTED])
-        .operator_flags(&[&progress_url_flag()])
+        .chart_values(&["--set", "podPolicy.allow.privileged=true"])
+        .operator_flags(&[&progress_url_flag(), "--pod-policy-allow=privileged"])
         .start_operator()
         .await;
     // Labelled before any job is applied: every pod the operator makes here meets the enforced level.

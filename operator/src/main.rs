@@ -28,6 +28,7 @@ use rdu_operator::progress::review::ApiTokenReviewer;
 use rdu_operator::progress::writer::write_progress;
 use rdu_operator::serve::{HEALTH_LIMITS, PROGRESS_LIMITS, serve};
 use rdu_operator::validate::DEFAULT_MAX_WORKERS_PER_JOB;
+use rdu_operator::validate::{Exception, PodPolicy};
 use rdu_operator::{Context, FIELD_MANAGER, Limits, error_policy, reconcile};
 use tracing::{error, info, warn};
 
@@ -87,6 +88,17 @@ struct Args {
     #[arg(long, env = "RDU_MAX_WORKERS_PER_JOB", default_value_t = DEFAULT_MAX_WORKERS_PER_JOB,
           value_parser = clap::value_parser!(u32).range(1..=i64::from(rdu_crds::consts::MAX_WORKERS)))]
     max_workers_per_job: u32,
+    /// What `spec.template` may give rank pods beyond Pod Security `restricted`, no node, the namespace's default
+    /// ServiceAccount without a token, no Secret (comma-separated; chart values `podPolicy.allow.*`). A job whose
+    /// template asks for more fails with a message naming the field and the value that allows it.
+    #[arg(long, env = "RDU_POD_POLICY_ALLOW", value_delimiter = ',')]
+    pod_policy_allow: Vec<Exception>,
+    /// ServiceAccounts rank pods may run as, with their token (chart value `podPolicy.serviceAccounts`).
+    #[arg(long, env = "RDU_POD_POLICY_SERVICE_ACCOUNTS", value_delimiter = ',')]
+    pod_policy_service_accounts: Vec<String>,
+    /// Runtime classes rank pods may name (chart value `podPolicy.runtimeClasses`).
+    #[arg(long, env = "RDU_POD_POLICY_RUNTIME_CLASSES", value_delimiter = ',')]
+    pod_policy_runtime_classes: Vec<String>,
 }
 
 #[tokio::main]
@@ -170,6 +182,11 @@ async fn main() -> anyhow::Result<()> {
         progress_url: args.progress_url.clone(),
         limits: Limits {
             max_workers_per_job: args.max_workers_per_job,
+            pod_policy: PodPolicy {
+                allow: args.pod_policy_allow.iter().copied().collect(),
+                service_accounts: args.pod_policy_service_accounts.clone(),
+                runtime_classes: args.pod_policy_runtime_classes.clone(),
+            },
         },
     });
     let (jobs, pods, services) = match &args.namespace {

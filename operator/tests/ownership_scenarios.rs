@@ -243,6 +243,7 @@ async fn a_job_above_the_operators_limit_fails_naming_the_field_the_value_and_th
         progress_url: None,
         limits: Limits {
             max_workers_per_job: 4,
+            ..Limits::default()
         },
     });
     sync_cache(&fake, &h);

@@ -3,7 +3,8 @@
 //! seccomp profile, and in every container no privilege escalation, every capability dropped and a read-only
 //! root filesystem (the worker writes only to mounted volumes and `/dev/termination-log`; its shared-memory rings
 //! are anonymous memory, no file).
-//! `spec.template` may loosen any of these by stating the field: a stated field is kept as it is.
+//! `spec.template` may loosen any of these by stating the field where the cluster admin's pod policy allows it
+//! (`validate::pod_policy`, checked before any builder runs): a stated field is kept as it is.
 
 use k8s_openapi::api::core::v1::{Container, PodSpec, SeccompProfile};
 

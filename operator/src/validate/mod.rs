@@ -12,23 +12,30 @@ use rdu_crds::consts::{MAX_WORKERS, WORKER_CONTAINER};
 use rdu_crds::validation::Checks;
 use rdu_crds::{FieldError, RankEnv, RduJob, job_namespace};
 
+mod pod_policy;
 mod settings;
+pub use pod_policy::{
+    Exception, Guard, PodPolicy, RULES as POD_POLICY_RULES, Rule, admission_policy_yaml,
+};
 pub use settings::{Checkpointing, Gang, Scheduling, TensorBoardLog};
 
 /// The operator's default of `--max-workers-per-job`.
 pub const DEFAULT_MAX_WORKERS_PER_JOB: u32 = 1024;
 
 /// What this operator runs at most, beside the API's own rules (its flags).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Limits {
     /// The largest `spec.workers` this operator runs (`--max-workers-per-job`, at most [`MAX_WORKERS`]).
     pub max_workers_per_job: u32,
+    /// What `spec.template` may give a rank pod (`--pod-policy-*`).
+    pub pod_policy: PodPolicy,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_workers_per_job: DEFAULT_MAX_WORKERS_PER_JOB,
+            pod_policy: PodPolicy::default(),
         }
     }
 }
@@ -121,6 +128,7 @@ pub fn validate<'a>(job: &'a RduJob, limits: &Limits) -> Result<ValidJob<'a>, Va
             limits.max_workers_per_job
         )
     });
+    pod_policy::check_template(&mut cluster, job.spec.template.as_ref(), &limits.pod_policy);
     let mut errors = rdu_crds::validate_job(job).err().unwrap_or_default();
     errors.extend(cluster.finish().err().unwrap_or_default());
     match (owner, image, job.metadata.name.as_deref()) {
@@ -239,6 +247,7 @@ mod tests {
     fn the_operators_limit_names_the_field_the_value_and_the_limit() {
         let limits = Limits {
             max_workers_per_job: 8,
+            ..Limits::default()
         };
         assert!(
             validate(&job("mnist", None, 8), &limits).is_ok(),
@@ -269,5 +278,25 @@ mod tests {
             DEFAULT_MAX_WORKERS_PER_JOB,
             Limits::default().max_workers_per_job
         );
+    }
+
+    #[test]
+    fn a_template_beyond_the_pod_policy_fails_validation_unless_the_operator_allows_it() {
+        let mut j = job("mnist", None, 2);
+        j.spec.template = Some(
+            serde_json::from_value(serde_json::json!({
+                "spec": {"hostNetwork": true, "containers": []}
+            }))
+            .expect("template"),
+        );
+        assert_eq!(fields(&j), ["spec.template.spec.hostNetwork"]);
+        let open = Limits {
+            pod_policy: PodPolicy {
+                allow: [Exception::HostNamespaces].into(),
+                ..PodPolicy::default()
+            },
+            ..Limits::default()
+        };
+        assert!(validate(&j, &open).is_ok());
     }
 }
