@@ -6,14 +6,20 @@
 //! - With it on, `kubectl apply` as that user is refused with the same message, rule by rule.
 //! - A template within the policy is admitted and its pods are made; a chart value lifts its rule at the API.
 //!
+//! And no tenant can fill the operator's memory (item 2): 100 pods of 1 MiB each, labelled like another tenant's
+//! job, leave the operator's peak RSS under a bound while that job runs to Succeeded.
+//!
 //! Prints `{"bench":"admin_safety","refused":{…},"rules":…}`: refusals at the API per kind of privilege.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::Api;
+use kube::api::{Api, PostParams};
 use rdu_crds::RduJob;
-use rdu_e2e::kit::{self, JobFixture, TIMEOUT, pods_of, wait_pods, wait_status};
+use rdu_e2e::kit::{
+    self, JobFixture, TIMEOUT, pods_of, report_running, report_terminated, wait_phase, wait_pods,
+    wait_status,
+};
 use rdu_e2e::{CHART_RELEASE, ControlPlane, SYSTEM_NAMESPACE, helm_template, kubectl, poll_until};
 use rdu_operator::validate::{Exception, Guard, POD_POLICY_RULES, Rule};
 use serde_json::{Value, json};
@@ -196,5 +202,104 @@ async fn a_tenant_gets_no_pod_beyond_the_admins_pod_policy() {
     println!(
         "{}",
         json!({"bench": "admin_safety", "refused": refused, "rules": POD_POLICY_RULES.len()})
+    );
+}
+
+/// Look-alike pods the attacker makes, and the env each carries: 100 MiB in all.
+const ATTACK_PODS: usize = 100;
+const ATTACK_ENV_BYTES: usize = 1 << 20;
+/// The operator's memory limit in the chart (`operator.resources.limits.memory`).
+const OPERATOR_LIMIT_MIB: u64 = 256;
+/// The operator's peak resident memory (VmHWM, debug build) through the attack and a 2-rank job's whole life. It
+/// idles near 20 MiB (tests/tenancy.rs); a cache that kept the attacker's pods would hold their 100 MiB of env.
+const CACHE_ATTACK_BOUND_MIB: u64 = 64;
+const VICTIM: &str = "victims";
+
+/// `VmHWM` (the peak resident memory) of a process, in MiB.
+fn peak_rss_mib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no VmHWM in {status}"));
+    kib / 1024
+}
+
+#[tokio::test]
+#[ignore = "needs the control-plane binaries: bash e2e/control-plane/run.sh"]
+async fn a_tenants_large_look_alike_pods_cost_the_operator_no_memory_and_other_jobs_finish() {
+    let (plane, addrs) = kit::plane("admin safety: cache attack")
+        .namespaces(&[TENANT, VICTIM])
+        .start_operator()
+        .await;
+    let client = plane.admin_client().await.expect("client");
+    let jobs: Api<RduJob> = Api::namespaced(client.clone(), VICTIM);
+    let victim_pods: Api<Pod> = Api::namespaced(client.clone(), VICTIM);
+    let attack_pods: Api<Pod> = Api::namespaced(client, TENANT);
+
+    // Another tenant's job starts.
+    kit::apply(
+        &plane,
+        &JobFixture::new(VICTIM, "victim").workers(2).manifest(),
+    )
+    .expect("victim");
+    let ranks = wait_pods(&plane, &victim_pods, "victim", 2, 0).await;
+    let names: Vec<String> = ranks
+        .iter()
+        .filter_map(|p| p.metadata.name.clone())
+        .collect();
+    for name in &names {
+        report_running(&victim_pods, name).await;
+    }
+    wait_phase(&plane, &jobs, "victim", "Running").await;
+
+    // The attack, as anyone who may create pods in their own namespace: pods labelled like the victim's, each
+    // with 1 MiB of env, which a label-selected cache of whole pods would keep.
+    let big = "x".repeat(ATTACK_ENV_BYTES);
+    for i in 0..ATTACK_PODS {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": format!("look-alike-{i}"),
+                         "labels": {"rdu.dev/job-name": "victim", "rdu.dev/rank": "0", "rdu.dev/generation": "0"}},
+            "spec": {"containers": [{"name": "worker", "image": "w", "env": [{"name": "BIG", "value": big}]}]}
+        }))
+        .expect("pod");
+        attack_pods
+            .create(&PostParams::default(), &pod)
+            .await
+            .unwrap_or_else(|e| panic!("look-alike {i}: {e}"));
+    }
+
+    // The victim's ranks end after the attack's pods in the one pod watch, so by its Succeeded the operator has
+    // read every one of them.
+    for name in &names {
+        let result = (name == "victim-worker-0").then_some(
+            r#"{"finalLoss":0.125,"testAccuracy":0.96,"samplesPerSecond":1234.5,"trainSeconds":3.5,"globalSteps":40}"#,
+        );
+        report_terminated(&victim_pods, name, "Succeeded", 0, result).await;
+    }
+    let done = wait_phase(&plane, &jobs, "victim", "Succeeded").await;
+    assert_eq!(done["workers"]["succeeded"], 2, "{done}");
+    assert_eq!(
+        attack_pods
+            .list(&Default::default())
+            .await
+            .expect("list")
+            .items
+            .len(),
+        ATTACK_PODS,
+        "the look-alikes are neither counted nor deleted"
+    );
+    let peak = peak_rss_mib(addrs.pid);
+    println!(
+        "{}",
+        json!({"bench": "admin_safety_cache", "attack_pods": ATTACK_PODS,
+               "attack_mib": (ATTACK_PODS * ATTACK_ENV_BYTES) >> 20,
+               "cache_attack_operator_peak_rss_mib": peak, "operator_memory_limit_mib": OPERATOR_LIMIT_MIB,
+               "foreign_job_succeeded_under_attacks": true})
+    );
+    assert!(
+        peak <= CACHE_ATTACK_BOUND_MIB,
+        "the operator's peak RSS {peak} MiB passed {CACHE_ATTACK_BOUND_MIB} MiB under the attack"
     );
 }

@@ -17,6 +17,7 @@ pub mod placement;
 pub mod progress;
 pub mod reconcile;
 pub mod serve;
+pub mod slim;
 pub mod slow_start;
 pub mod status_writes;
 pub mod step;

@@ -27,6 +27,7 @@ use rdu_operator::progress::ProgressService;
 use rdu_operator::progress::review::ApiTokenReviewer;
 use rdu_operator::progress::writer::write_progress;
 use rdu_operator::serve::{HEALTH_LIMITS, PROGRESS_LIMITS, serve};
+use rdu_operator::slim;
 use rdu_operator::validate::DEFAULT_MAX_WORKERS_PER_JOB;
 use rdu_operator::validate::{Exception, PodPolicy};
 use rdu_operator::{Context, FIELD_MANAGER, Limits, error_policy, reconcile};
@@ -213,6 +214,7 @@ async fn main() -> anyhow::Result<()> {
         left: AtomicUsize::new(3),
     });
     let job_events = watcher(jobs, watcher::Config::default())
+        .modify(slim::slim_job)
         .reflect(job_writer)
         .inspect_ok(on_first_sync(synced.clone()))
         .applied_objects();
@@ -284,9 +286,10 @@ fn pod_watch(
     let (tx, rx) = futures::channel::mpsc::unbounded();
     let events = watcher(pods, config)
         .default_backoff()
-        // Nothing reads a pod's managedFields, and they are a large part of each pod (the API server lists every
-        // field the operator set): kept out of the cache, a 2,000-rank job's pods take half the memory.
-        .modify(|pod| pod.managed_fields_mut().clear())
+        // The label selects server-side, but anyone may set it: only pods an RduJob controls are cached, and of
+        // those only what the operator reads (without managedFields alone, a 2,000-rank job's pods took half the
+        // memory; without the template's fields, a tenant's large pods cost nothing).
+        .try_filter_map(|event| std::future::ready(Ok(slim::own_pods_only(event))))
         .reflect(writer)
         .inspect_ok(on_first_sync(synced))
         .touched_objects();

@@ -137,13 +137,7 @@ impl PodView {
                 .annotations
                 .as_ref()
                 .and_then(|a| a.get(consts::TILES_ANNOTATION))
-                .map(|v| {
-                    v.split(',')
-                        .map(str::trim)
-                        .filter(|t| !t.is_empty())
-                        .map(String::from)
-                        .collect()
-                })
+                .map(|v| tiles_of(v.as_str()))
                 .unwrap_or_default(),
             terminating: pod.metadata.deletion_timestamp.is_some(),
             state,
@@ -166,5 +160,33 @@ impl PodView {
             }) => Some(*code),
             _ => None,
         }
+    }
+}
+
+/// The tiles of a `rdu.dev/tiles` annotation: at most a rank's largest share (8), each id at most 64 bytes.
+/// Anyone who may patch pods in the namespace may write it, and it is copied into the job's status.
+fn tiles_of(annotation: &str) -> Vec<String> {
+    const MAX_TILES: usize = 8;
+    const MAX_ID_BYTES: usize = 64;
+    annotation
+        .split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty() && t.len() <= MAX_ID_BYTES)
+        .take(MAX_TILES)
+        .map(String::from)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tiles_of;
+
+    #[test]
+    fn a_written_tiles_annotation_is_bounded() {
+        assert_eq!(tiles_of(" rdu0-t0, rdu0-t1 ,"), ["rdu0-t0", "rdu0-t1"]);
+        let flood = vec!["t"; 100_000].join(",");
+        assert_eq!(tiles_of(&flood).len(), 8);
+        let long = "x".repeat(65);
+        assert_eq!(tiles_of(&format!("{long},rdu0-t0")), ["rdu0-t0"]);
     }
 }
