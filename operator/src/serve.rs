@@ -1,9 +1,12 @@
 //! The operator's HTTP listeners, bounded so that no client can hold them: at most `max_connections` served at
-//! once (the next wait in the kernel's accept queue until one ends), the request head read within
+//! once (the next wait in the kernel's accept queue until one ends), at most `max_per_client` of them from one
+//! address (one more is closed at once, so one pod cannot take the slots other pods need), the request head read within
 //! `header_read_timeout`, one request per connection (no idle keep-alive), and every connection closed after
 //! `connection_deadline` whatever it is doing (a slow body, a slow reader). `axum::serve` sets none of these.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
@@ -18,6 +21,8 @@ use tokio::sync::Semaphore;
 pub struct ServerLimits {
     /// Connections served at once.
     pub max_connections: usize,
+    /// Connections served at once from one address.
+    pub max_per_client: usize,
     /// Time to send the whole request head, from the connection's start.
     pub header_read_timeout: Duration,
     /// Time a connection may live, request and response included.
@@ -27,6 +32,7 @@ pub struct ServerLimits {
 /// The limits of `/metrics`, `/healthz` and `/readyz` (the kubelet's probes and a scraper).
 pub const HEALTH_LIMITS: ServerLimits = ServerLimits {
     max_connections: 64,
+    max_per_client: 16,
     header_read_timeout: Duration::from_secs(5),
     connection_deadline: Duration::from_secs(10),
 };
@@ -34,6 +40,8 @@ pub const HEALTH_LIMITS: ServerLimits = ServerLimits {
 /// The limits of the progress endpoint (one rank 0 per running job, a report every few seconds).
 pub const PROGRESS_LIMITS: ServerLimits = ServerLimits {
     max_connections: 256,
+    // A rank 0 sends one report at a time, every few seconds.
+    max_per_client: 4,
     header_read_timeout: Duration::from_secs(5),
     connection_deadline: Duration::from_secs(10),
 };
@@ -45,12 +53,13 @@ pub async fn serve(
     limits: ServerLimits,
 ) -> std::io::Result<()> {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let clients = Clients::default();
     loop {
         let Ok(slot) = slots.clone().acquire_owned().await else {
             return Ok(());
         };
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
             Err(e) if is_connection_error(&e) => continue,
             Err(e) => {
                 // Out of file descriptors and the like: wait for some to be released, as axum::serve does.
@@ -59,9 +68,15 @@ pub async fn serve(
                 continue;
             }
         };
+        // Over its share: closed at once, the slot free again for others.
+        let Some(client) = clients.enter(peer.ip(), limits.max_per_client) else {
+            tracing::debug!(peer = %peer.ip(), "too many connections from one address; closed");
+            continue;
+        };
         let service = TowerToHyperService::new(router.clone());
         tokio::spawn(async move {
             let _slot = slot;
+            let _client = client;
             let mut http = http1::Builder::new();
             http.timer(TokioTimer::new())
                 .header_read_timeout(limits.header_read_timeout)
@@ -73,6 +88,44 @@ pub async fn serve(
                 tracing::trace!(error = %e, "connection ended with an error");
             }
         });
+    }
+}
+
+/// Connections open per client address.
+#[derive(Clone, Default)]
+struct Clients(Arc<Mutex<HashMap<IpAddr, usize>>>);
+
+/// One connection counted against its client until dropped.
+struct ClientSlot {
+    clients: Clients,
+    ip: IpAddr,
+}
+
+impl Clients {
+    /// Counts a connection from `ip`, unless it already has `max` open.
+    fn enter(&self, ip: IpAddr, max: usize) -> Option<ClientSlot> {
+        let mut open = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let count = open.entry(ip).or_default();
+        if *count >= max {
+            return None;
+        }
+        *count += 1;
+        Some(ClientSlot {
+            clients: self.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        let mut open = self.clients.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = open.get_mut(&self.ip) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&self.ip);
+            }
+        }
     }
 }
 
@@ -94,6 +147,7 @@ mod tests {
 
     const TIGHT: ServerLimits = ServerLimits {
         max_connections: 2,
+        max_per_client: 3,
         header_read_timeout: Duration::from_millis(300),
         connection_deadline: Duration::from_secs(2),
     };
@@ -177,5 +231,74 @@ mod tests {
             "served only once a slot was free: {took:?}"
         );
         drop(holders);
+    }
+
+    /// Whether `check` holds within `deadline`, polled.
+    async fn until<F, Fut>(deadline: Duration, mut check: F) -> bool
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let end = Instant::now() + deadline;
+        while Instant::now() < end {
+            if check().await {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        false
+    }
+
+    /// A GET from `source` (a loopback address), and the response ("" when the server closed it unanswered).
+    async fn fetch_from(addr: std::net::SocketAddr, source: [u8; 4]) -> String {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket
+            .bind(std::net::SocketAddr::from((source, 0)))
+            .expect("bind the source");
+        let mut stream = socket.connect(addr).await.expect("connect");
+        let _ = stream
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+            .await;
+        let mut response = String::new();
+        let _ = stream.read_to_string(&mut response).await;
+        response
+    }
+
+    #[tokio::test]
+    async fn one_client_cannot_take_the_slots_another_needs() {
+        // Idle holders are kept for the whole test (long timeouts).
+        let limits = ServerLimits {
+            max_connections: 8,
+            max_per_client: 2,
+            header_read_timeout: Duration::from_secs(30),
+            connection_deadline: Duration::from_secs(30),
+        };
+        let addr = start(limits).await;
+        let mut holders = Vec::new();
+        for _ in 0..limits.max_per_client {
+            holders.push(TcpStream::connect(addr).await.expect("connect"));
+        }
+        // The holders are counted once accepted: the server answers their own next request only after.
+        let refused = until(Duration::from_secs(2), || async {
+            fetch_from(addr, [127, 0, 0, 1]).await.is_empty()
+        })
+        .await;
+        assert!(
+            refused,
+            "a third connection of the same client is closed unanswered"
+        );
+        let other = fetch_from(addr, [127, 0, 0, 2]).await;
+        assert!(
+            other.starts_with("HTTP/1.1 200"),
+            "another client is served: {other}"
+        );
+        drop(holders);
+        let again = until(Duration::from_secs(2), || async {
+            fetch_from(addr, [127, 0, 0, 1])
+                .await
+                .starts_with("HTTP/1.1 200")
+        })
+        .await;
+        assert!(again, "served again once its connections closed");
     }
 }

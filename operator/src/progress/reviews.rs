@@ -25,7 +25,7 @@ pub const PER_POD_INTERVAL: Duration = Duration::from_secs(1);
 pub const MAX_CONCURRENT_REVIEWS: usize = 4;
 /// How long a review waits for a turn among the concurrent ones before the report is refused.
 pub const QUEUE_WAIT: Duration = Duration::from_secs(2);
-/// Most tokens remembered (a full table first drops what expired, then everything), and the size past which
+/// Most tokens remembered (a full table first drops what expired, then its oldest answer), and the size past which
 /// the pods' turns drop those older than the interval (only pods that passed the claims check take turns).
 const MAX_ENTRIES: usize = 1024;
 
@@ -77,8 +77,17 @@ impl Memory {
                 };
                 now.saturating_duration_since(*at) < ttl
             });
+            // Still full of live answers: one goes, the oldest refusal before any acceptance, so that a flood of
+            // forged tokens cannot make the operator forget the tokens of every job's rank 0 at once.
             if self.answers.len() >= MAX_ENTRIES {
-                self.answers.clear();
+                let oldest = self
+                    .answers
+                    .iter()
+                    .min_by_key(|(_, (answer, at))| (answer.is_ok(), *at))
+                    .map(|(token, _)| token.clone());
+                if let Some(oldest) = oldest {
+                    self.answers.remove(&oldest);
+                }
             }
         }
         self.answers
@@ -269,6 +278,28 @@ mod tests {
         let later = t0 + PER_POD_INTERVAL;
         assert_eq!(memory.take_turn("fresh", later), Ok(()));
         assert!(memory.last_review.len() <= MAX_ENTRIES);
+    }
+
+    #[test]
+    fn a_flood_of_refused_tokens_evicts_refusals_one_by_one_and_keeps_accepted_tokens() {
+        let mut memory = Memory::default();
+        let t0 = Instant::now();
+        memory.remember("good", &Ok(pod("u0")), t0);
+        let refused = Err(ReviewError::Rejected("invalid signature".into()));
+        for i in 0..3 * MAX_ENTRIES {
+            memory.remember(
+                &format!("forged-{i}"),
+                &refused,
+                t0 + Duration::from_millis(1),
+            );
+        }
+        assert_eq!(memory.answers.len(), MAX_ENTRIES);
+        assert_eq!(memory.answer("good", t0), Some(Ok(pod("u0"))));
+        let last = format!("forged-{}", 3 * MAX_ENTRIES - 1);
+        assert!(
+            memory.answer(&last, t0).is_some(),
+            "the newest refusal is kept"
+        );
     }
 
     #[tokio::test]
