@@ -268,12 +268,18 @@ impl HangWatch {
         let gang = GangNow {
             generation: 0,
             step: self.step,
+            // Rank 0's output is read here directly: what it last said is current.
+            reported_at: Some(now),
             every_rank_runs: self.every_rank_runs,
             now,
         };
         match check_hang(self.deadline, self.watch.take(), gang) {
             HangCheck::Off => None,
-            HangCheck::Watching { watch, recheck_in } => {
+            // Not with `reported_at` now; kept watching should it ever be.
+            HangCheck::Watching { watch, recheck_in }
+            | HangCheck::Unreported {
+                watch, recheck_in, ..
+            } => {
                 self.watch = Some(watch);
                 let at = now.saturating_add(recheck_in).unsigned_abs();
                 Some(self.started + Duration::from_secs(at))

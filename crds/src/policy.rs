@@ -9,7 +9,7 @@ use crate::{EndCause, RestartPolicy, RunPolicy};
 
 mod hang;
 mod rules;
-pub use hang::{GangNow, Hang, HangCheck, ProgressWatch, check_hang};
+pub use hang::{GangNow, Hang, HangCheck, ProgressWatch, UNREPORTED_RECHECK_SECONDS, check_hang};
 pub use rules::{CodeSet, Culprit, Restarts, Ruling, default_rules, judge};
 
 /// How one rank of a generation ended.

@@ -2,7 +2,7 @@
 //! server's /metrics through a client, and the text format parsed into samples.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -29,7 +29,7 @@ pub enum MetricsError {
 
 /// `GET http://<addr><path>` (HTTP/1.1, connection closed after): the status code and the body.
 pub async fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String), MetricsError> {
-    http_request(addr, "GET", path, &[], b"").await
+    http_request(addr, None, "GET", path, &[], b"").await
 }
 
 /// `POST http://<addr><path>` with `headers` and `body`: the status code and the body.
@@ -39,11 +39,24 @@ pub async fn http_post(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> Result<(u16, String), MetricsError> {
-    http_request(addr, "POST", path, headers, body).await
+    http_request(addr, None, "POST", path, headers, body).await
+}
+
+/// [`http_post`] from the local address `source` (a loopback address other than 127.0.0.1 stands for another
+/// client, as another pod would be).
+pub async fn http_post_from(
+    source: IpAddr,
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Result<(u16, String), MetricsError> {
+    http_request(addr, Some(source), "POST", path, headers, body).await
 }
 
 async fn http_request(
     addr: SocketAddr,
+    source: Option<IpAddr>,
     method: &str,
     path: &str,
     headers: &[(&str, &str)],
@@ -54,7 +67,14 @@ async fn http_request(
         path: path.to_string(),
         source,
     };
-    let mut stream = tokio::net::TcpStream::connect(addr).await.map_err(io)?;
+    let mut stream = match source {
+        None => tokio::net::TcpStream::connect(addr).await.map_err(io)?,
+        Some(ip) => {
+            let socket = tokio::net::TcpSocket::new_v4().map_err(io)?;
+            socket.bind(SocketAddr::new(ip, 0)).map_err(io)?;
+            socket.connect(addr).await.map_err(io)?
+        }
+    };
     let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
     for (name, value) in headers {
         request.push_str(&format!("{name}: {value}\r\n"));

@@ -3,11 +3,13 @@
 //! not exist, forged claims of a real rank 0 with its real UID, a real token of rank 1) and a slow-loris of
 //! connections that never finish their request head. The TokenReviews the API server itself counts
 //! (`apiserver_request_total{resource="tokenreviews"}`) stay bounded by one review per second for each rank 0
-//! whose UID the forger knows, whatever the number of reports, `/healthz` keeps answering on its own listener, the slow connections are cut at the header timeout,
+//! whose UID the forger knows, whatever the number of reports, `/healthz` keeps answering on its own listener, the
+//! slow connections are cut at the header timeout and one address holds at most its share of the listener (the
+//! flood comes from 8 loopback addresses and the slow-loris from another, as from other pods),
 //! rank 0's real reports are still accepted (its token remembered, and a fresh one after), and a stranger gets
 //! the same answer for a job of another namespace as for one that does not exist.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,7 +19,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use rdu_crds::{ProgressReport, StepPoint, TrainingProgress, consts};
 use rdu_e2e::kit::{self, JobFixture, TIMEOUT, or_operator_log, pod_token, progress_url_flag};
-use rdu_e2e::metrics::{http_get, http_post};
+use rdu_e2e::metrics::{http_get, http_post, http_post_from};
 use rdu_e2e::poll_until;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -32,6 +34,11 @@ const FLOOD_CONCURRENCY: usize = 32;
 const SLOW_LORIS: usize = 100;
 /// The operator's header-read timeout (`rdu_operator::serve::PROGRESS_LIMITS`).
 const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// Source addresses the flood comes from; the slow-loris has one of its own, rank 0 and the stranger 127.0.0.1.
+const ATTACKERS: usize = 8;
+const SLOW_LORIS_SOURCE: [u8; 4] = [127, 0, 0, 20];
+/// A connection closed unanswered (over its client's share of the listener).
+const CLOSED: u16 = 0;
 
 fn job_yaml(name: &str, namespace: &str) -> String {
     JobFixture::new(namespace, name).epochs(2).manifest()
@@ -119,6 +126,32 @@ async fn post(addr: SocketAddr, namespace: &str, job: &str, token: &str, step: u
     post_full(addr, namespace, job, token, step).await.0
 }
 
+/// The loopback address flood sender `worker` sends from: eight attacker pods, as far as the operator can tell.
+fn attacker(worker: usize) -> IpAddr {
+    IpAddr::from([127, 0, 0, 2 + (worker % ATTACKERS) as u8])
+}
+
+/// A bogus report from `source`: its status, or [`CLOSED`] when the operator closed the connection unanswered
+/// (its client already had as many connections open as one may).
+async fn post_from(
+    source: IpAddr,
+    addr: SocketAddr,
+    namespace: &str,
+    job: &str,
+    token: &str,
+) -> u16 {
+    let bearer = format!("Bearer {token}");
+    let headers = [
+        ("Content-Type", "application/json"),
+        ("Authorization", bearer.as_str()),
+    ];
+    let path = consts::progress_path(namespace, job);
+    match http_post_from(source, addr, &path, &headers, &report(2)).await {
+        Ok((code, _)) => code,
+        Err(_) => CLOSED,
+    }
+}
+
 async fn post_full(
     addr: SocketAddr,
     namespace: &str,
@@ -156,7 +189,9 @@ async fn token_reviews(client: &kube::Client) -> f64 {
 /// Opens a connection that sends a request head one byte every 200 ms; how long until the server closes it.
 async fn slow_loris(addr: SocketAddr, give_up: Duration) -> Option<Duration> {
     let started = Instant::now();
-    let mut stream = TcpStream::connect(addr).await.ok()?;
+    let socket = tokio::net::TcpSocket::new_v4().ok()?;
+    socket.bind(SocketAddr::from((SLOW_LORIS_SOURCE, 0))).ok()?;
+    let mut stream = socket.connect(addr).await.ok()?;
     let head = format!(
         "POST {} HTTP/1.1\r\nHost: op\r\nX-Slow: ",
         consts::progress_path(JOBS, "watched")
@@ -266,7 +301,7 @@ async fn a_flood_of_bogus_reports_costs_bounded_token_reviews_and_starves_no_one
                 let mut codes = std::collections::BTreeMap::<u16, usize>::new();
                 for i in (worker..FLOOD).step_by(FLOOD_CONCURRENCY) {
                     let (namespace, job, token) = bogus.nth(i);
-                    let code = post(progress, namespace, job, &token, 2).await;
+                    let code = post_from(attacker(worker), progress, namespace, job, &token).await;
                     *codes.entry(code).or_default() += 1;
                 }
                 codes
@@ -294,7 +329,9 @@ async fn a_flood_of_bogus_reports_costs_bounded_token_reviews_and_starves_no_one
     eprintln!("{FLOOD} bogus reports in {flood_seconds:.1} s: {codes:?}");
     assert_eq!(codes.values().sum::<usize>(), FLOOD);
     assert!(
-        codes.keys().all(|code| [401, 403, 429].contains(code)),
+        codes
+            .keys()
+            .all(|code| [CLOSED, 401, 403, 429].contains(code)),
         "only refusals: {codes:?}"
     );
 
@@ -308,7 +345,18 @@ async fn a_flood_of_bogus_reports_costs_bounded_token_reviews_and_starves_no_one
         );
     }
     let longest = held.iter().max().copied().unwrap_or_default();
-    eprintln!("slow-loris: {SLOW_LORIS} connections, the longest held {longest:?}");
+    let held_long = held
+        .iter()
+        .filter(|h| **h >= HEADER_TIMEOUT - Duration::from_millis(500))
+        .count();
+    eprintln!(
+        "slow-loris: {SLOW_LORIS} connections from one address, {held_long} held to the header timeout, the \
+         longest {longest:?}"
+    );
+    assert!(
+        held_long <= rdu_operator::serve::PROGRESS_LIMITS.max_per_client,
+        "one client holds at most its share of the listener: {held_long}"
+    );
     assert!(
         longest >= HEADER_TIMEOUT - Duration::from_millis(500),
         "{longest:?}"

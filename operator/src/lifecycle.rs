@@ -74,6 +74,9 @@ pub mod condition {
     /// created because the schedulable nodes lack room for it (`InsufficientCapacity`). The job stays Pending:
     /// the image may appear, a node may join or come back.
     pub const PODS_BLOCKED: &str = "PodsBlocked";
+    /// True while rank 0's step stood still past `progressDeadlineSeconds` but no progress report was taken since
+    /// to say so (DESIGN 5.3): no hang is judged, the gang runs on.
+    pub const PROGRESS_UNREPORTED: &str = "ProgressUnreported";
     /// The reason of PodsBlocked while the nodes cannot hold the whole gang.
     pub const INSUFFICIENT_CAPACITY: &str = "InsufficientCapacity";
 }

@@ -1,7 +1,10 @@
 //! Hang detection (`spec.runPolicy.progressDeadlineSeconds`, DESIGN 5.3), written once for the operator and local
 //! mode: while every rank of a generation runs, rank 0's step is watched; a step that stood still for the
-//! deadline is a hang, blamed on rank 0 (reason `Hung`), which the failure rules judge as any other end.
-//! Time is whole seconds on the caller's clock (the operator's wall clock, local mode's gang start).
+//! deadline, as a report taken after the deadline still says, is a hang, blamed on rank 0 (reason `Hung`), which
+//! the failure rules judge as any other end. Missing reports are no hang: the gang is left running and the
+//! caller says the reports stopped (`Unreported`), so whoever keeps rank 0's reports from arriving (a flooded
+//! progress port) cannot restart a job. Time is whole seconds on the caller's clock (the operator's wall clock,
+//! local mode's gang start).
 
 use crate::EndCause;
 use crate::failure_policy::HUNG;
@@ -23,6 +26,8 @@ pub struct GangNow {
     pub generation: u32,
     /// The step rank 0 last reported.
     pub step: Option<u64>,
+    /// When rank 0's newest report (of `step`) was taken; `now` where its output is read directly (local mode).
+    pub reported_at: Option<i64>,
     /// Every rank of the generation runs (none pending, ended or being stopped).
     pub every_rank_runs: bool,
     pub now: i64,
@@ -38,9 +43,21 @@ pub enum HangCheck {
         watch: ProgressWatch,
         recheck_in: i64,
     },
-    /// The step stood still for the deadline: the generation stops, rank 0 is blamed.
+    /// The step stood still for the deadline, but no report taken since says so: rank 0's reports are not
+    /// arriving. The gang runs on; keep `watch`, say so, and look again in `recheck_in` seconds.
+    Unreported {
+        watch: ProgressWatch,
+        /// Seconds since the newest report was taken (since the watch began, when none was).
+        silent_seconds: i64,
+        recheck_in: i64,
+    },
+    /// The step stood still for the deadline, and a report taken after it says so: the generation stops, rank 0
+    /// is blamed.
     Hung(Hang),
 }
+
+/// How often a watch whose reports stopped is looked at again (rank 0 reports every 5 s).
+pub const UNREPORTED_RECHECK_SECONDS: i64 = 5;
 
 /// Rank 0 made no progress for `progressDeadlineSeconds` while every rank ran.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,17 +111,26 @@ pub fn check_hang(
     };
     let still_seconds = gang.now - watch.since;
     let remaining = i64::try_from(deadline).unwrap_or(i64::MAX) - still_seconds;
+    let confirmed = gang
+        .reported_at
+        .is_some_and(|at| at - watch.since >= i64::try_from(deadline).unwrap_or(i64::MAX));
     if remaining > 0 {
         HangCheck::Watching {
             watch,
             recheck_in: remaining,
         }
-    } else {
+    } else if confirmed {
         HangCheck::Hung(Hang {
             step: gang.step,
             still_seconds,
             deadline_seconds: deadline,
         })
+    } else {
+        HangCheck::Unreported {
+            watch,
+            silent_seconds: gang.now - gang.reported_at.unwrap_or(watch.since).max(watch.since),
+            recheck_in: UNREPORTED_RECHECK_SECONDS,
+        }
     }
 }
 
@@ -112,12 +138,22 @@ pub fn check_hang(
 mod tests {
     use super::*;
 
+    /// The gang as local mode sees it: rank 0 read directly, so its state is current.
     fn gang(generation: u32, step: Option<u64>, every_rank_runs: bool, now: i64) -> GangNow {
         GangNow {
             generation,
             step,
+            reported_at: Some(now),
             every_rank_runs,
             now,
+        }
+    }
+
+    /// The gang as the operator sees it: rank 0's newest report taken at `reported_at`.
+    fn reported(step: Option<u64>, reported_at: Option<i64>, now: i64) -> GangNow {
+        GangNow {
+            reported_at,
+            ..gang(0, step, true, now)
         }
     }
 
@@ -218,6 +254,69 @@ mod tests {
         ];
         for (name, deadline, previous, now, expected) in cases {
             assert_eq!(check_hang(deadline, previous, now), expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn only_a_report_taken_after_the_deadline_makes_a_hang_and_missing_reports_never_do() {
+        let unreported = |silent_seconds, since| HangCheck::Unreported {
+            watch: ProgressWatch {
+                generation: 0,
+                step: Some(5),
+                since,
+            },
+            silent_seconds,
+            recheck_in: UNREPORTED_RECHECK_SECONDS,
+        };
+        let cases = [
+            // (name, previous watch, gang now, expected)
+            (
+                "a report after the deadline at the same step: hung",
+                watch(0, Some(5), 80),
+                reported(Some(5), Some(100), 100),
+                hung(Some(5), 20),
+            ),
+            (
+                "reports stopped before the deadline: no hang, reports missing",
+                watch(0, Some(5), 80),
+                reported(Some(5), Some(95), 100),
+                unreported(5, 80),
+            ),
+            (
+                "a report one second short of the deadline does not confirm it",
+                watch(0, Some(5), 80),
+                reported(Some(5), Some(99), 130),
+                unreported(31, 80),
+            ),
+            (
+                "a report older than the watch counts from the watch",
+                watch(0, Some(5), 80),
+                reported(Some(5), Some(10), 130),
+                unreported(50, 80),
+            ),
+            (
+                "never reported: missing, not hung",
+                watch(0, None, 70),
+                reported(None, None, 100),
+                HangCheck::Unreported {
+                    watch: ProgressWatch {
+                        generation: 0,
+                        step: None,
+                        since: 70,
+                    },
+                    silent_seconds: 30,
+                    recheck_in: UNREPORTED_RECHECK_SECONDS,
+                },
+            ),
+            (
+                "before the deadline nothing is judged",
+                watch(0, Some(5), 90),
+                reported(Some(5), None, 100),
+                watching(0, Some(5), 90, 10),
+            ),
+        ];
+        for (name, previous, now, expected) in cases {
+            assert_eq!(check_hang(Some(20), previous, now), expected, "{name}");
         }
     }
 

@@ -25,6 +25,15 @@ fn reported(mut j: RduJob, step: Option<u64>) -> RduJob {
     j
 }
 
+/// [`reported`], the report taken by the operator at `second`.
+fn reported_at(j: RduJob, step: Option<u64>, second: i64) -> RduJob {
+    let mut j = reported(j, step);
+    if let Some(progress) = j.status.as_mut().and_then(|s| s.progress.as_mut()) {
+        progress.update_time = Some(Time(at(second)));
+    }
+    j
+}
+
 fn running() -> Vec<k8s_openapi::api::core::v1::Pod> {
     pods(&[p(0, 0, "Running"), p(1, 0, "Running")])
 }
@@ -53,8 +62,8 @@ fn a_step_that_stands_still_for_the_deadline_stops_the_gang_as_hung() {
     let d = decide(&j, &running(), at(70));
     assert_eq!(d.requeue_after, Some(Duration::from_secs(30)));
     assert_eq!(d.status.phase, Some(JobPhase::Running));
-    // At the deadline: rank 0 is blamed with Hung, and the generation stops.
-    let j = after(j, &d);
+    // At the deadline, a report taken then still says 20: rank 0 is blamed with Hung, and the generation stops.
+    let j = reported_at(after(j, &d), Some(20), 100);
     let d = decide(&j, &running(), at(100));
     assert_eq!(d.status.phase, Some(JobPhase::Restarting));
     let stopping = d.status.stopping.clone().expect("stopping");
@@ -130,7 +139,7 @@ fn a_rule_on_the_hung_reason_decides_what_follows() {
         }],
     });
     let d = decide(&j, &running(), at(0));
-    let d = decide(&after(j, &d), &running(), at(60));
+    let d = decide(&reported_at(after(j, &d), Some(7), 60), &running(), at(60));
     assert_eq!(d.status.phase, Some(JobPhase::Failed));
     let c = condition(&d, condition::FAILED).expect("failed");
     assert_eq!(c.reason, "FailurePolicy");
@@ -183,4 +192,57 @@ fn a_new_generation_and_a_resumed_job_start_a_new_window() {
     j.spec.run_policy.suspend = true;
     let d = decide(&j, &running(), at(0));
     assert!(d.status.last_progress.is_none());
+}
+
+#[test]
+fn missing_reports_never_restart_the_gang_and_say_so_until_reports_come_back() {
+    let j = reported_at(watched(Some(60)), Some(10), 0);
+    let d = decide(&j, &running(), at(0));
+    // The deadline passes with no report taken since the one at 0 (a flooded progress port): no hang.
+    let j = after(j, &d);
+    let d = decide(&j, &running(), at(60));
+    assert_eq!(d.status.phase, Some(JobPhase::Running));
+    assert!(
+        d.status.stopping.is_none() && d.actions.is_empty(),
+        "{:?}",
+        d.actions
+    );
+    assert_eq!(d.requeue_after, Some(Duration::from_secs(5)));
+    let c = condition(&d, condition::PROGRESS_UNREPORTED).expect("unreported");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("True", "NoReportTaken")
+    );
+    assert!(
+        c.message.starts_with(
+            "no progress report from rank 0 taken for 60 s (the last one taken said step 10)"
+        ),
+        "{}",
+        c.message
+    );
+    assert!(
+        d.events
+            .iter()
+            .any(|e| e.warning && e.reason == "ProgressUnreported")
+    );
+    // Still none: said once, not again.
+    let j = after(j, &d);
+    let d = decide(&j, &running(), at(65));
+    assert!(d.events.iter().all(|e| e.reason != "ProgressUnreported"));
+    // A report comes: the step moved, so the job runs on, never restarted for the silence.
+    let j = reported_at(after(j, &d), Some(11), 66);
+    let d = decide(&j, &running(), at(66));
+    assert_eq!(d.status.phase, Some(JobPhase::Running));
+    assert!(d.actions.is_empty(), "{:?}", d.actions);
+    let c = d
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == condition::PROGRESS_UNREPORTED)
+        .expect("kept, false");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "ReportsTaken")
+    );
+    assert_eq!(d.status.failure_restarts, 0);
 }

@@ -173,3 +173,32 @@ fn a_missing_token_or_a_refusal_never_stops_training() {
     refused.finished(&JobResult::default());
     assert_eq!(reports(&seen).len(), 1, "refused, logged, not retried");
 }
+
+#[test]
+fn a_step_that_stands_still_is_reported_again_each_heartbeat() {
+    let (url, seen) = serve(vec![]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let token = dir.path().join("token");
+    std::fs::write(&token, "tok").expect("token");
+    let endpoint = ProgressEndpoint {
+        url,
+        token_file: token.display().to_string(),
+    };
+    let target = ReportTarget {
+        heartbeat: Duration::from_millis(50),
+        ..ReportTarget::new(&endpoint, "ml", "mnist", 0)
+    };
+    let mut reporter = ProgressReporter::start(target).expect("start");
+    reporter.step_done(&step(5));
+    // The training loop is stuck at step 5 from here on: only the heartbeat reports.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while reports(&seen).len() < 3 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let steps: Vec<u64> = reports(&seen).iter().map(|r| r.progress.step).collect();
+    assert!(
+        steps.len() >= 3 && steps.iter().all(|s| *s == 5),
+        "{steps:?}"
+    );
+    reporter.finished(&JobResult::default());
+}
