@@ -23,7 +23,6 @@ use rdu_e2e::metrics::{http_get, http_post, http_post_from};
 use rdu_e2e::poll_until;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 const JOBS: &str = "jobs";
 const OTHER: &str = "other-team";
