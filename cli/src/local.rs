@@ -12,7 +12,7 @@ use rdu_crds::consts::exit_code;
 use rdu_crds::policy::{self, Culprit, Restarts, Verdict};
 use rdu_crds::rank_env::SuppliedValues;
 use rdu_crds::token::new_token;
-use rdu_crds::{AllReduceResult, EndCause, JobResult, RduJob, RduJobSpec, RunMode, RunPolicy};
+use rdu_crds::{AllReduceResult, EndCause, JobResult, RduJob, RduJobSpec, RunMode};
 use rdu_tiles::simulated::SimulatedNode;
 use rdu_worker::modes::all_reduce_benchmark;
 
@@ -98,6 +98,9 @@ pub async fn run(path: &Path, options: RunOptions) -> Result<i32, CliError> {
     }
     let mut node = simulated_node(&job)?;
     let mut restarts = Restarts::default();
+    // When each restart happened, in seconds from the start, for the backoff.
+    let started = std::time::Instant::now();
+    let mut restarted_at: Vec<i64> = Vec::new();
     for generation in 0u32.. {
         let result_path = scratch.path().join(format!("result-{generation}.json"));
         let (tiles, device_ids) = allocate(&mut node, &job)?;
@@ -155,13 +158,21 @@ pub async fn run(path: &Path, options: RunOptions) -> Result<i32, CliError> {
         let ruling = policy::judge(&policy, restarts, &culprit);
         match ruling.verdict {
             Verdict::Restart { counted } => {
-                let budget = count_restart(&policy, &mut restarts, counted);
+                let budget = restarts.count(&policy, counted, culprit.cause);
                 console.note(&format!(
                     "{ended}: rule {}: {:?}: restarting the gang: generation {} ({budget})",
                     ruling.rule,
                     ruling.action,
                     generation + 1,
                 ));
+                // A loop of restarts backs off as the operator's does.
+                let now = i64::try_from(started.elapsed().as_secs()).unwrap_or(i64::MAX);
+                let delay = policy::restart_delay(&restarted_at, now);
+                restarted_at.push(now);
+                if delay.seconds > 0 {
+                    console.note(&delay.message(generation + 1));
+                    tokio::time::sleep(Duration::from_secs(delay.seconds)).await;
+                }
             }
             Verdict::Fail(reason) => {
                 console.finish();
@@ -263,27 +274,6 @@ fn print_result(
     }
     println!("{json}");
     Ok(exit_code::SUCCESS)
-}
-
-/// Counts a restart the failure rules granted (`counted` against `backoffLimit`, or not) and says where the
-/// budget stands.
-fn count_restart(policy: &RunPolicy, restarts: &mut Restarts, counted: bool) -> String {
-    if counted {
-        restarts.counted += 1;
-        format!(
-            "restart {} of at most {} (backoffLimit)",
-            restarts.counted, policy.backoff_limit
-        )
-    } else {
-        restarts.not_counted += 1;
-        match policy.max_infrastructure_restarts {
-            Some(max) => format!(
-                "not counted: {} of at most {max} (maxInfrastructureRestarts)",
-                restarts.not_counted
-            ),
-            None => "not counted against backoffLimit".to_string(),
-        }
-    }
 }
 
 /// Refuses a job whose ranks do not fit this machine, before anything is started (see

@@ -49,7 +49,7 @@ fn a_not_counted_rule_restarts_past_backoff_limit_0_within_its_own_budget() {
     assert!(
         f.stderr.contains(
             "rank 1 ended with signal 9: rule failurePolicy.rules[0]: RestartJobNotCounted: restarting the \
-             gang: generation 1 (not counted: 1 of at most 1 (maxInfrastructureRestarts))"
+             gang: generation 1 (not counted against backoffLimit; maxInfrastructureRestarts: 1 of 1)"
         ),
         "{}",
         f.stderr
@@ -98,7 +98,7 @@ fn a_gang_whose_step_stands_still_past_the_progress_deadline_restarts_as_hung_an
     assert!(
         f.stderr.contains(
             "rank 0 hung: rule restartPolicy default 3 (no-exit-code): RestartJob: restarting the gang: \
-             generation 1 (restart 1 of at most 1 (backoffLimit))"
+             generation 1 (counted against backoffLimit: 1 of 1)"
         ),
         "{}",
         f.stderr

@@ -1,6 +1,7 @@
 //! The run-policy rules of DESIGN 5, written once for the operator and local mode: how a rank ended, which rank
-//! caused a failed generation, whether the gang restarts or the job fails (the failure rules of `rules`), and
-//! when a gang that stopped making progress is hung (`hang`).
+//! caused a failed generation, whether the gang restarts or the job fails (the failure rules of `rules`), how a
+//! granted restart is counted and how long the next generation waits (`restarts`), and when a gang that stopped
+//! making progress is hung (`hang`).
 
 use std::fmt;
 
@@ -8,8 +9,13 @@ use crate::consts::exit_code;
 use crate::{EndCause, RestartPolicy, RunPolicy};
 
 mod hang;
+mod restarts;
 mod rules;
 pub use hang::{GangNow, Hang, HangCheck, ProgressWatch, UNREPORTED_RECHECK_SECONDS, check_hang};
+pub use restarts::{
+    BACKOFF_BASE_SECONDS, BACKOFF_MAX_SECONDS, RESTART_LOOP_WINDOW_SECONDS, RestartDelay,
+    restart_delay,
+};
 pub use rules::{CodeSet, Culprit, Restarts, Ruling, default_rules, judge};
 
 /// How one rank of a generation ended.

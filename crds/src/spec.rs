@@ -534,9 +534,12 @@ pub struct RunPolicy {
     #[serde(default = "default_backoff_limit")]
     pub backoff_limit: u32,
     /// Gang restarts not counted against `backoffLimit` (action `RestartJobNotCounted`: by default disruptions
-    /// from outside the job) allowed before the job fails with `MaxInfrastructureRestartsExceeded`; no limit when
-    /// omitted.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// from outside the job) allowed before the job fails with `MaxInfrastructureRestartsExceeded`; 10 when
+    /// omitted, so that a job no node can run does not restart forever (null: no limit).
+    #[serde(
+        default = "default_max_infrastructure_restarts",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub max_infrastructure_restarts: Option<u32>,
     /// Ordered rules deciding what follows a failed generation, first match wins; the defaults of
     /// `restartPolicy` apply to what no rule matches.
@@ -569,13 +572,20 @@ fn default_backoff_limit() -> u32 {
     3
 }
 
+/// `maxInfrastructureRestarts` when omitted.
+pub const DEFAULT_MAX_INFRASTRUCTURE_RESTARTS: u32 = 10;
+
+fn default_max_infrastructure_restarts() -> Option<u32> {
+    Some(DEFAULT_MAX_INFRASTRUCTURE_RESTARTS)
+}
+
 /// The same defaults as an omitted `runPolicy` field by field (a derived Default would make backoffLimit 0).
 impl Default for RunPolicy {
     fn default() -> Self {
         RunPolicy {
             restart_policy: RestartPolicy::default(),
             backoff_limit: default_backoff_limit(),
-            max_infrastructure_restarts: None,
+            max_infrastructure_restarts: default_max_infrastructure_restarts(),
             failure_policy: None,
             progress_deadline_seconds: None,
             active_deadline_seconds: None,

@@ -487,9 +487,9 @@ impl Step<'_> {
 
     /// Creates the ranks the current generation lacks. A generation is started whole: only once no pod of the
     /// job is left (every name free) and, when the node cache is known, the schedulable nodes have room for every
-    /// rank; until then PodsBlocked says why (`InsufficientCapacity`) and the job waits. A generation that was
-    /// started and lacks some ranks (a reconcile cut short) gets them without the check. Returns whether the job
-    /// waits for room.
+    /// rank; until then PodsBlocked says why (`InsufficientCapacity`) and the job waits. A restarted gang first
+    /// waits out its backoff (`backing_off`). A generation that was started and lacks some ranks (a reconcile cut
+    /// short) gets them without either check. Returns whether the job waits.
     fn create_missing_ranks(&mut self) -> bool {
         let generation = self.generation();
         let started = self
@@ -499,6 +499,9 @@ impl Step<'_> {
         if !started {
             if !self.pods.is_empty() {
                 return false;
+            }
+            if self.backing_off() {
+                return true;
             }
             if let Some(room) = &self.cluster.room {
                 let workers = u64::from(self.job.spec.workers);

@@ -420,35 +420,16 @@ impl Step<'_> {
                 true
             }
             Verdict::Restart { counted } => {
-                if counted {
-                    self.status.failure_restarts += 1;
-                } else {
-                    self.status.disruption_restarts += 1;
-                }
+                let mut restarts = Restarts {
+                    counted: self.status.failure_restarts,
+                    not_counted: self.status.disruption_restarts,
+                };
+                let why = restarts.count(policy, counted, culprit.cause);
+                self.status.failure_restarts = restarts.counted;
+                self.status.disruption_restarts = restarts.not_counted;
                 self.end_generation(&culprit, &ruling);
                 self.status.restarts += 1;
                 self.status.ranks.clear();
-                let why = match (counted, culprit.cause, max_uncounted) {
-                    (true, _, _) => format!(
-                        "counted against backoffLimit: {} of {limit}",
-                        self.status.failure_restarts
-                    ),
-                    (false, EndCause::Disruption, None) => {
-                        "a disruption: not counted against backoffLimit".to_string()
-                    }
-                    (false, EndCause::Failure, None) => {
-                        "not counted against backoffLimit".to_string()
-                    }
-                    (false, cause, Some(max)) => format!(
-                        "{}not counted against backoffLimit; maxInfrastructureRestarts: {} of {max}",
-                        if cause == EndCause::Disruption {
-                            "a disruption: "
-                        } else {
-                            ""
-                        },
-                        self.status.disruption_restarts
-                    ),
-                };
                 let message = format!(
                     "{}; restarting the gang as generation {} ({why}); {}",
                     culprit.describe(),
@@ -460,6 +441,36 @@ impl Step<'_> {
                 false
             }
         }
+    }
+
+    /// Whether the current generation waits before its pods are made: a restart of a loop backs off
+    /// (`rdu_crds::policy::restart_delay`, over the restarts in `status.history`); the Restarting condition says
+    /// how long, and the job is looked at again then.
+    pub(super) fn backing_off(&mut self) -> bool {
+        let generation = self.generation();
+        let history = &self.status.history;
+        let Some((last, earlier)) = history.split_last() else {
+            return false;
+        };
+        if last.generation + 1 != generation || last.action == Some(rdu_crds::EndAction::FailJob) {
+            return false;
+        }
+        let times: Vec<i64> = earlier.iter().map(|end| end.time.0.as_second()).collect();
+        let restarted_at = last.time.0.as_second();
+        let delay = policy::restart_delay(&times, restarted_at);
+        let left =
+            restarted_at + i64::try_from(delay.seconds).unwrap_or(i64::MAX) - self.now.as_second();
+        if left <= 0 {
+            return false;
+        }
+        self.set_condition(
+            condition::RESTARTING,
+            true,
+            "BackOff",
+            format!("{} ({left} s left)", delay.message(generation)),
+        );
+        self.requeue_in(left);
+        true
     }
 
     /// Moves the stopping record (or a fresh one) into the history with what followed.

@@ -378,3 +378,72 @@ fn a_rank_larger_than_any_node_says_so() {
         blocked.message
     );
 }
+
+#[test]
+fn a_gang_that_keeps_failing_backs_off_from_its_second_restart() {
+    // Both ranks exit 75 soon after they start, generation after generation.
+    let mut j = with_status(job("mnist", None, 2), JobPhase::Running, 0, &[0, 1]);
+    j.spec.run_policy.backoff_limit = 5;
+    let mut now = 10;
+    for generation in 0..3u32 {
+        let failed = [
+            p(0, generation, "Failed").exit(75).finished(now),
+            p(1, generation, "Failed").exit(75).finished(now),
+        ];
+        let d = decide(&j, &pods(&failed), at(now));
+        assert_eq!(
+            d.actions,
+            vec![Action::DeletePods {
+                names: names(&[0, 1])
+            }],
+            "generation {generation}"
+        );
+        j = after(j, &d);
+        // The pods are gone a second later: the next generation, at once the first time, then after 10 s, 20 s.
+        let wait = [0, 10, 20][generation as usize];
+        let d = decide(&j, &[], at(now + 1));
+        if wait == 0 {
+            assert_eq!(
+                d.actions,
+                vec![Action::CreatePods {
+                    generation: generation + 1,
+                    ranks: vec![0, 1]
+                }]
+            );
+        } else {
+            assert!(d.actions.is_empty(), "{:?}", d.actions);
+            let c = condition(&d, condition::RESTARTING).expect("restarting");
+            assert_eq!(c.reason, "BackOff");
+            assert!(
+                c.message.starts_with(&format!(
+                    "backing off {wait} s before generation {}: restart {} within 10 minutes",
+                    generation + 1,
+                    generation + 1
+                )),
+                "{}",
+                c.message
+            );
+            assert_eq!(
+                d.requeue_after,
+                Some(std::time::Duration::from_secs(wait - 1))
+            );
+            j = after(j, &d);
+            let early = decide(&j, &[], at(now + i64::try_from(wait).expect("wait") - 1));
+            assert!(early.actions.is_empty(), "not before the backoff ends");
+            let d = decide(&j, &[], at(now + i64::try_from(wait).expect("wait")));
+            assert_eq!(
+                d.actions,
+                vec![Action::CreatePods {
+                    generation: generation + 1,
+                    ranks: vec![0, 1]
+                }]
+            );
+            j = after(j, &d);
+            now += i64::try_from(wait).expect("wait");
+            continue;
+        }
+        j = after(j, &d);
+        now += 1;
+    }
+    assert_eq!(j.status.as_ref().map(|s| s.failure_restarts), Some(3));
+}
