@@ -9,7 +9,8 @@ use std::fmt::Debug;
 
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use rdu_crds::RduJob;
 use serde::Serialize;
@@ -77,7 +78,12 @@ pub async fn apply(job: &ValidJob<'_>, ctx: &Context, actions: &[Action]) -> Res
             }
             Action::DeleteJob => {
                 let jobs: Api<RduJob> = Api::namespaced(ctx.client.clone(), job.namespace);
-                ignore_not_found(jobs.delete(job.name, &DeleteParams::background()).await)
+                // This job, not one of the same name applied since.
+                let params = DeleteParams::background().preconditions(Preconditions {
+                    uid: Some(job.uid().to_string()),
+                    resource_version: None,
+                });
+                ignore_gone(jobs.delete(job.name, &params).await)
                     .map_err(|source| ReconcileError::DeleteJob { source })?;
                 ctx.expectations.forget(job.uid());
                 info!(
@@ -143,9 +149,17 @@ async fn delete_pods(
         Grace::None => DeleteParams::background().grace_period(0),
     };
     slow_start(names, MAX_BATCH, |name| {
-        let (pods, params) = (&pods, &params);
+        let pods = &pods;
+        // The pod the decision was made on (the cache's, by UID), not one of the same name made since: a
+        // delete of another is refused (409) and counts as this one gone.
+        let cached = ObjectRef::<Pod>::new(name).within(job.namespace);
+        let uid = ctx.pods.get(&cached).and_then(|p| p.metadata.uid.clone());
+        let params = params.clone().preconditions(Preconditions {
+            uid,
+            resource_version: None,
+        });
         async move {
-            ignore_not_found(pods.delete(name, params).await).map_err(|source| {
+            ignore_gone(pods.delete(name, &params).await).map_err(|source| {
                 ReconcileError::DeletePods {
                     pod: format!("{}/{name}", job.namespace),
                     source,
@@ -308,6 +322,17 @@ async fn post<K: Resource + Clone + Serialize>(
     request.extensions_mut().insert("create");
     api.clone().into_client().request_text(request).await?;
     Ok(())
+}
+
+/// A delete whose object is gone, or was replaced by another of the same name (its UID precondition failed).
+fn ignore_gone<T>(result: Result<T, kube::Error>) -> Result<(), kube::Error> {
+    match result {
+        Err(kube::Error::Api(status)) if status.code == 409 => {
+            tracing::debug!(message = %status.message, "not deleted: another object of that name now");
+            Ok(())
+        }
+        other => ignore_not_found(other),
+    }
 }
 
 fn ignore_not_found<T>(result: Result<T, kube::Error>) -> Result<(), kube::Error> {

@@ -445,3 +445,25 @@ async fn a_new_leader_waits_for_its_caches_before_judging_a_running_gang() {
     let status = fake.get(JOB).expect("job")["status"].clone();
     assert_eq!(status["failureRestarts"], 0, "{status}");
 }
+
+/// Deletes name the object the operator decided on by its UID: a pod replaced by another of the same name
+/// between the cache's view and the delete (someone else's now) is left alone, and the job goes on.
+#[tokio::test]
+async fn a_delete_names_the_cached_pod_by_uid_and_spares_a_replacement() {
+    let (fake, h) = setup(2, json!({}));
+    reconcile_once(&fake, &h).await;
+    sync_cache(&fake, &h);
+    // Rank 1 is replaced behind the cache's back by a pod of the same name and another UID.
+    fake.update(&pod(1), |p| {
+        p["metadata"]["uid"] = json!("someone-elses");
+        p["metadata"]["ownerReferences"] = json!([]);
+    });
+    fake.update(JOB, |j| j["spec"]["runPolicy"]["suspend"] = json!(true));
+    reconcile(job(&fake), h.ctx.clone())
+        .await
+        .expect("reconcile");
+    assert!(fake.get(&pod(0)).is_none(), "the job's own pod is deleted");
+    let spared = fake.get(&pod(1)).expect("the replacement is spared");
+    assert_eq!(spared["metadata"]["uid"], "someone-elses");
+    assert_eq!(pod_requests(&fake, "DELETE"), 2, "both deletes were sent");
+}

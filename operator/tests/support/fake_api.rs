@@ -175,6 +175,11 @@ impl FakeApi {
                                 "message": format!("{object_path} already exists")}),
                     );
                 }
+                // The API server gives every object a UID.
+                let mut body = body;
+                if body["metadata"]["uid"].is_null() && body.is_object() {
+                    body["metadata"]["uid"] = json!(format!("uid-{object_path}"));
+                }
                 self.put(&object_path, body.clone());
                 if *self.unparsable_creates.lock().expect("lock") {
                     return respond(
@@ -188,10 +193,25 @@ impl FakeApi {
                 self.put(&path, body.clone());
                 respond(StatusCode::OK, &body)
             }
-            "DELETE" => match self.objects.lock().expect("lock").remove(&path) {
-                Some(object) => respond(StatusCode::OK, &object),
-                None => not_found(&path),
-            },
+            "DELETE" => {
+                let mut objects = self.objects.lock().expect("lock");
+                let Some(stored) = objects.get(&path) else {
+                    return not_found(&path);
+                };
+                // DeleteOptions' precondition: the object must still be the one the client meant.
+                let wanted = &body["preconditions"]["uid"];
+                if wanted.is_string() && *wanted != stored["metadata"]["uid"] {
+                    return respond(
+                        StatusCode::CONFLICT,
+                        &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict",
+                                "code": 409, "message": format!(
+                                    "Precondition failed: UID in precondition: {wanted}, UID in object meta: {}",
+                                    stored["metadata"]["uid"])}),
+                    );
+                }
+                let object = objects.remove(&path).unwrap_or_default();
+                respond(StatusCode::OK, &object)
+            }
             _ => not_found(&path),
         }
     }
