@@ -974,3 +974,29 @@ fn the_pod_policy_is_chart_values_the_operator_and_the_admission_policy_share() 
         Vec::<String>::new()
     );
 }
+
+#[test]
+#[ignore = "needs the control-plane binaries: bash e2e/control-plane/run.sh"]
+fn with_kueue_every_job_is_queued_unless_the_chart_says_otherwise() {
+    kit::require_assets("chart kueue.manageJobsWithoutQueueName");
+    let queue_args = |extra: &[&str]| {
+        operator_args(extra)
+            .into_iter()
+            .filter(|a| a.starts_with("--kueue"))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(queue_args(&[]), ["--kueue=false"]);
+    assert_eq!(
+        queue_args(&["--set", "kueue.enabled=true"]),
+        ["--kueue=true", "--kueue-default-queue=default"]
+    );
+    assert_eq!(
+        queue_args(&[
+            "--set",
+            "kueue.enabled=true",
+            "--set",
+            "kueue.manageJobsWithoutQueueName=false"
+        ]),
+        ["--kueue=true"]
+    );
+}

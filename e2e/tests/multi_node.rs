@@ -42,7 +42,8 @@ async fn one_job_spans_three_nodes_and_survives_their_faults() {
     })
     .await;
     // Kueue's manager on the host, before the chart: the operator runs with `kueue.enabled`, so
-    // jobs labelled with a queue wait for admission; the others run as they would without Kueue.
+    // jobs labelled with a queue wait for admission; the others run as they would without Kueue
+    // (`kueue.manageJobsWithoutQueueName=false`: this suite's other jobs have no LocalQueue).
     let _kueue = kueue::start(&mut bed.plane, &kueue_dir, None)
         .await
         .unwrap_or_else(|e| panic!("Kueue starts: {e}"));
@@ -59,6 +60,7 @@ async fn one_job_spans_three_nodes_and_survives_their_faults() {
         format!("devicePlugin.rdusPerNode={RDUS}"),
         format!("devicePlugin.tilesPerRdu={TILES_PER_RDU}"),
         "kueue.enabled=true".to_string(),
+        "kueue.manageJobsWithoutQueueName=false".to_string(),
     ]);
     for node in &bed.nodes {
         bed.wait_tiles(&node.name, RDUS * TILES_PER_RDU, "after helm install", LONG)

@@ -41,6 +41,9 @@ pub struct Context {
     pub network_policies: bool,
     /// Whether jobs labelled `kueue.x-k8s.io/queue-name` wait for Kueue's admission (`--kueue`).
     pub kueue: bool,
+    /// With `kueue`, the LocalQueue of jobs without the label (`--kueue-default-queue`, as Kueue's
+    /// `manageJobsWithoutQueueName`): none lets them run unqueued, outside every quota.
+    pub kueue_default_queue: Option<String>,
     /// The operator's own base URL for rank 0's progress reports (DESIGN 4.8); none: ranks do not report.
     pub progress_url: Option<String>,
     /// What this operator runs at most (`--max-workers-per-job`).

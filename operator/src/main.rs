@@ -75,6 +75,11 @@ struct Args {
     /// ResourceFlavors; chart value `kueue.enabled`). Off: the label is ignored and such jobs run at once.
     #[arg(long, env = "RDU_KUEUE", default_value_t = false, action = clap::ArgAction::Set)]
     kueue: bool,
+    /// With --kueue, the LocalQueue of jobs without the queue label, so that every job waits for admission
+    /// within a quota (Kueue's `manageJobsWithoutQueueName`; chart values `kueue.manageJobsWithoutQueueName`,
+    /// `kueue.defaultQueue`). Unset: such jobs run at once, outside every quota.
+    #[arg(long, env = "RDU_KUEUE_DEFAULT_QUEUE")]
+    kueue_default_queue: Option<String>,
     /// This operator's progress endpoint as rank 0's pods reach it (`http://<service>.<namespace>.svc:<port>`,
     /// a Service in front of --progress-addr): rank 0 reports progress there with a projected ServiceAccount token
     /// (DESIGN 4.8). Unset: no progress in status, and no progress listener.
@@ -180,6 +185,7 @@ async fn main() -> anyhow::Result<()> {
         pod_groups,
         network_policies: args.network_policy,
         kueue: args.kueue,
+        kueue_default_queue: args.kueue_default_queue.clone().filter(|q| !q.is_empty()),
         progress_url: args.progress_url.clone(),
         limits: Limits {
             max_workers_per_job: args.max_workers_per_job,

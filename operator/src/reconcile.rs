@@ -154,14 +154,18 @@ async fn run_pipeline(job: &RduJob, ctx: &Context) -> Result<Requeue, ReconcileE
     Ok(Requeue::requeue(after.unwrap_or(RESYNC)))
 }
 
-/// Step 2b, for a job queued in Kueue (`--kueue` and the queue label): its Workload read or created, whether it
-/// may have pods, and where Kueue's admission puts them.
+/// Step 2b, for a job queued in Kueue (`--kueue` and the queue label, or `--kueue-default-queue`): its Workload
+/// read or created, whether it may have pods, and where Kueue's admission puts them.
 async fn queue(
     job: &RduJob,
     valid: &ValidJob<'_>,
     ctx: &Context,
 ) -> Result<Option<kueue::sync::Queued>, ReconcileError> {
-    let Some(queue) = kueue::queue_name(job).filter(|_| ctx.kueue) else {
+    let default_queue = ctx.kueue_default_queue.as_deref();
+    let Some(queue) = kueue::queue_name(job)
+        .or(default_queue)
+        .filter(|_| ctx.kueue)
+    else {
         return Ok(None);
     };
     let generation = job.status.as_ref().map_or(0, |s| s.restarts);

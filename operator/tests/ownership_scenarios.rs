@@ -240,6 +240,7 @@ async fn a_job_above_the_operators_limit_fails_naming_the_field_the_value_and_th
         pod_groups: false,
         network_policies: true,
         kueue: false,
+        kueue_default_queue: None,
         progress_url: None,
         limits: Limits {
             max_workers_per_job: 4,

@@ -429,6 +429,7 @@ async fn a_new_leader_waits_for_its_caches_before_judging_a_running_gang() {
         pod_groups: false,
         network_policies: true,
         kueue: false,
+        kueue_default_queue: None,
         progress_url: None,
         limits: Default::default(),
     });

@@ -4,7 +4,7 @@
 
 use rdu_crds::{JobPhase, QueueState, QueueStatus, RduJobStatus};
 
-use super::view::{Condition, WorkloadView};
+use super::view::{Condition, PodSetAsk, WorkloadView};
 
 /// Whether a queued job may have pods.
 #[derive(Clone, Debug, PartialEq)]
@@ -22,6 +22,56 @@ pub enum Gate {
 pub const QUEUED: &str = "Queued";
 /// `Held`'s reason once Kueue evicted the Workload (preemption, a PodsReady timeout, deactivation…).
 pub const EVICTED: &str = "Evicted";
+
+/// `Held`'s reason when the Workload of the job's name is not the job's.
+pub const WORKLOAD_CONFLICT: &str = "WorkloadConflict";
+/// `Held`'s reason when the job asks for more or other than its Workload was queued (and admitted) for.
+pub const WORKLOAD_OUTDATED: &str = "WorkloadOutdated";
+
+/// Whether `workload`, found under the job's Workload name, may stand for the job (UID `job_uid`) that would
+/// ask for `now` today: controlled by the job, and asking what the job asks. A job whose `workers`,
+/// `tilesPerWorker` or template changed after it was queued is held, so no generation runs on an admission
+/// granted for less; restoring the fields lets it run again.
+pub fn vet(workload: &WorkloadView, job_uid: &str, now: &PodSetAsk) -> Option<Gate> {
+    if workload.controller_uid.as_deref() != Some(job_uid) {
+        return Some(Gate::Held {
+            reason: WORKLOAD_CONFLICT,
+            message: format!(
+                "Workload {} exists and is not this job's (its controller's UID is {}): the job waits; delete \
+                 that Workload",
+                workload.name,
+                workload.controller_uid.as_deref().unwrap_or("none")
+            ),
+        });
+    }
+    if workload.asked != *now {
+        return Some(Gate::Held {
+            reason: WORKLOAD_OUTDATED,
+            message: format!(
+                "the job asks for {} pod(s) with {} but its Workload {} was queued for {} with {}: \
+                 spec.workers, spec.tilesPerWorker and spec.template's resources cannot change once queued; \
+                 restore them, or delete the job and apply it again",
+                now.count,
+                describe(&now.requests),
+                workload.name,
+                workload.asked.count,
+                describe(&workload.asked.requests)
+            ),
+        });
+    }
+    None
+}
+
+fn describe(requests: &[(String, String, String)]) -> String {
+    if requests.is_empty() {
+        return "no requests".to_string();
+    }
+    requests
+        .iter()
+        .map(|(container, resource, quantity)| format!("{container}: {resource} {quantity}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
 
 /// Whether job pods may exist, given its Workload (`None`: not created yet) in LocalQueue `queue`.
 pub fn gate(workload: Option<&WorkloadView>, queue: &str) -> Gate {

@@ -9,7 +9,7 @@ use tracing::info;
 
 use super::patches::{self, AdmissionChange};
 use super::plan::{self, Gate, Write};
-use super::view::WorkloadView;
+use super::view::{PodSetAsk, WorkloadView};
 use super::{
     ADMISSION_MANAGER, POD_SET, POD_SET_LABEL, PODS_READY_MANAGER, flavor_resource, workload,
     workload_resource,
@@ -125,9 +125,22 @@ pub async fn before(
             }
         }
     }
-    let workload = found.map(|w| serde_json::to_value(w).expect("an object serializes"));
-    let view = workload.as_ref().map(WorkloadView::of);
-    let mut gate = plan::gate(view.as_ref(), queue);
+    let mut workload = found.map(|w| serde_json::to_value(w).expect("an object serializes"));
+    let mut view = workload.as_ref().map(WorkloadView::of);
+    // The Workload must be the job's, asking what the job asks now (no generation on an admission for less).
+    let asks_now = PodSetAsk::of(&json!({
+        "count": valid.workers,
+        "template": workload::pod_set_template(rank0),
+    }));
+    let vetted = view
+        .as_ref()
+        .and_then(|v| plan::vet(v, valid.uid(), &asks_now));
+    if matches!(&vetted, Some(Gate::Held { reason, .. }) if *reason == plan::WORKLOAD_CONFLICT) {
+        // Someone else's: never written to.
+        workload = None;
+        view = None;
+    }
+    let mut gate = vetted.unwrap_or_else(|| plan::gate(view.as_ref(), queue));
     let status = plan::queue_status(view.as_ref(), queue);
     let mut placement = None;
     if let (Gate::Admitted, Some(view)) = (&gate, &view) {

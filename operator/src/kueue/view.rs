@@ -30,6 +30,45 @@ pub struct WorkloadView {
     pub flavors: Vec<String>,
     /// The admission checks' `podSetUpdates` entries for the pod set.
     pub pod_set_updates: Vec<Value>,
+    /// The UID of the Workload's controller (its job, when it is the job's).
+    pub controller_uid: Option<String>,
+    /// What its quota was asked for: the pod set's count and its template's containers' requests.
+    pub asked: PodSetAsk,
+}
+
+/// What a pod set asks of the quota: how many pods, and each container's requests (name, resource, quantity).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodSetAsk {
+    pub count: u64,
+    pub requests: Vec<(String, String, String)>,
+}
+
+impl PodSetAsk {
+    /// The ask of pod set `pod_set` (a Workload's `spec.podSets[]` entry, or one as `workload::build` makes it).
+    pub fn of(pod_set: &Value) -> PodSetAsk {
+        let spec = &pod_set["template"]["spec"];
+        let mut requests: Vec<(String, String, String)> = ["initContainers", "containers"]
+            .iter()
+            .flat_map(|list| spec[*list].as_array().cloned().unwrap_or_default())
+            .flat_map(|c| {
+                let name = c["name"].as_str().unwrap_or_default().to_string();
+                c["resources"]["requests"]
+                    .as_object()
+                    .cloned()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(move |(resource, q)| {
+                        let quantity = q.as_str().map_or_else(|| q.to_string(), str::to_string);
+                        (name.clone(), resource, quantity)
+                    })
+            })
+            .collect();
+        requests.sort();
+        PodSetAsk {
+            count: pod_set["count"].as_u64().unwrap_or_default(),
+            requests,
+        }
+    }
 }
 
 impl WorkloadView {
@@ -68,7 +107,23 @@ impl WorkloadView {
             .flat_map(|c| c["podSetUpdates"].as_array().cloned().unwrap_or_default())
             .filter(|u| u["name"] == POD_SET)
             .collect();
+        let pod_set = workload["spec"]["podSets"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["name"] == POD_SET)
+            .cloned()
+            .unwrap_or_default();
+        let controller_uid = workload["metadata"]["ownerReferences"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|o| o["controller"] == true)
+            .and_then(|o| o["uid"].as_str())
+            .map(str::to_string);
         WorkloadView {
+            controller_uid,
+            asked: PodSetAsk::of(&pod_set),
             name: workload["metadata"]["name"]
                 .as_str()
                 .unwrap_or_default()

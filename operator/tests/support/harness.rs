@@ -71,6 +71,7 @@ pub fn setup(workers: u32, run_policy: Value) -> (FakeApi, Harness) {
         pod_groups: false,
         network_policies: true,
         kueue: false,
+        kueue_default_queue: None,
         progress_url: None,
         limits: Limits::default(),
     });

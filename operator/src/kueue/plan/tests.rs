@@ -248,3 +248,48 @@ fn finishing_the_workload_shows_in_the_same_status_write() {
         QueueState::Finished
     );
 }
+
+#[test]
+fn a_workload_stands_for_the_job_only_if_the_job_controls_it_and_asks_what_it_was_queued_for() {
+    let ask = |count: u64, tiles: &str| {
+        crate::kueue::view::PodSetAsk::of(&serde_json::json!({
+            "count": count,
+            "template": {"spec": {"containers": [{"name": "worker",
+                "resources": {"requests": {"rdu.dev/tile": tiles, "cpu": "1"}}}]}}
+        }))
+    };
+    let ours = WorkloadView {
+        controller_uid: Some("u-1".into()),
+        asked: ask(2, "1"),
+        ..admitted()
+    };
+    assert_eq!(vet(&ours, "u-1", &ask(2, "1")), None);
+    // Admitted for 2 x 1 tile, the job now asks 8 tiles per rank, or 4 ranks: held, saying what changed.
+    for (now, says) in [
+        (ask(2, "8"), "worker: rdu.dev/tile 8"),
+        (ask(4, "1"), "asks for 4 pod(s)"),
+    ] {
+        match vet(&ours, "u-1", &now) {
+            Some(Gate::Held { reason, message }) => {
+                assert_eq!(reason, WORKLOAD_OUTDATED);
+                assert!(message.contains(says), "{message}");
+                assert!(message.contains("was queued for 2 with"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    // Another controller, or none: never the job's.
+    for controller in [Some("u-other"), None] {
+        let foreign = WorkloadView {
+            controller_uid: controller.map(str::to_string),
+            ..ours.clone()
+        };
+        assert!(matches!(
+            vet(&foreign, "u-1", &ask(2, "1")),
+            Some(Gate::Held {
+                reason: WORKLOAD_CONFLICT,
+                ..
+            })
+        ));
+    }
+}
