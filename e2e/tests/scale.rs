@@ -120,6 +120,15 @@ async fn a_job_of_4096_ranks_is_created_and_one_pods_change_touches_no_other_pod
         &JobFixture::new(JOBS, NAME).workers(RANKS).manifest(),
     )
     .expect("apply");
+    // The job's own CREATE was judged by the chart's pod policy (an RduJob policy): counted from here, the pods'.
+    let evaluations = |samples: &[metrics::Sample], operation: &str| {
+        metrics::sum(
+            samples,
+            "apiserver_admission_match_condition_evaluation_seconds_count",
+            &[("operation", operation)],
+        )
+    };
+    let job_created = metrics::parse(&metrics::apiserver_metrics(&admin).await.expect("metrics"));
     let created_seconds = poll_until("every pod created", CREATION, async || {
         let n = operator_value(
             operator.metrics,
@@ -142,11 +151,7 @@ async fn a_job_of_4096_ranks_is_created_and_one_pods_change_touches_no_other_pod
     // The chart's device-plugin policy matches pod updates only: creating the pods evaluated none of its match
     // conditions (each evaluation converts the pod, about a tenth of the API server's CPU per create).
     let created = metrics::parse(&metrics::apiserver_metrics(&admin).await.expect("metrics"));
-    let policy_evaluations = metrics::sum(
-        &created,
-        "apiserver_admission_match_condition_evaluation_seconds_count",
-        &[("operation", "CREATE")],
-    );
+    let policy_evaluations = evaluations(&created, "CREATE") - evaluations(&job_created, "CREATE");
     let pods: Api<Pod> = Api::namespaced(admin.clone(), JOBS);
     let listed = pods
         .list_metadata(&ListParams::default().labels(&format!("rdu.dev/job-name={NAME}")))
@@ -182,6 +187,9 @@ async fn a_job_of_4096_ranks_is_created_and_one_pods_change_touches_no_other_pod
     let after = metrics::parse(&metrics::apiserver_metrics(&admin).await.expect("metrics"));
     let lists = pod_requests(&after, &["LIST"]) - pod_requests(&before, &["LIST"]);
     let writes = pod_requests(&after, &POD_WRITES) - pod_requests(&before, &POD_WRITES);
+    // The positive control of the CREATE count: the same metric counts the device-plugin policy's match
+    // condition on the one pod update (the test's status patch).
+    let update_evaluations = evaluations(&after, "UPDATE") - evaluations(&before, "UPDATE");
     let peak_kib = peak_rss_kib(operator.pid);
 
     println!(
@@ -190,6 +198,7 @@ async fn a_job_of_4096_ranks_is_created_and_one_pods_change_touches_no_other_pod
                "pods_created_seconds": created_seconds,
                "apply_to_all_pods_seconds": apply_to_all_pods,
                "policy_match_evaluations_during_creation": policy_evaluations as u64,
+               "policy_match_evaluations_on_one_pod_update": update_evaluations as u64,
                "operator_cpu_ms_per_pod_during_creation": creation_cpu * 1000.0 / f64::from(RANKS),
                "operator_idle_rss_mib": idle_kib / 1024,
                "operator_peak_rss_mib": peak_kib / 1024,
@@ -206,6 +215,10 @@ async fn a_job_of_4096_ranks_is_created_and_one_pods_change_touches_no_other_pod
     assert_eq!(
         policy_evaluations, 0.0,
         "creating the pods evaluated an admission policy's match conditions"
+    );
+    assert!(
+        update_evaluations > 0.0,
+        "the metric counts no evaluation even where one happens: the CREATE count above proves nothing"
     );
     assert!(plane.dead_process().is_none(), "{:?}", plane.dead_process());
 }
