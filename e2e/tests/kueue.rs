@@ -629,6 +629,26 @@ async fn queued_jobs_wait_for_admission_and_survive_preemption() {
     }
 }
 
+/// Patches job `name`'s `spec.tilesPerWorker`, as its owner may at any time.
+fn set_tiles_per_worker(plane: &ControlPlane, name: &str, tiles: u32) {
+    let patch = json!({"spec": {"tilesPerWorker": tiles}}).to_string();
+    kubectl(
+        plane,
+        &[
+            "patch",
+            "rdujob",
+            name,
+            "-n",
+            JOBS,
+            "--type=merge",
+            "-p",
+            &patch,
+        ],
+        None,
+    )
+    .unwrap_or_else(|e| panic!("tilesPerWorker {tiles}: {e}"));
+}
+
 /// No job runs outside or beyond its queue (issue 34, item 4): with `--kueue-default-queue` (the chart's
 /// `kueue.manageJobsWithoutQueueName`), a job without the queue label waits in LocalQueue `default` like any other;
 /// admitted for 2 ranks of 1 tile, a job patched to 8 tiles per rank is held (`WorkloadOutdated`) with its pods
@@ -680,21 +700,7 @@ async fn no_job_runs_outside_or_beyond_its_queue() {
     bed.wait_phase("plain", "Running").await;
 
     // Admitted for 2 x 1 tile, the job asks for 8 tiles per rank: held, its pods stopped, none of 8 tiles made.
-    kubectl(
-        &bed.plane,
-        &[
-            "patch",
-            "rdujob",
-            "plain",
-            "-n",
-            JOBS,
-            "--type=merge",
-            "-p",
-            r#"{"spec": {"tilesPerWorker": 8}}"#,
-        ],
-        None,
-    )
-    .expect("patch tilesPerWorker");
+    set_tiles_per_worker(&bed.plane, "plain", 8);
     let held = bed.wait_phase("plain", "Suspended").await;
     let suspended = held["conditions"]
         .as_array()
@@ -734,21 +740,7 @@ async fn no_job_runs_outside_or_beyond_its_queue() {
     assert_eq!(eight.count(), 0, "no pod of 8 tiles on a 1-tile admission");
 
     // Restored, it runs again on its admission.
-    kubectl(
-        &bed.plane,
-        &[
-            "patch",
-            "rdujob",
-            "plain",
-            "-n",
-            JOBS,
-            "--type=merge",
-            "-p",
-            r#"{"spec": {"tilesPerWorker": 1}}"#,
-        ],
-        None,
-    )
-    .expect("restore");
+    set_tiles_per_worker(&bed.plane, "plain", 1);
     bed.run_pods("plain", 2, Some(0)).await;
     bed.wait_phase("plain", "Succeeded").await;
     println!(
