@@ -85,6 +85,19 @@ impl Faults {
         steps
     }
 
+    /// [`Self::start_fault_job`] for a job whose only checkpoint before its end is the one rank 0 writes on SIGTERM
+    /// (`intervalSteps` is its steps): whatever a new generation resumes from was written when the signal came.
+    async fn start_job_checkpointing_on_sigterm_only(&self, name: &str, timeout: u64) -> u64 {
+        let (mut job, steps, interval) = self.fault_job(name, timeout);
+        job["spec"]["checkpoint"]["intervalSteps"] = json!(steps);
+        shared_volume(&self.bed, &self.shared, name);
+        self.bed.apply(&job.to_string());
+        self.bed.wait_phase(name, "Running", LONG).await;
+        // Well into the run, as the other fault jobs are when their fault comes.
+        self.wait_checkpointed(name, interval).await;
+        steps
+    }
+
     /// Waits until rank 0 of job `name`, checkpointing every `interval` steps, has passed its second
     /// checkpoint, so a fault from now on has one to resume from.
     pub(crate) async fn wait_checkpointed(&self, name: &str, interval: u64) {
@@ -233,12 +246,13 @@ impl Faults {
         (job, resumed)
     }
 
-    /// A kubelet restart on a node with ranks restarts no gang; then a drain of rank 0's node: the ranks
-    /// checkpoint on SIGTERM, the gang runs on the other nodes, the drain ends within the grace period + 10 s,
+    /// A kubelet restart on a node with ranks restarts no gang; then a drain of rank 0's node: rank 0
+    /// checkpoints on SIGTERM (the job writes no other checkpoint, so resuming at all proves it), the gang runs
+    /// on the other nodes, the drain ends within the grace period + 10 s,
     /// the failure count does not change.
     pub async fn kubelet_restart_then_drain(&mut self) -> serde_json::Map<String, Value> {
         let name = "drained";
-        let planned = self.start_fault_job(name, 30).await;
+        let planned = self.start_job_checkpointing_on_sigterm_only(name, 30).await;
         let mut out = serde_json::Map::new();
 
         // Kubelet restart on rank 1's node.
@@ -306,7 +320,11 @@ impl Faults {
         for rank in job["status"]["ranks"].as_array().into_iter().flatten() {
             assert_ne!(rank["node"], node, "a rank went back to the drained node");
         }
-        let resumed = self.resumed_step(name).expect("resumed step");
+        // Its only checkpoint is the one written on SIGTERM: resumed from none, or from before the step it had
+        // reported, it did not checkpoint when the drain stopped it.
+        let resumed = self
+            .resumed_step(name)
+            .expect("resumed from no checkpoint: rank 0 did not checkpoint on SIGTERM");
         assert!(
             resumed >= step_before,
             "rank 0 did not checkpoint on SIGTERM: resumed from {resumed}, it had reached {step_before}"
