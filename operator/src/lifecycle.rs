@@ -81,22 +81,6 @@ pub mod condition {
     pub const INSUFFICIENT_CAPACITY: &str = "InsufficientCapacity";
 }
 
-/// The lifecycle step: everything the reconcile does follows from this. `pods` are the job's own (controlled by
-/// it); `cluster` is what the node cache says of their nodes and of the room for a new generation.
-pub fn decide(job: &RduJob, pods: &[Pod], cluster: &ClusterView, now: Timestamp) -> Decision {
-    decide_from(job, pods, cluster, now)
-}
-
-/// [`decide`] over pods borrowed from wherever they are kept (the controller's cache shares them), none copied.
-pub fn decide_from<'a>(
-    job: &RduJob,
-    pods: impl IntoIterator<Item = &'a Pod>,
-    cluster: &ClusterView,
-    now: Timestamp,
-) -> Decision {
-    decide_held(job, pods, cluster, now, None)
-}
-
 /// Why a job that its spec lets run must not have pods for now (a queue has not admitted it, or evicted it): the
 /// job is held as suspended, its `Suspended` condition giving this reason and message.
 #[derive(Clone, Debug, PartialEq)]
@@ -107,8 +91,11 @@ pub struct Hold {
     pub eviction: bool,
 }
 
-/// [`decide_from`] for a job that `hold`, when given, keeps from having pods.
-pub fn decide_held<'a>(
+/// The lifecycle step: everything the reconcile does follows from this. `pods` are the job's own (controlled by
+/// it), borrowed from wherever they are kept (the controller's cache shares them, none copied); `cluster` is what
+/// the node cache says of their nodes and of the room for a new generation; `hold`, when given, keeps the job
+/// from having pods (a queue has not admitted it).
+pub fn decide<'a>(
     job: &RduJob,
     pods: impl IntoIterator<Item = &'a Pod>,
     cluster: &ClusterView,

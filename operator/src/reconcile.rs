@@ -22,7 +22,7 @@ use crate::builders;
 use crate::context::{Context, FIELD_MANAGER};
 use crate::expectations::Cached;
 use crate::kueue::{self, plan::Gate};
-use crate::lifecycle::{Action, Decision, Hold, JobEvent, Refusal, decide_held, refuse};
+use crate::lifecycle::{Action, Decision, Hold, JobEvent, Refusal, decide, refuse};
 use crate::ownership::controlled_by;
 use crate::step::ReconcileError;
 use crate::validate::ValidJob;
@@ -118,7 +118,7 @@ async fn run_pipeline(job: &RduJob, ctx: &Context) -> Result<Requeue, ReconcileE
             valid.placement = queued.as_ref().and_then(|q| q.placement.clone());
             let cluster = ctx.nodes.view(job, &pods, &ctx.pods);
             let pod_refs = pods.iter().map(|p| p.as_ref());
-            let mut decision = decide_held(job, pod_refs, &cluster, now, hold.as_ref());
+            let mut decision = decide(job, pod_refs, &cluster, now, hold.as_ref());
             decision.status.queue = queued.as_ref().map(|q| q.status.clone());
             match apply(&valid, ctx, &decision.actions).await {
                 Ok(()) => {

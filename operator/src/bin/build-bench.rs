@@ -59,6 +59,7 @@ fn build_and_diff(raw: &RduJob, observed: &[Pod]) -> anyhow::Result<usize> {
         observed,
         &rdu_operator::nodes::ClusterView::default(),
         jiff::Timestamp::now(),
+        None,
     );
     Ok(changed + decision.actions.len())
 }

@@ -169,7 +169,7 @@ impl P {
 
 /// The lifecycle with nothing known of the nodes (no node cache).
 pub(super) fn decide(job: &RduJob, pods: &[Pod], now: Timestamp) -> Decision {
-    super::decide(job, pods, &ClusterView::default(), now)
+    super::decide(job, pods, &ClusterView::default(), now, None)
 }
 
 /// The lifecycle with node `node-<rank>` of each of `lost` ranks lost as `loss`.
@@ -179,7 +179,7 @@ pub(super) fn decide_with(
     cluster: &ClusterView,
     now: Timestamp,
 ) -> Decision {
-    super::decide(job, pods, cluster, now)
+    super::decide(job, pods, cluster, now, None)
 }
 
 pub(super) fn lost(ranks: &[u32], loss: Loss) -> ClusterView {
@@ -870,7 +870,7 @@ fn held(reason: &'static str, eviction: bool) -> Hold {
 }
 
 fn decide_held(job: &RduJob, pods: &[Pod], now: Timestamp, hold: Option<&Hold>) -> Decision {
-    super::decide_held(job, pods, &ClusterView::default(), now, hold)
+    super::decide(job, pods, &ClusterView::default(), now, hold)
 }
 
 #[test]
