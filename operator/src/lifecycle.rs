@@ -102,7 +102,7 @@ pub fn decide<'a>(
     now: Timestamp,
     hold: Option<&Hold>,
 ) -> Decision {
-    let mut step = Step {
+    let mut look = Look {
         job,
         pods: pods.into_iter().filter_map(PodView::from_pod).collect(),
         cluster,
@@ -113,22 +113,24 @@ pub fn decide<'a>(
         events: Vec::new(),
         requeue_after: None,
     };
-    step.status.observed_generation = job.metadata.generation;
-    step.run();
-    step.status.workers = step.counts();
-    step.status.ready = Some(format!(
+    look.status.observed_generation = job.metadata.generation;
+    look.run();
+    look.status.workers = look.counts();
+    look.status.ready = Some(format!(
         "{}/{}",
-        step.status.workers.ready, job.spec.workers
+        look.status.workers.ready, job.spec.workers
     ));
     Decision {
-        actions: step.actions,
-        status: step.status,
-        events: step.events,
-        requeue_after: step.requeue_after,
+        actions: look.actions,
+        status: look.status,
+        events: look.events,
+        requeue_after: look.requeue_after,
     }
 }
 
-struct Step<'a> {
+/// One look at a job: what it is and has now, and what the look decides (the reconcile pipeline's steps are
+/// `crate::step::Step`; this is the lifecycle's one).
+struct Look<'a> {
     job: &'a RduJob,
     pods: Vec<PodView>,
     cluster: &'a ClusterView,
@@ -140,7 +142,7 @@ struct Step<'a> {
     requeue_after: Option<Duration>,
 }
 
-impl Step<'_> {
+impl Look<'_> {
     fn run(&mut self) {
         if self.status.phase.is_some_and(JobPhase::is_finished) {
             return self.after_finish();
@@ -216,7 +218,7 @@ impl Step<'_> {
         self.current().find(|p| p.rank == rank && !p.terminating)
     }
 
-    /// [`Step::current_rank`] of every rank at once, indexed by rank: one pass over the pods, where a loop over
+    /// [`Look::current_rank`] of every rank at once, indexed by rank: one pass over the pods, where a loop over
     /// the ranks calling `current_rank` would make a reconcile of a 4,096-rank job quadratic (16.7 million
     /// comparisons for one pod's change).
     fn live_by_rank(&self) -> Vec<Option<&PodView>> {

@@ -13,9 +13,9 @@ use rdu_crds::policy::{GangNow, HangCheck, ProgressWatch, check_hang};
 
 use super::pod_view::PodState;
 use super::teardown::RankFailure;
-use super::{Step, condition};
+use super::{Look, condition};
 
-impl Step<'_> {
+impl Look<'_> {
     /// Whether every rank of the current generation runs (none pending, ended or being deleted).
     fn all_ranks_running(&self) -> bool {
         self.live_by_rank()

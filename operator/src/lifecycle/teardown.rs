@@ -16,7 +16,7 @@ use rdu_crds::policy::{self, Culprit, FailureReason, RankExit, Restarts, Ruling,
 use rdu_crds::{EndCause, GenerationEnd, JobPhase, PodConditionMatcher, RankStatus, RuleSource};
 
 use super::pod_view::{PodState, PodView};
-use super::{Action, Step, condition};
+use super::{Action, Look, condition};
 
 /// The signal the kubelet stops a container with; a worker it stops exits 128 + it (DESIGN 4.6).
 const SIGTERM: i32 = 15;
@@ -174,7 +174,7 @@ pub(super) fn rejected_by_kubelet(exit: RankExit, reason: &str) -> bool {
         ) || reason.starts_with("OutOf"))
 }
 
-impl Step<'_> {
+impl Look<'_> {
     /// The evidence against the current generation: every rank that failed, was lost with its node, disrupted by
     /// the cluster, or (before stopping began) deleted or vanished. While stopping, pods the operator itself
     /// deleted are not evidence: a rank that exits because it was told to stop is a consequence.

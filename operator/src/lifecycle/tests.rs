@@ -967,7 +967,7 @@ fn pods_by_rank_keep_the_first_current_pod_of_each_rank() {
         p(7, 1, "Running"), // beyond the world size
     ]);
     let cluster = ClusterView::default();
-    let step = Step {
+    let step = Look {
         job: &j,
         pods: observed.iter().filter_map(PodView::from_pod).collect(),
         cluster: &cluster,
