@@ -122,27 +122,7 @@ pub const CHART_RELEASE: &str = "rdu";
 /// The namespace the chart is installed in and the operator runs in (its Lease, its ServiceAccount).
 pub const SYSTEM_NAMESPACE: &str = "rdu-system";
 
-/// Applies the chart's manifests (its RBAC among them) into `namespace` server-side and starts the operator
-/// binary beside the control plane (log `rdu-operator`), authenticated as the chart's ServiceAccount with a
-/// TokenRequest token, so every API call it makes is checked against the chart's RBAC. Returns the address of
-/// its /metrics, /healthz and /readyz.
-pub fn start_operator_as_chart(
-    plane: &mut ControlPlane,
-    namespace: &str,
-) -> Result<std::net::SocketAddr, ClusterError> {
-    start_operator_as_chart_with(plane, namespace, &[])
-}
-
-/// [`start_operator_as_chart`] with extra flags for the operator (`--progress-url=…`).
-pub fn start_operator_as_chart_with(
-    plane: &mut ControlPlane,
-    namespace: &str,
-    flags: &[&str],
-) -> Result<std::net::SocketAddr, ClusterError> {
-    start_operator_as_chart_at(plane, namespace, flags).map(|addrs| addrs.metrics)
-}
-
-/// Where an operator started by [`start_operator_as_chart_at`] listens, and its process.
+/// Where an operator started by [`start_operator_as_chart`] listens, and its process.
 #[derive(Clone, Copy, Debug)]
 pub struct OperatorAddrs {
     /// /metrics, /healthz and /readyz.
@@ -153,17 +133,11 @@ pub struct OperatorAddrs {
     pub pid: u32,
 }
 
-/// [`start_operator_as_chart_with`], returning both of the operator's addresses.
-pub fn start_operator_as_chart_at(
-    plane: &mut ControlPlane,
-    namespace: &str,
-    flags: &[&str],
-) -> Result<OperatorAddrs, ClusterError> {
-    start_operator_with_chart_values(plane, namespace, &[], flags)
-}
-
-/// [`start_operator_as_chart_at`] with the chart rendered with `helm` arguments `values` (`--set`, `x=y`).
-pub fn start_operator_with_chart_values(
+/// Applies the chart's manifests (its RBAC among them), rendered with `helm` arguments `values` (`--set`, `x=y`),
+/// into `namespace` server-side and starts the operator binary with `flags` beside the control plane (log
+/// `rdu-operator`), authenticated as the chart's ServiceAccount with a TokenRequest token, so every API call it
+/// makes is checked against the chart's RBAC. Returns where it listens, and its process.
+pub fn start_operator_as_chart(
     plane: &mut ControlPlane,
     namespace: &str,
     values: &[&str],

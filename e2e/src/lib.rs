@@ -28,7 +28,6 @@ pub use assets::{Assets, AssetsError};
 pub use cluster::{
     CHART_RELEASE, ClusterError, OperatorAddrs, SYSTEM_NAMESPACE, create_namespace, install_crd,
     kubectl, kubectl_as, service_account_token, start_operator_as_chart,
-    start_operator_as_chart_at, start_operator_as_chart_with, start_operator_with_chart_values,
 };
 pub use control_plane::{Components, ControlPlane, ControlPlaneError};
 pub use metrics::{MetricsError, Sample};

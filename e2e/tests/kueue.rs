@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use rdu_crds::RduJob;
-use rdu_e2e::cluster::{SYSTEM_NAMESPACE, kubectl, start_operator_with_chart_values};
+use rdu_e2e::cluster::{SYSTEM_NAMESPACE, kubectl, start_operator_as_chart};
 use rdu_e2e::control_plane::ControlPlane;
 use rdu_e2e::kit::{self, WORKER_IMAGE, report_running, report_terminated};
 use rdu_e2e::kueue;
@@ -205,7 +205,7 @@ async fn queued_jobs_wait_for_admission_and_survive_preemption() {
     let _kueue = kueue::start(&mut plane, &dir, Some(PODS_READY_TIMEOUT))
         .await
         .expect("Kueue starts");
-    start_operator_with_chart_values(
+    start_operator_as_chart(
         &mut plane,
         SYSTEM_NAMESPACE,
         &["--set", "kueue.enabled=true"],
@@ -579,7 +579,7 @@ async fn queued_jobs_wait_for_admission_and_survive_preemption() {
         "the quota was released with no operator running: {}",
         w["status"]
     );
-    start_operator_with_chart_values(
+    start_operator_as_chart(
         &mut bed.plane,
         SYSTEM_NAMESPACE,
         &["--set", "kueue.enabled=true"],
@@ -665,7 +665,7 @@ async fn no_job_runs_outside_or_beyond_its_queue() {
     let _kueue = kueue::start(&mut plane, &dir, None)
         .await
         .expect("Kueue starts");
-    start_operator_with_chart_values(
+    start_operator_as_chart(
         &mut plane,
         SYSTEM_NAMESPACE,
         &["--set", "kueue.enabled=true"],

@@ -77,8 +77,9 @@ async fn main() -> anyhow::Result<()> {
     create_namespace(&plane, SYSTEM_NAMESPACE).await?;
     create_namespace(&plane, NAMESPACE).await?;
     create_namespace(&plane, WARM_UP_NAMESPACE).await?;
-    let operator = start_operator_as_chart(&mut plane, SYSTEM_NAMESPACE)
-        .context("starting the operator (RDU_OPERATOR_BIN)")?;
+    let operator = start_operator_as_chart(&mut plane, SYSTEM_NAMESPACE, &[], &[])
+        .context("starting the operator (RDU_OPERATOR_BIN)")?
+        .metrics;
     let admin = plane.admin_client().await?;
     let template = job_template()?;
 

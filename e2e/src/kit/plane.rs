@@ -4,7 +4,7 @@
 use crate::assets::Assets;
 use crate::cluster::{
     CHART_RELEASE, ClusterError, OperatorAddrs, SYSTEM_NAMESPACE, create_namespace, install_crd,
-    kubectl, start_operator_with_chart_values,
+    kubectl, start_operator_as_chart,
 };
 use crate::control_plane::{Components, ControlPlane};
 use crate::tools::{helm_template, workspace_root};
@@ -145,7 +145,7 @@ impl PlaneBuilder {
         let mut plane = self.with_system_namespace().start().await;
         let values: Vec<&str> = values.iter().map(String::as_str).collect();
         let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-        let addrs = start_operator_with_chart_values(&mut plane, SYSTEM_NAMESPACE, &values, &flags)
+        let addrs = start_operator_as_chart(&mut plane, SYSTEM_NAMESPACE, &values, &flags)
             .unwrap_or_else(|e| panic!("{test}: the operator starts: {e}"));
         (plane, addrs)
     }
