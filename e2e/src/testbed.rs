@@ -26,6 +26,7 @@ use crate::kind::{Kind, KindSpec};
 use crate::poll::poll_until;
 use crate::tools::{helm_binary, run_ok, workspace_root};
 
+mod control_plane_faults;
 mod operator_home;
 
 /// The chart's release (its namespace is `SYSTEM_NAMESPACE`).

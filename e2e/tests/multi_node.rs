@@ -17,6 +17,8 @@ use serde_json::{Value, json};
 
 #[path = "multi_node/bandwidth.rs"]
 mod bandwidth;
+#[path = "multi_node/control_plane.rs"]
+mod control_plane;
 #[path = "multi_node/faults.rs"]
 mod faults;
 #[path = "multi_node/preemption.rs"]
@@ -61,6 +63,8 @@ async fn one_job_spans_three_nodes_and_survives_their_faults() {
         format!("devicePlugin.tilesPerRdu={TILES_PER_RDU}"),
         "kueue.enabled=true".to_string(),
         "kueue.manageJobsWithoutQueueName=false".to_string(),
+        // A standby replica, as in production: a killed leader's Lease lapses to it.
+        "operator.replicas=2".to_string(),
     ]);
     for node in &bed.nodes {
         bed.wait_tiles(&node.name, RDUS * TILES_PER_RDU, "after helm install", LONG)
@@ -84,6 +88,7 @@ async fn one_job_spans_three_nodes_and_survives_their_faults() {
     summary.extend(faults.kubelet_restart_then_drain().await);
     summary.extend(faults.crash_then_too_little_capacity().await);
     summary.extend(faults.partition().await);
+    summary.extend(faults.control_plane_faults().await);
 
     let line = Value::Object(summary).to_string();
     println!("{line}");

@@ -24,7 +24,7 @@ impl Testbed {
     }
 
     /// The Lease's holder: the leading replica's pod name.
-    async fn operator_leader(&self) -> Result<Option<String>, String> {
+    pub async fn operator_leader(&self) -> Result<Option<String>, String> {
         let lease = Api::<Lease>::namespaced(self.client.clone(), SYSTEM_NAMESPACE)
             .get_opt(LEASE)
             .await

@@ -15,10 +15,10 @@ use serde_json::{Value, json};
 
 use super::{shared_volume, spread_job};
 
-const LONG: Duration = Duration::from_secs(300);
+pub(crate) const LONG: Duration = Duration::from_secs(300);
 /// How long a fault job trains when nothing disturbs it: long enough to be running through a fault, whatever
 /// this machine's speed (measured by the spread stage).
-const TRAIN_SECONDS: f64 = 60.0;
+pub(crate) const TRAIN_SECONDS: f64 = 60.0;
 /// How many checkpoints a fault job writes in its undisturbed run.
 const CHECKPOINTS: f64 = 30.0;
 /// A partition lasts at least this long (and until the next generation trains elsewhere).

@@ -1,0 +1,96 @@
+//! The control plane's own faults on the kind cluster's control-plane node, as they happen to real clusters: the
+//! API server's static pod taken away and put back (an outage), etcd's container stopped (kubelet starts it
+//! again on the same data), the chart upgraded in place.
+
+use std::time::{Duration, Instant};
+
+use super::{RELEASE, SYSTEM_NAMESPACE, Testbed};
+use crate::cluster::kubectl;
+use crate::tools::{helm_binary, run_ok, workspace_root};
+
+/// Where kubeadm keeps the API server's static pod, and where it is put while the API server is down.
+const API_SERVER_MANIFEST: &str = "/etc/kubernetes/manifests/kube-apiserver.yaml";
+const API_SERVER_PARKED: &str = "/etc/kubernetes/kube-apiserver.yaml.down";
+
+impl Testbed {
+    /// The control-plane node's name.
+    pub fn control_plane_node(&self) -> String {
+        format!("{}-control-plane", self.kind.name)
+    }
+
+    fn control_plane_exec(&self, args: &[&str]) -> String {
+        let node = self.control_plane_node();
+        self.kind
+            .exec(&node, args)
+            .unwrap_or_else(|e| panic!("{args:?} on {node}: {e}"))
+    }
+
+    /// Takes the API server away (its static pod's manifest out of the kubelet's directory) or puts it back.
+    pub fn set_api_server(&self, up: bool) {
+        let (from, to) = if up {
+            (API_SERVER_PARKED, API_SERVER_MANIFEST)
+        } else {
+            (API_SERVER_MANIFEST, API_SERVER_PARKED)
+        };
+        self.control_plane_exec(&["mv", from, to]);
+    }
+
+    /// Stops etcd's container; the kubelet starts it again, on the same data.
+    pub fn restart_etcd(&self) {
+        let id = self.control_plane_exec(&["crictl", "ps", "--name", "^etcd$", "-q"]);
+        let id = id.lines().next().unwrap_or_default().trim().to_string();
+        assert!(!id.is_empty(), "no running etcd container");
+        self.control_plane_exec(&["crictl", "stop", &id]);
+    }
+
+    /// Whether the API server answers `/readyz` now.
+    pub fn api_ready(&self) -> bool {
+        kubectl(
+            &self.plane,
+            &["get", "--raw", "/readyz", "--request-timeout=3s"],
+            None,
+        )
+        .is_ok_and(|out| out.trim() == "ok")
+    }
+
+    /// Waits until the API server's `/readyz` is `up` (answers ok) or not; how long that took.
+    pub async fn wait_api(&self, up: bool, timeout: Duration) -> f64 {
+        let started = Instant::now();
+        let what = if up {
+            "the API server ready"
+        } else {
+            "the API server gone"
+        };
+        self.wait(what, timeout, async || {
+            if self.api_ready() == up {
+                Ok(())
+            } else {
+                Err(format!("ready: {}", !up))
+            }
+        })
+        .await;
+        started.elapsed().as_secs_f64()
+    }
+
+    /// `helm upgrade` of the release with its values and `--set` values on top, as an admin rolls out a change.
+    pub fn helm_upgrade(&self, sets: &[String]) {
+        let chart = workspace_root()
+            .join("charts/rdu-operator")
+            .display()
+            .to_string();
+        let kubeconfig = format!("--kubeconfig={}", self.plane.admin_kubeconfig.display());
+        let mut args = vec![
+            "upgrade",
+            RELEASE,
+            chart.as_str(),
+            "--namespace",
+            SYSTEM_NAMESPACE,
+            "--reuse-values",
+            kubeconfig.as_str(),
+        ];
+        for set in sets {
+            args.extend(["--set", set.as_str()]);
+        }
+        run_ok(&helm_binary(), &args, None).unwrap_or_else(|e| panic!("helm upgrade: {e}"));
+    }
+}

@@ -1,0 +1,162 @@
+//! The control plane's own faults under a running job (issue 35, item 2), one after the other, each with its
+//! timeline: the API server down 30 s, etcd restarted on its data, the leading operator replica killed (two
+//! replicas: the other takes over when the Lease lapses), and the operator upgraded by `helm upgrade`. None of
+//! them may restart the gang, fail the job or stop its progress from reaching the status: the same pods run
+//! from the first fault to Succeeded. The job watches its progress (`progressDeadlineSeconds: 20`): reports
+//! that could not arrive while the API server or the operator was away are missing, not a hang.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use serde_json::{Map, Value, json};
+
+use super::faults::{Faults, LONG, TRAIN_SECONDS};
+use super::shared_volume;
+
+/// How long the API server stays away.
+const API_OUTAGE: Duration = Duration::from_secs(30);
+
+impl Faults {
+    pub async fn control_plane_faults(&mut self) -> Map<String, Value> {
+        let name = "steady";
+        let (mut job, _, interval) = self.fault_job(name, 120);
+        // Long enough to train through all four faults.
+        let steps = (self.steps_per_second * 5.0 * TRAIN_SECONDS).ceil() as u64;
+        job["spec"]["training"]["steps"] = json!(steps);
+        job["spec"]["runPolicy"]["progressDeadlineSeconds"] = json!(20);
+        shared_volume(&self.bed, &self.shared, name);
+        self.bed.apply(&job.to_string());
+        self.bed.wait_phase(name, "Running", LONG).await;
+        self.wait_checkpointed(name, interval).await;
+        let pods = self.rank_pod_uids(name).await;
+        let mut out = Map::new();
+
+        // The API server away for 30 s: ranks train on (they talk to each other, not to it).
+        let step = self.progress_step(name).await.expect("progress");
+        let fault = Instant::now();
+        self.bed.set_api_server(false);
+        let gone = self.bed.wait_api(false, LONG).await;
+        // The outage's length is the fault itself, held, not a wait for anything.
+        tokio::time::sleep(API_OUTAGE.saturating_sub(fault.elapsed())).await;
+        self.bed.set_api_server(true);
+        let down_for = fault.elapsed().as_secs_f64();
+        let back = Instant::now();
+        let ready = self.bed.wait_api(true, LONG).await;
+        self.progress_past(name, step).await;
+        out.insert(
+            "api_server_outage".into(),
+            json!({"down_seconds": down_for, "gone_seconds": gone, "back_to_ready_seconds": ready,
+                   "back_to_progress_in_status_seconds": back.elapsed().as_secs_f64()}),
+        );
+
+        // etcd restarted, its data kept.
+        let step = self.progress_step(name).await.expect("progress");
+        let fault = Instant::now();
+        self.bed.restart_etcd();
+        let ready = self.bed.wait_api(true, LONG).await;
+        let progress = self.progress_past(name, step).await;
+        out.insert(
+            "etcd_restart".into(),
+            json!({"to_api_ready_seconds": ready, "to_progress_in_status_seconds": progress,
+                   "total_seconds": fault.elapsed().as_secs_f64()}),
+        );
+
+        // The leading replica killed (its pod force-deleted: no graceful release of the Lease).
+        let leader = self
+            .bed
+            .operator_leader()
+            .await
+            .expect("lease")
+            .expect("a leader");
+        let step = self.progress_step(name).await.expect("progress");
+        let fault = Instant::now();
+        self.bed.kubectl(&[
+            "delete",
+            "pod",
+            &leader,
+            "-n",
+            "rdu-system",
+            "--grace-period=0",
+            "--force",
+        ]);
+        let bed = &self.bed;
+        bed.wait("another replica leads", LONG, async || {
+            match bed.operator_leader().await? {
+                Some(now) if now != leader => Ok(()),
+                other => Err(format!("lease held by {other:?}")),
+            }
+        })
+        .await;
+        let took_over = fault.elapsed().as_secs_f64();
+        let progress = self.progress_past(name, step).await;
+        out.insert(
+            "operator_leader_killed".into(),
+            json!({"to_new_leader_seconds": took_over, "to_progress_in_status_seconds": progress}),
+        );
+
+        // The operator upgraded in place (a new pod template: every replica replaced).
+        let step = self.progress_step(name).await.expect("progress");
+        let fault = Instant::now();
+        self.bed
+            .helm_upgrade(&["operator.logLevel=debug".to_string()]);
+        self.bed.kubectl(&[
+            "rollout",
+            "status",
+            "deployment/rdu-rdu-operator",
+            "-n",
+            "rdu-system",
+            "--timeout=300s",
+        ]);
+        let rolled = fault.elapsed().as_secs_f64();
+        let progress = self.progress_past(name, step).await;
+        out.insert(
+            "operator_helm_upgrade".into(),
+            json!({"rollout_seconds": rolled, "to_progress_in_status_seconds": progress}),
+        );
+
+        // The same pods throughout: no gang restart, nothing counted.
+        assert_eq!(
+            self.rank_pod_uids(name).await,
+            pods,
+            "the control plane's faults replaced {name}'s pods"
+        );
+        let done = self.bed.wait_phase(name, "Succeeded", LONG).await;
+        let status = &done["status"];
+        assert_eq!(status["result"]["globalSteps"], steps, "{status}");
+        for field in ["restarts", "failureRestarts", "disruptionRestarts"] {
+            assert_eq!(status[field].as_u64(), Some(0), "{field}: {status}");
+        }
+        out.insert("control_plane_faults_gang_restarts".into(), json!(0));
+        self.bed
+            .kubectl(&["delete", "rdujob", name, "-n", "default", "--wait=true"]);
+        out
+    }
+
+    /// The UIDs of job `name`'s pods.
+    async fn rank_pod_uids(&self, name: &str) -> BTreeSet<String> {
+        self.bed
+            .pods("default", &format!("rdu.dev/job-name={name}"))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .into_iter()
+            .filter_map(|p| p.metadata.uid)
+            .collect()
+    }
+
+    /// Waits until `status.progress` says a step past `step`: the ranks trained on and the operator wrote it.
+    /// Seconds it took.
+    async fn progress_past(&self, name: &str, step: u64) -> f64 {
+        let started = Instant::now();
+        self.bed
+            .wait("progress in status past the fault", LONG, async || {
+                let now = self.progress_step(name).await?;
+                if now > step {
+                    Ok(())
+                } else {
+                    Err(format!("step {now}"))
+                }
+            })
+            .await;
+        started.elapsed().as_secs_f64()
+    }
+}
