@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::reflector::{ObjectRef, Store};
 use rdu_crds::{RduJob, consts};
 
-use crate::nodes::{ClusterView, RankNeeds, loss, room};
+use crate::nodes::{ClusterView, Loss, RankNeeds, fully_disrupted, loss, room};
 
 /// The node cache, whether it is complete, and whether a new generation waits for room.
 #[derive(Clone)]
@@ -63,12 +63,14 @@ impl NodeCache {
             .map(|s| s.ranks.as_slice())
             .unwrap_or_default();
         names.extend(ranks.iter().filter_map(|r| r.node.as_deref()));
+        let every_node_unreachable = fully_disrupted(self.store.state().iter().map(AsRef::as_ref));
         let lost: BTreeMap<String, _> = names
             .into_iter()
             .filter_map(|name| {
                 let node = self.store.get(&ObjectRef::new(name));
                 loss(node.as_deref()).map(|l| (name.to_string(), l))
             })
+            .filter(|(_, l)| !(every_node_unreachable && *l == Loss::Unreachable))
             .collect();
         let room = (self.wait_for_room && pods.is_empty())
             .then(|| {

@@ -58,6 +58,21 @@ pub fn loss(node: Option<&Node>) -> Option<Loss> {
     (ready(node).as_deref() == Some("Unknown")).then_some(Loss::Unreachable)
 }
 
+/// Whether every one of `nodes` (at least one) is unreachable at once: the node lifecycle controller's "full
+/// disruption", which it takes for a fault of the control plane or of the network in front of it rather than of
+/// the nodes, and evicts nothing. An API server outage leaves every kubelet's heartbeat stale together; the
+/// operator then loses no node either (deleted and out-of-service nodes are still lost).
+pub fn fully_disrupted<'a>(nodes: impl IntoIterator<Item = &'a Node>) -> bool {
+    let mut any = false;
+    for node in nodes {
+        if ready(node).as_deref() != Some("Unknown") {
+            return false;
+        }
+        any = true;
+    }
+    any
+}
+
 /// The status of the node's Ready condition, if it has one.
 fn ready(node: &Node) -> Option<String> {
     node.status

@@ -213,3 +213,26 @@ fn only_what_matters_to_jobs_changes_the_fingerprint() {
         assert_ne!(fingerprint(&base), fingerprint(&changed), "{changed:?}");
     }
 }
+
+#[test]
+fn every_node_unreachable_at_once_is_a_control_plane_fault_not_a_node_loss() {
+    let unknown = |name| node(name, "Unknown", serde_json::json!({}));
+    let ready = |name| node(name, "True", serde_json::json!({}));
+    let cases: [(&str, Vec<Node>, bool); 4] = [
+        (
+            "all unknown",
+            vec![unknown("a"), unknown("b"), unknown("c")],
+            true,
+        ),
+        (
+            "one reachable",
+            vec![unknown("a"), ready("b"), unknown("c")],
+            false,
+        ),
+        ("one unknown", vec![ready("a"), unknown("b")], false),
+        ("no node", vec![], false),
+    ];
+    for (name, nodes, disrupted) in cases {
+        assert_eq!(fully_disrupted(&nodes), disrupted, "{name}");
+    }
+}
