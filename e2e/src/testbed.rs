@@ -323,12 +323,18 @@ impl Testbed {
     }
 
     /// Waits until node `name` posted a Ready heartbeat after `after` (its kubelet is the one started since).
+    /// The heartbeat's time has whole seconds: one posted in the second the kubelet restarted counts (a kubelet
+    /// posts its status as it starts, often within that second; the one before posts every 5 minutes).
     pub async fn wait_ready_heartbeat_after(
         &self,
         name: &str,
         after: std::time::SystemTime,
         timeout: Duration,
     ) {
+        let after_second = after
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| std::time::UNIX_EPOCH + Duration::from_secs(d.as_secs()))
+            .unwrap_or(after);
         self.wait(
             &format!("a Ready heartbeat of {name} newer than {after:?}"),
             timeout,
@@ -343,7 +349,7 @@ impl Testbed {
                     .and_then(|t| t.parse::<jiff::Timestamp>().ok())
                     .map(std::time::SystemTime::from)
                     .ok_or("no Ready heartbeat")?;
-                if heartbeat > after {
+                if heartbeat >= after_second {
                     Ok(())
                 } else {
                     Err(format!("last Ready heartbeat {heartbeat:?}"))
