@@ -234,8 +234,13 @@ impl Kind {
         output(self.engine_command().args(["kill", node])).map(drop)
     }
 
-    /// Starts node `node`'s container again on the same disk (a reboot after a crash).
+    /// Starts node `node`'s container again on the same disk and with the same address (a reboot after a crash).
+    /// Started as it is, the engine may give it another address on kind's network while its Node object, its
+    /// kubelet (`--node-ip`) and its peers' routes to its pods keep the old one: pods elsewhere could no longer
+    /// reach the pods on it. So it is taken off the network and put back with its address before it starts.
     pub fn start(&self, node: &str) -> Result<(), KindError> {
+        self.set_connected(node, false)?;
+        self.set_connected(node, true)?;
         output(self.engine_command().args(["start", node])).map(drop)
     }
 
