@@ -1,5 +1,5 @@
 //! The control plane's own faults on the kind cluster's control-plane node, as they happen to real clusters: the
-//! API server's static pod taken away and put back (an outage), etcd's container stopped (kubelet starts it
+//! API server's static pod taken away and put back (an outage), etcd stopped (the kubelet starts its container
 //! again on the same data), the chart upgraded in place.
 
 use std::time::{Duration, Instant};
@@ -35,12 +35,22 @@ impl Testbed {
         self.control_plane_exec(&["mv", from, to]);
     }
 
-    /// Stops etcd's container; the kubelet starts it again, on the same data.
+    /// Stops etcd (SIGTERM to its process); the kubelet starts its container again, on the same data.
     pub fn restart_etcd(&self) {
-        let id = self.control_plane_exec(&["crictl", "ps", "--name", "^etcd$", "-q"]);
-        let id = id.lines().next().unwrap_or_default().trim().to_string();
-        assert!(!id.is_empty(), "no running etcd container");
-        self.control_plane_exec(&["crictl", "stop", &id]);
+        self.control_plane_exec(&["pkill", "-TERM", "-x", "etcd"]);
+    }
+
+    /// How many times etcd's container restarted, as its static pod's mirror says.
+    pub async fn etcd_restarts(&self) -> Result<u64, String> {
+        let pod = format!("etcd-{}", self.control_plane_node());
+        let pods = kube::Api::<k8s_openapi::api::core::v1::Pod>::namespaced(
+            self.client.clone(),
+            "kube-system",
+        );
+        let found = self.get(pods, &pod).await?;
+        found["status"]["containerStatuses"][0]["restartCount"]
+            .as_u64()
+            .ok_or_else(|| format!("no restart count: {}", found["status"]))
     }
 
     /// Whether the API server answers `/readyz` now.

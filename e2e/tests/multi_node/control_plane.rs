@@ -51,8 +51,17 @@ impl Faults {
 
         // etcd restarted, its data kept.
         let step = self.progress_step(name).await.expect("progress");
+        let etcd_before = self.bed.etcd_restarts().await.expect("etcd's pod");
         let fault = Instant::now();
         self.bed.restart_etcd();
+        let bed = &self.bed;
+        bed.wait("etcd restarted by the kubelet", LONG, async || {
+            match bed.etcd_restarts().await {
+                Ok(now) if now > etcd_before => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
         let ready = self.bed.wait_api(true, LONG).await;
         let progress = self.progress_past(name, step).await;
         out.insert(
