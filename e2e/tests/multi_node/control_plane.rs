@@ -107,7 +107,7 @@ impl Faults {
         let step = self.progress_step(name).await.expect("progress");
         let fault = Instant::now();
         self.bed
-            .helm_upgrade(&["operator.logLevel=debug".to_string()]);
+            .helm_upgrade(&["operator.podAnnotations.upgraded=now".to_string()]);
         self.bed.kubectl(&[
             "rollout",
             "status",
