@@ -5,7 +5,7 @@
 # manager on the host against its API server, `helm install` of the chart, an 8-rank job spread over the nodes, a
 # queued job preempted by a higher priority and resumed, then a kubelet restart, a drain, a node crash, a
 # partition and a capacity shortage under running jobs, then the control plane's own faults (the API server
-# down 30 s, etcd restarted, the operator's leader killed). The last stdout line is the run's JSON summary
+# down 30 s, etcd restarted, the operator's leader killed, helm upgrade). The last stdout line is the run's JSON summary
 # ({"bench":"multi_node",...}).
 #
 # Needs kind, kubectl, helm, and docker or podman (as e2e/kind/run.sh; see e2e/kind/testbed.sh for the env), and

@@ -184,7 +184,8 @@ fn the_chart_grants_exactly_the_operators_api_use() {
             .map(|(k, n)| (k.to_string(), n.to_string()))
             .collect::<Vec<_>>()
     );
-    // The Lease: any may be created (RBAC cannot name a create's object), only the operator's read and updated.
+    // The Lease: any may be created (RBAC cannot name a create's object), only the operator's read and updated;
+    // the leader labels its own pod.
     let lease = grants(&[
         ("coordination.k8s.io", &["leases"], &["create"], &[]),
         (
@@ -193,6 +194,7 @@ fn the_chart_grants_exactly_the_operators_api_use() {
             &["get", "update"],
             &["rdu-operator"],
         ),
+        ("", &["pods"], &["patch"], &[]),
     ]);
     assert_eq!(
         rendered_grants(&docs, "Role", "rdu-rdu-operator-leader-election"),

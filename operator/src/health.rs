@@ -1,4 +1,5 @@
-//! The operator's HTTP endpoints: /metrics (Prometheus text), /healthz (alive), /readyz (caches synced).
+//! The operator's HTTP endpoints: /metrics (Prometheus text), /healthz (alive), /readyz (a standby waiting for the
+//! Lease, or the leader with its caches synced).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,25 +14,49 @@ use crate::metrics::Metrics;
 /// What the endpoints report, shared with the controller.
 pub struct Health {
     pub metrics: Arc<Metrics>,
-    ready: AtomicBool,
+    /// Leads, and the controller's caches hold their first full list.
+    synced: AtomicBool,
+    /// Waits for the Lease, ready to take over.
+    standby: AtomicBool,
 }
 
 impl Health {
     pub fn new(metrics: Arc<Metrics>) -> Self {
         Health {
             metrics,
-            ready: AtomicBool::new(false),
+            synced: AtomicBool::new(false),
+            standby: AtomicBool::new(false),
         }
     }
 
-    /// Whether the controller's caches are synced (and this replica leads).
-    pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::SeqCst)
+    /// Whether this replica leads and the controller's caches are synced: only then it reconciles and takes
+    /// progress reports.
+    pub fn is_synced(&self) -> bool {
+        self.synced.load(Ordering::SeqCst)
     }
 
     /// Marks the controller's caches synced (true) or the controller stopped (false).
-    pub fn set_ready(&self, ready: bool) {
-        self.ready.store(ready, Ordering::SeqCst);
+    pub fn set_synced(&self, synced: bool) {
+        self.synced.store(synced, Ordering::SeqCst);
+    }
+
+    /// Marks this replica waiting for the Lease (true) or leading or stopping (false). A standby is ready: a
+    /// rolling update replaces the leader only once its successor is ready, and a successor that had to lead to
+    /// be ready would never be.
+    pub fn set_standby(&self, standby: bool) {
+        self.standby.store(standby, Ordering::SeqCst);
+    }
+
+    /// What /readyz answers: ready as a standby or as the leader with synced caches, not while the new leader
+    /// lists or once the replica stops.
+    fn readiness(&self) -> Result<&'static str, &'static str> {
+        if self.standby.load(Ordering::SeqCst) {
+            Ok("ready: standby")
+        } else if self.is_synced() {
+            Ok("ready: leading")
+        } else {
+            Err("not ready: leading with caches not synced yet, or stopping")
+        }
     }
 }
 
@@ -54,13 +79,9 @@ async fn metrics_text(State(health): State<Arc<Health>>) -> String {
 }
 
 async fn readyz(State(health): State<Arc<Health>>) -> (StatusCode, &'static str) {
-    if health.ready.load(Ordering::SeqCst) {
-        (StatusCode::OK, "ready")
-    } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: caches not synced or not the leader",
-        )
+    match health.readiness() {
+        Ok(ready) => (StatusCode::OK, ready),
+        Err(not) => (StatusCode::SERVICE_UNAVAILABLE, not),
     }
 }
 
@@ -90,8 +111,15 @@ mod tests {
 
         assert!(get(addr, "/healthz").await.starts_with("HTTP/1.1 200"));
         assert!(get(addr, "/readyz").await.starts_with("HTTP/1.1 503"));
-        health.set_ready(true);
-        assert!(get(addr, "/readyz").await.starts_with("HTTP/1.1 200"));
+        health.set_standby(true);
+        let standby = get(addr, "/readyz").await;
+        assert!(standby.starts_with("HTTP/1.1 200"), "{standby}");
+        assert!(standby.ends_with("ready: standby"), "{standby}");
+        assert!(!health.is_synced(), "a standby neither reconciles nor takes reports");
+        health.set_standby(false);
+        assert!(get(addr, "/readyz").await.starts_with("HTTP/1.1 503"));
+        health.set_synced(true);
+        assert!(get(addr, "/readyz").await.ends_with("ready: leading"));
         health.metrics.reconciles.inc();
         let metrics = get(addr, "/metrics").await;
         assert!(

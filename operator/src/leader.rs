@@ -1,17 +1,25 @@
-//! Leader election over a coordination.k8s.io/v1 Lease: acquire, renew, release. Only the holder reconciles.
+//! Leader election over a coordination.k8s.io/v1 Lease: acquire, renew, release. Only the holder reconciles, and
+//! only its pod carries the leader label the progress Service selects.
 
 use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::Client;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 
 /// How long a lease holds without renewal.
 pub const LEASE_SECONDS: i32 = 15;
 /// How often the holder renews.
 pub const RENEW_EVERY: Duration = Duration::from_secs(5);
+
+/// The label the leading replica puts on its own pod. The progress Service selects it: a standby is ready (so a
+/// rolling update can replace the leader) but takes no reports, so reports must reach the leader alone.
+pub const LEADER_LABEL: &str = "rdu.dev/operator-leader";
+/// The field manager of the leader label, apart from the operator's own so that applying without it removes it.
+const LEADER_LABEL_MANAGER: &str = "rdu-operator-leader-label";
 
 /// Why the lease could not be taken or kept.
 #[derive(Debug, thiserror::Error)]
@@ -161,6 +169,41 @@ impl LeaderElector {
         spec.acquire_time = None;
         self.api
             .replace(&self.name, &PostParams::default(), &lease)
+            .await?;
+        Ok(())
+    }
+}
+
+/// This replica's own pod, labelled with [`LEADER_LABEL`] while it leads.
+pub struct OwnPod {
+    api: Api<Pod>,
+    name: String,
+}
+
+impl OwnPod {
+    pub fn new(client: Client, namespace: &str, name: &str) -> Self {
+        OwnPod {
+            api: Api::namespaced(client, namespace),
+            name: name.to_string(),
+        }
+    }
+
+    /// Puts the leader label on the pod (true) or takes it off (false), by server-side apply under a field
+    /// manager of its own: applying no label removes the one it set, and touches nothing else of the pod.
+    pub async fn mark_leading(&self, leading: bool) -> Result<(), kube::Error> {
+        let labels = if leading {
+            serde_json::json!({ LEADER_LABEL: "true" })
+        } else {
+            serde_json::json!({})
+        };
+        let pod = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": { "name": self.name, "labels": labels },
+        });
+        let params = PatchParams::apply(LEADER_LABEL_MANAGER).force();
+        self.api
+            .patch(&self.name, &params, &Patch::Apply(&pod))
             .await?;
         Ok(())
     }

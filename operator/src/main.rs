@@ -19,7 +19,7 @@ use kube::{Client, ResourceExt};
 use rdu_crds::{JobPhase, RduJob};
 use rdu_operator::health::Health;
 use rdu_operator::kueue;
-use rdu_operator::leader::LeaderElector;
+use rdu_operator::leader::{LeaderElector, OwnPod};
 use rdu_operator::metrics::Metrics;
 use rdu_operator::node_cache::NodeCache;
 use rdu_operator::nodes::fingerprint;
@@ -55,6 +55,10 @@ struct Args {
     /// This replica's identity in the Lease (default: the hostname).
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
+    /// This replica's own pod, in the Lease's namespace: labelled `rdu.dev/operator-leader=true` while it leads,
+    /// so that the progress Service (which selects the label) reaches the leader only. Unset outside a pod.
+    #[arg(long, env = "RDU_LEADER_POD")]
+    leader_pod: Option<String>,
     /// Log format.
     #[arg(long, env = "RDU_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -158,12 +162,27 @@ async fn main() -> anyhow::Result<()> {
         &args.lease_name,
         &identity,
     );
+    let own_pod = args
+        .leader_pod
+        .as_deref()
+        .map(|pod| Arc::new(OwnPod::new(client.clone(), &args.lease_namespace, pod)));
+    if let Some(pod) = &own_pod {
+        // A replica restarted after it lost the Lease still carries the label: progress would reach a standby.
+        if let Err(error) = pod.mark_leading(false).await {
+            warn!(%error, "could not take the leader label off this replica's pod");
+        }
+    }
+    health.set_standby(true);
     info!(%identity, lease = %args.lease_name, namespace = %args.lease_namespace, "waiting for leadership");
     tokio::select! {
         acquired = elector.acquire() => acquired.context("leader election failed")?,
         _ = shutdown_signal() => { info!("shutting down before becoming leader"); return Ok(()); }
     }
+    health.set_standby(false);
     info!(%identity, "became leader");
+    if let Some(pod) = own_pod.clone() {
+        tokio::spawn(label_leader(pod));
+    }
 
     let pod_groups = pod_group_crd_installed(&client).await?;
     tokio::spawn(write_progress(progress, client.clone()));
@@ -265,7 +284,12 @@ async fn main() -> anyhow::Result<()> {
         _ = run => Ok(()),
         lost = elector.keep() => Err(lost),
     };
-    health.set_ready(false);
+    health.set_synced(false);
+    if let Some(pod) = &own_pod {
+        if let Err(error) = pod.mark_leading(false).await {
+            warn!(%error, "could not take the leader label off this replica's pod");
+        }
+    }
     match outcome {
         Ok(()) => {
             info!("shut down; releasing the lease");
@@ -276,6 +300,18 @@ async fn main() -> anyhow::Result<()> {
         }
         Err(lost) => bail!("stopping: {lost}"),
     }
+}
+
+/// Labels this replica's pod as the leader's, retrying until the API server takes it: without the label no
+/// progress report reaches this replica.
+async fn label_leader(pod: Arc<OwnPod>) {
+    let mut delay = std::time::Duration::from_millis(500);
+    while let Err(error) = pod.mark_leading(true).await {
+        warn!(%error, "could not label this replica's pod as the leader's; retrying");
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(std::time::Duration::from_secs(10));
+    }
+    info!("labelled this replica's pod as the leader's");
 }
 
 /// The pod watch, driven by a task of its own that fills the pod cache and then passes each touched pod on to the
@@ -397,7 +433,7 @@ fn on_first_sync<K>(synced: Arc<Synced>) -> impl FnMut(&watcher::Event<K>) {
         if matches!(event, watcher::Event::InitDone) && !counted {
             counted = true;
             if synced.left.fetch_sub(1, Ordering::SeqCst) == 1 {
-                synced.health.set_ready(true);
+                synced.health.set_synced(true);
                 info!("caches synced; ready");
             }
         }

@@ -88,7 +88,7 @@ async fn run_pipeline(job: &RduJob, ctx: &Context) -> Result<Requeue, ReconcileE
         ctx.status_writes.forget(&job_key(job));
         return Ok(Requeue::await_change());
     }
-    if !ctx.caches.is_ready() {
+    if !ctx.caches.is_synced() {
         debug!(job = %job.name_any(), "the caches are still listing; waiting");
         return Ok(Requeue::requeue(WAIT_FOR_STATUS));
     }

@@ -2,7 +2,7 @@
 
 mod support;
 
-use rdu_operator::leader::LeaderElector;
+use rdu_operator::leader::{LEADER_LABEL, LeaderElector, OwnPod};
 use support::fake_api::FakeApi;
 
 const LEASE: &str = "/apis/coordination.k8s.io/v1/namespaces/ops/leases/rdu-operator";
@@ -46,4 +46,23 @@ async fn an_expired_lease_is_taken_over() {
         fake.get(LEASE).expect("lease")["spec"]["leaseTransitions"],
         5
     );
+}
+
+#[tokio::test]
+async fn the_leader_labels_its_own_pod_and_takes_the_label_off_when_it_stops() {
+    const POD: &str = "/api/v1/namespaces/ops/pods/rdu-operator-abc";
+    let fake = FakeApi::default();
+    fake.put(
+        POD,
+        serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "rdu-operator-abc", "namespace": "ops"}}),
+    );
+    let pod = OwnPod::new(fake.client(), "ops", "rdu-operator-abc");
+    pod.mark_leading(true).await.expect("label");
+    assert_eq!(
+        fake.get(POD).expect("pod")["metadata"]["labels"][LEADER_LABEL],
+        "true"
+    );
+    pod.mark_leading(false).await.expect("unlabel");
+    assert!(fake.get(POD).expect("pod")["metadata"]["labels"][LEADER_LABEL].is_null());
 }

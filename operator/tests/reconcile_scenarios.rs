@@ -416,7 +416,7 @@ async fn a_new_leader_waits_for_its_caches_before_judging_a_running_gang() {
         writer.apply_watcher_event(&kube::runtime::watcher::Event::InitApply(pod));
     }
     let caches = ready_caches();
-    caches.set_ready(false);
+    caches.set_synced(false);
     let ctx = std::sync::Arc::new(rdu_operator::Context {
         client: h.ctx.client.clone(),
         recorder: h.ctx.recorder.clone(),
@@ -439,7 +439,7 @@ async fn a_new_leader_waits_for_its_caches_before_judging_a_running_gang() {
 
     // The list ends: the same gang, running.
     writer.apply_watcher_event(&kube::runtime::watcher::Event::InitDone);
-    caches.set_ready(true);
+    caches.set_synced(true);
     reconcile(job(&fake), ctx).await.expect("reconcile");
     assert_eq!(phase(&fake), json!("Running"));
     assert_eq!(pod_requests(&fake, "DELETE"), deletes_before);

@@ -1,11 +1,12 @@
 //! The control plane's own faults on the kind cluster's control-plane node, as they happen to real clusters: the
 //! API server's static pod taken away and put back (an outage), etcd stopped (the kubelet starts its container
-//! again on the same data).
+//! again on the same data), the chart upgraded in place.
 
 use std::time::{Duration, Instant};
 
-use super::Testbed;
+use super::{RELEASE, SYSTEM_NAMESPACE, Testbed};
 use crate::cluster::kubectl;
+use crate::tools::{helm_binary, run_ok, workspace_root};
 
 /// Where kubeadm keeps the API server's static pod, and where it is put while the API server is down.
 const API_SERVER_MANIFEST: &str = "/etc/kubernetes/manifests/kube-apiserver.yaml";
@@ -79,5 +80,27 @@ impl Testbed {
         })
         .await;
         started.elapsed().as_secs_f64()
+    }
+
+    /// `helm upgrade` of the release with its values and `--set` values on top, as an admin rolls out a change.
+    pub fn helm_upgrade(&self, sets: &[String]) {
+        let chart = workspace_root()
+            .join("charts/rdu-operator")
+            .display()
+            .to_string();
+        let kubeconfig = format!("--kubeconfig={}", self.plane.admin_kubeconfig.display());
+        let mut args = vec![
+            "upgrade",
+            RELEASE,
+            chart.as_str(),
+            "--namespace",
+            SYSTEM_NAMESPACE,
+            "--reuse-values",
+            kubeconfig.as_str(),
+        ];
+        for set in sets {
+            args.extend(["--set", set.as_str()]);
+        }
+        run_ok(&helm_binary(), &args, None).unwrap_or_else(|e| panic!("helm upgrade: {e}"));
     }
 }

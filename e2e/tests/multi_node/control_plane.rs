@@ -1,9 +1,8 @@
 //! The control plane's own faults under a running job (issue 35, item 2), one after the other, each with its
-//! timeline: the API server down 30 s, etcd restarted on its data, and the leading operator replica killed (two
-//! replicas: the other takes over when the Lease lapses). None of them may restart the gang, fail the job or
-//! stop its progress from reaching the status: the same pods run from the first fault to Succeeded. (`helm
-//! upgrade` is not here: it exposed that a rolling update of the operator never completes, because /readyz is
-//! true only on the leader, so a new replica never becomes ready while the old one leads; see DESIGN 9.) The job watches its progress (`progressDeadlineSeconds: 20`): reports
+//! timeline: the API server down 30 s, etcd restarted on its data, the leading operator replica killed (two
+//! replicas: the other takes over when the Lease lapses), and the operator upgraded by `helm upgrade`. None of
+//! them may restart the gang, fail the job or stop its progress from reaching the status: the same pods run
+//! from the first fault to Succeeded. The job watches its progress (`progressDeadlineSeconds: 20`): reports
 //! that could not arrive while the API server or the operator was away are missing, not a hang.
 
 use std::collections::BTreeSet;
@@ -102,6 +101,26 @@ impl Faults {
         out.insert(
             "operator_leader_killed".into(),
             json!({"to_new_leader_seconds": took_over, "to_progress_in_status_seconds": progress}),
+        );
+
+        // The operator upgraded in place (a new pod template: every replica replaced).
+        let step = self.progress_step(name).await.expect("progress");
+        let fault = Instant::now();
+        self.bed
+            .helm_upgrade(&["operator.podAnnotations.upgraded=now".to_string()]);
+        self.bed.kubectl(&[
+            "rollout",
+            "status",
+            "deployment/rdu-rdu-operator",
+            "-n",
+            "rdu-system",
+            "--timeout=300s",
+        ]);
+        let rolled = fault.elapsed().as_secs_f64();
+        let progress = self.progress_past(name, step).await;
+        out.insert(
+            "operator_helm_upgrade".into(),
+            json!({"rollout_seconds": rolled, "to_progress_in_status_seconds": progress}),
         );
 
         // The same pods throughout: no gang restart, nothing counted.

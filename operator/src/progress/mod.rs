@@ -175,7 +175,7 @@ impl ProgressService {
         bearer: Option<&str>,
         body: &[u8],
     ) -> Result<(), Refusal> {
-        if !self.health.is_ready() {
+        if !self.health.is_synced() {
             return Err(Refusal::NotReady);
         }
         let token = bearer.ok_or(Refusal::NoToken)?;

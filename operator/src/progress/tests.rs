@@ -114,7 +114,7 @@ fn fixture(change: impl FnOnce(&mut Pod), more: Vec<(String, PodIdentity)>) -> F
     let health = Arc::new(Health::new(Arc::new(Metrics::new(
         reflector::store::<RduJob>().0,
     ))));
-    health.set_ready(true);
+    health.set_synced(true);
     Fixture {
         svc: ProgressService::new(signed.clone(), jobs, pods, health),
         signed,
@@ -377,7 +377,7 @@ async fn a_second_report_within_a_second_is_rate_limited() {
 #[tokio::test]
 async fn nothing_is_taken_before_the_caches_are_ready() {
     let f = service();
-    f.svc.health.set_ready(false);
+    f.svc.health.set_synced(false);
     let refusal = send(&f.svc, Some(&f.rank0), &report(1, 10))
         .await
         .expect_err("not ready");

@@ -166,6 +166,6 @@ pub fn ready_caches() -> Arc<rdu_operator::health::Health> {
     let health = Arc::new(rdu_operator::health::Health::new(Arc::new(Metrics::new(
         store,
     ))));
-    health.set_ready(true);
+    health.set_synced(true);
     health
 }
