@@ -1,6 +1,7 @@
 //! The chart's ValidatingAdmissionPolicy for the pod policy, generated from the rules so that the API server
 //! and the operator refuse the same templates with the same messages.
 
+use super::rules::{SAFE_SYSCTLS, SELINUX_TYPES, VOLUME_KEYS};
 use super::{Guard, RULES};
 
 /// Where the generated template lives, from the workspace root.
@@ -34,6 +35,17 @@ pub fn admission_policy_yaml() -> String {
     for (name, expression) in VARIABLES {
         out += &format!("    - name: {name}\n      expression: \"{expression}\"\n");
     }
+    // The lists the Rust checks read, written once there.
+    for (name, list) in [
+        ("safeSysctls", &SAFE_SYSCTLS[..]),
+        ("seLinuxTypes", &SELINUX_TYPES[..]),
+        ("volumeKeys", &VOLUME_KEYS[..]),
+    ] {
+        out += &format!(
+            "    - name: {name}\n      expression: \"{}\"\n",
+            cel_list(list)
+        );
+    }
     out += "    - name: serviceAccounts\n      expression: {{ toJson .Values.podPolicy.serviceAccounts | quote }}\n";
     out += "    - name: runtimeClasses\n      expression: {{ toJson .Values.podPolicy.runtimeClasses | quote }}\n";
     out += "  validations:\n";
@@ -54,6 +66,12 @@ pub fn admission_policy_yaml() -> String {
     }
     out += BINDING;
     out
+}
+
+/// A CEL list of string literals.
+fn cel_list(items: &[&str]) -> String {
+    let quoted: Vec<String> = items.iter().map(|i| format!("'{i}'")).collect();
+    format!("[{}]", quoted.join(", "))
 }
 
 const HEADER: &str = r#"{{- /*

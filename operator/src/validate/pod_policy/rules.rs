@@ -9,7 +9,7 @@ use super::{
 };
 
 /// Sysctls Pod Security deems safe (its baseline list, Kubernetes 1.34).
-const SAFE_SYSCTLS: [&str; 10] = [
+pub(super) const SAFE_SYSCTLS: [&str; 10] = [
     "kernel.shm_rmid_forced",
     "net.ipv4.ip_local_port_range",
     "net.ipv4.ip_unprivileged_port_start",
@@ -23,7 +23,7 @@ const SAFE_SYSCTLS: [&str; 10] = [
 ];
 
 /// SELinux types Pod Security allows (the empty one: unset).
-const SELINUX_TYPES: [&str; 5] = [
+pub(super) const SELINUX_TYPES: [&str; 5] = [
     "",
     "container_t",
     "container_init_t",
@@ -32,7 +32,7 @@ const SELINUX_TYPES: [&str; 5] = [
 ];
 
 /// Volume types `restricted` allows, with hostPath and secret, which rules of their own judge.
-const VOLUME_KEYS: [&str; 10] = [
+pub(super) const VOLUME_KEYS: [&str; 10] = [
     "name",
     "configMap",
     "csi",
@@ -237,10 +237,7 @@ pub const RULES: &[Rule] = &[
                         .any(|s| !SAFE_SYSCTLS.contains(&s.name.as_str()))
                 })
         },
-        cel: "variables.pod.?sysctls.orValue([]).all(s, s.?name.orValue('') in ['kernel.shm_rmid_forced', \
-              'net.ipv4.ip_local_port_range', 'net.ipv4.ip_unprivileged_port_start', 'net.ipv4.tcp_syncookies', \
-              'net.ipv4.ping_group_range', 'net.ipv4.ip_local_reserved_ports', 'net.ipv4.tcp_keepalive_time', \
-              'net.ipv4.tcp_fin_timeout', 'net.ipv4.tcp_keepalive_intvl', 'net.ipv4.tcp_keepalive_probes'])",
+        cel: "variables.pod.?sysctls.orValue([]).all(s, s.?name.orValue('') in variables.safeSysctls)",
         example: r#"{"spec": {"securityContext": {"sysctls": [{"name": "kernel.msgmax", "value": "65536"}]}, "containers": []}}"#,
     },
     Rule {
@@ -250,8 +247,8 @@ pub const RULES: &[Rule] = &[
         breaks: |spec, _| {
             pod_context(spec).is_some_and(|s| custom_selinux(s.se_linux_options.as_ref()))
         },
-        cel: "variables.pod.?seLinuxOptions.?type.orValue('') in ['', 'container_t', 'container_init_t', \
-              'container_kvm_t', 'container_engine_t'] && variables.pod.?seLinuxOptions.?user.orValue('') == '' && \
+        cel: "variables.pod.?seLinuxOptions.?type.orValue('') in variables.seLinuxTypes && \
+              variables.pod.?seLinuxOptions.?user.orValue('') == '' && \
               variables.pod.?seLinuxOptions.?role.orValue('') == ''",
         example: r#"{"spec": {"securityContext": {"seLinuxOptions": {"type": "spc_t"}}, "containers": []}}"#,
     },
@@ -260,8 +257,7 @@ pub const RULES: &[Rule] = &[
         refused: "with a type other than a container's, a user or a role",
         guard: PRIVILEGED,
         breaks: |spec, _| contexts(spec).any(|s| custom_selinux(s.se_linux_options.as_ref())),
-        cel: "variables.contexts.all(s, s.?seLinuxOptions.?type.orValue('') in ['', 'container_t', \
-              'container_init_t', 'container_kvm_t', 'container_engine_t'] && \
+        cel: "variables.contexts.all(s, s.?seLinuxOptions.?type.orValue('') in variables.seLinuxTypes && \
               s.?seLinuxOptions.?user.orValue('') == '' && s.?seLinuxOptions.?role.orValue('') == '')",
         example: r#"{"spec": {"containers": [{"name": "worker", "securityContext": {"seLinuxOptions": {"user": "system_u"}}}]}}"#,
     },
@@ -302,8 +298,7 @@ pub const RULES: &[Rule] = &[
                     .is_some_and(|keys| keys.keys().any(|k| !VOLUME_KEYS.contains(&k.as_str())))
             })
         },
-        cel: "variables.volumes.all(v, v.all(k, k in ['name', 'configMap', 'csi', 'downwardAPI', 'emptyDir', \
-              'ephemeral', 'persistentVolumeClaim', 'projected', 'secret', 'hostPath']))",
+        cel: "variables.volumes.all(v, v.all(k, k in variables.volumeKeys))",
         example: r#"{"spec": {"volumes": [{"name": "nfs", "nfs": {"server": "nfs.example", "path": "/"}}], "containers": []}}"#,
     },
     Rule {
