@@ -75,11 +75,7 @@ pub async fn run(path: &Path, options: RunOptions) -> Result<i32, CliError> {
         .as_ref()
         .map(|_| scratch.path().join("tensorboard"));
     let scratch = Scratch::new(scratch, tensorboard_dir.is_some());
-    let supplied = SuppliedValues {
-        token: new_token()?,
-        node_name: hostname(),
-        pod_ip: LOCALHOST.into(),
-    };
+    let node_name = hostname();
     let policy = job.spec.run_policy.clone();
     let opts = gang_options(&job, console.clone(), dir)?;
     for line in header(&job, scratch.path()) {
@@ -105,7 +101,12 @@ pub async fn run(path: &Path, options: RunOptions) -> Result<i32, CliError> {
         let result_path = scratch.path().join(format!("result-{generation}.json"));
         let (tiles, device_ids) = allocate(&mut node, &job)?;
         let ctx = LocalContext {
-            supplied: supplied.clone(),
+            // A token per generation, as on a cluster: a rank of an earlier generation cannot join this one.
+            supplied: SuppliedValues {
+                token: new_token()?,
+                node_name: node_name.clone(),
+                pod_ip: LOCALHOST.into(),
+            },
             master_port: free_port()?,
             tiles: &tiles,
             result_path: &result_path,

@@ -140,9 +140,11 @@ pub fn service_name(job: &str) -> String {
     job.to_string()
 }
 
-/// Name of the Secret holding a job's token.
-pub fn token_secret_name(job: &str) -> String {
-    format!("{job}-token")
+/// Name of the Secret holding the token of one generation of a job. The job's UID makes it this job's alone (not
+/// an earlier job's of the same name that the garbage collector has yet to remove), the generation this gang's
+/// alone: a rank of an older generation, still running behind a partition, holds a token the new gang refuses.
+pub fn token_secret_name(job: &str, job_uid: &str, generation: u32) -> String {
+    format!("{job}-token-{generation}-{job_uid}")
 }
 
 /// Name of the PersistentVolumeClaim holding a job's checkpoints (`spec.checkpoint.volumeClaimTemplate`).
@@ -167,7 +169,7 @@ mod tests {
     #[test]
     fn child_names_follow_the_design() {
         assert_eq!(pod_name("mnist", 3), "mnist-worker-3");
-        assert_eq!(token_secret_name("mnist"), "mnist-token");
+        assert_eq!(token_secret_name("mnist", "u-1", 2), "mnist-token-2-u-1");
         assert_eq!(checkpoint_claim_name("mnist"), "mnist-checkpoints");
         assert_eq!(master_addr("mnist", "ml"), "mnist-worker-0.mnist.ml.svc");
     }

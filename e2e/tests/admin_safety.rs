@@ -12,6 +12,7 @@
 //! Prints `{"bench":"admin_safety","refused":{…},"rules":…}`: refusals at the API per kind of privilege.
 
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
@@ -301,5 +302,65 @@ async fn a_tenants_large_look_alike_pods_cost_the_operator_no_memory_and_other_j
     assert!(
         peak <= CACHE_ATTACK_BOUND_MIB,
         "the operator's peak RSS {peak} MiB passed {CACHE_ATTACK_BOUND_MIB} MiB under the attack"
+    );
+}
+
+/// How long the restart loop is watched, and the most generations a job may start in it: the first restart at once,
+/// then 10 s, then 20 s between them (`rdu_crds::policy::restart_delay`). Without the backoff a job whose pods
+/// name no node went through its whole infrastructure budget (10 restarts) in about as many seconds.
+const LOOP_WINDOW: Duration = Duration::from_secs(45);
+const MOST_RESTARTS_IN_WINDOW: u64 = 4;
+
+#[tokio::test]
+#[ignore = "needs the control-plane binaries: bash e2e/control-plane/run.sh"]
+async fn a_job_whose_pods_name_no_node_restarts_with_backoff_not_as_fast_as_the_api_answers() {
+    // The admin allowed nodeName, so the template's `nodeName: nope` is admitted and its pods are bound to a node
+    // that does not exist: every rank is lost at once, every generation.
+    let (plane, _) = kit::plane("admin safety: restart loop")
+        .namespaces(&[TENANT])
+        .chart_values(&["--set", "podPolicy.allow.nodeName=true"])
+        .operator_flags(&["--pod-policy-allow=nodeName"])
+        .start_operator()
+        .await;
+    let client = plane.admin_client().await.expect("client");
+    let jobs: Api<RduJob> = Api::namespaced(client, TENANT);
+    kit::apply(
+        &plane,
+        &JobFixture::new(TENANT, "nope")
+            .workers(2)
+            .template(json!({"spec": {"nodeName": "nope", "containers": [{"name": "worker"}]}}))
+            .manifest(),
+    )
+    .expect("apply");
+    let started = Instant::now();
+    let mut backed_off = false;
+    let mut restarts = 0;
+    while started.elapsed() < LOOP_WINDOW {
+        let status = kit::job_status(&jobs, "nope").await.unwrap_or_default();
+        restarts = status["restarts"].as_u64().unwrap_or(0);
+        backed_off |= status["conditions"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|c| c["reason"] == "BackOff"));
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let status = kit::job_status(&jobs, "nope").await.expect("status");
+    let per_minute = restarts as f64 * 60.0 / LOOP_WINDOW.as_secs_f64();
+    println!(
+        "{}",
+        json!({"bench": "admin_safety_restart_loop", "window_seconds": LOOP_WINDOW.as_secs(),
+               "generations": restarts + 1, "generations_per_minute_nodename_nope": per_minute})
+    );
+    assert!(
+        restarts >= 2,
+        "the job restarts (its ranks are lost): {status}"
+    );
+    assert!(backed_off, "a BackOff was seen: {status}");
+    assert!(
+        restarts <= MOST_RESTARTS_IN_WINDOW,
+        "{restarts} restarts in {LOOP_WINDOW:?}: {status}"
+    );
+    assert_ne!(
+        status["phase"], "Failed",
+        "its budget is not spent: {status}"
     );
 }

@@ -103,8 +103,8 @@ const JOB_NAMESPACE_RULES: &[Rule] = &[
         &["list", "watch", "get", "create", "patch"],
         &[],
     ),
-    // Secrets: the token Secret created, an existing one read to see whose it is; never listed or changed.
-    ("", &["secrets"], &["get", "create"], &[]),
+    // Secrets: a token Secret per generation created, the one before deleted; never read, listed or changed.
+    ("", &["secrets"], &["create", "delete"], &[]),
     ("", &["persistentvolumeclaims"], &["get", "create"], &[]),
     (
         "networking.k8s.io",
@@ -496,6 +496,32 @@ async fn the_charts_service_account_may_do_what_the_operator_does_and_no_more() 
             "the operator must be allowed to {verb} {resource}"
         );
     }
+    // RBAC lets it delete Secrets (a job's old token Secrets); the chart's admission policy confines that to Secrets
+    // an RduJob controls.
+    assert!(can("delete", "secrets", "ml"));
+    kubectl(
+        &plane,
+        &[
+            "create",
+            "secret",
+            "generic",
+            "web",
+            "-n",
+            "ml",
+            "--from-literal=password=web",
+        ],
+        None,
+    )
+    .expect("an admin's Secret");
+    let refused = rdu_e2e::kubectl_in(&kubeconfig, &["delete", "secret", "web", "-n", "ml"], None)
+        .expect("kubectl");
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && said.contains("deletes only Secrets an RduJob controls"),
+        "{said}"
+    );
+    kubectl(&plane, &["get", "secret", "web", "-n", "ml"], None)
+        .expect("the Secret is still there");
     let named = |verb: &str, resource: &str, name: &str| {
         let object = format!("{resource}/{name}");
         let args = ["auth", "can-i", verb, object.as_str(), "-n", NAMESPACE];
@@ -534,6 +560,7 @@ async fn the_charts_service_account_may_do_what_the_operator_does_and_no_more() 
         ),
         ("get", "configmaps", "ml"),
         ("list", "secrets", "ml"),
+        ("get", "secrets", "ml"),
         ("delete", "persistentvolumeclaims", "ml"),
         ("update", "persistentvolumeclaims", "ml"),
         ("deletecollection", "pods", "ml"),

@@ -92,7 +92,18 @@ async fn the_operator_runs_the_job_lifecycle_under_the_charts_rbac() {
     kit::apply(&plane, &job("life", 16, json!({"backoffLimit": 3}))).expect("apply");
     let names = wait_pod_names(&plane, &pods, "life", 16, 0).await;
     services.get("life").await.expect("headless Service life");
-    secrets.get("life-token").await.expect("Secret life-token");
+    let uid = jobs
+        .get("life")
+        .await
+        .expect("job")
+        .metadata
+        .uid
+        .expect("uid");
+    let token = |generation: u32| rdu_crds::consts::token_secret_name("life", &uid, generation);
+    secrets
+        .get(&token(0))
+        .await
+        .expect("generation 0's token Secret");
     let policy = policies
         .get("life-workers")
         .await
@@ -136,6 +147,15 @@ async fn the_operator_runs_the_job_lifecycle_under_the_charts_rbac() {
         .find(|e| e.name == "RDU_GENERATION")
         .and_then(|e| e.value.clone());
     assert_eq!(generation.as_deref(), Some("1"));
+    // A token per generation: generation 1's made, generation 0's deleted.
+    secrets
+        .get(&token(1))
+        .await
+        .expect("generation 1's token Secret");
+    assert!(
+        secrets.get_opt(&token(0)).await.expect("get").is_none(),
+        "generation 0's token Secret is deleted"
+    );
 
     // All exit 0, rank 0 with its result -> Succeeded, result copied.
     report_all_running(&pods, &names).await;

@@ -17,8 +17,12 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
+use rdu_crds::RduJob;
 use rdu_crds::{ProgressReport, StepPoint, TrainingProgress, consts};
-use rdu_e2e::kit::{self, JobFixture, TIMEOUT, or_operator_log, pod_token, progress_url_flag};
+use rdu_e2e::kit::{
+    self, JobFixture, TIMEOUT, job_status, or_operator_log, pod_token, progress_url_flag,
+    report_running, wait_phase,
+};
 use rdu_e2e::metrics::{http_get, http_post, http_post_from};
 use rdu_e2e::poll_until;
 use serde_json::json;
@@ -39,8 +43,16 @@ const SLOW_LORIS_SOURCE: [u8; 4] = [127, 0, 0, 20];
 /// A connection closed unanswered (over its client's share of the listener).
 const CLOSED: u16 = 0;
 
+/// Hang detection's deadline of the watched job, the least the API takes.
+const PROGRESS_DEADLINE_SECONDS: u64 = 20;
+
 fn job_yaml(name: &str, namespace: &str) -> String {
-    JobFixture::new(namespace, name).epochs(2).manifest()
+    JobFixture::new(namespace, name)
+        .epochs(2)
+        .run_policy(
+            json!({"backoffLimit": 3, "progressDeadlineSeconds": PROGRESS_DEADLINE_SECONDS}),
+        )
+        .manifest()
 }
 
 async fn pod(client: &kube::Client, namespace: &str, name: &str) -> Pod {
@@ -229,6 +241,14 @@ async fn a_flood_of_bogus_reports_costs_bounded_token_reviews_and_starves_no_one
     let token0 = pod_token(&client, &rank0, consts::PROGRESS_TOKEN_AUDIENCE).await;
     let token1 = pod_token(&client, &rank1, consts::PROGRESS_TOKEN_AUDIENCE).await;
 
+    // The watched job runs, so hang detection judges it through the flood.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), JOBS);
+    let jobs: Api<RduJob> = Api::namespaced(client.clone(), JOBS);
+    for name in ["watched-worker-0", "watched-worker-1"] {
+        report_running(&pods, name).await;
+    }
+    wait_phase(&plane, &jobs, "watched", "Running").await;
+
     // Rank 0's first report: accepted, its token reviewed once and remembered.
     let progress = addrs.progress;
     let waited = poll_until("rank 0's first report", TIMEOUT, || async {
@@ -317,6 +337,24 @@ async fn a_flood_of_bogus_reports_costs_bounded_token_reviews_and_starves_no_one
     })
     .await
     .expect("rank 0 served");
+    // And its step moves, every 2 s as a training rank 0 reports, until the flood and a whole progress deadline
+    // after it are over: a report starved by the flood would look like a hang to a judge that counted silence.
+    let reporting = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let reporter = {
+        let (reporting, token) = (reporting.clone(), token0.clone());
+        tokio::spawn(async move {
+            let mut accepted = 0u64;
+            let mut step = 10;
+            while reporting.load(std::sync::atomic::Ordering::SeqCst) {
+                if post(progress, JOBS, "watched", &token, step).await == 202 {
+                    accepted += 1;
+                }
+                step += 1;
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+            accepted
+        })
+    };
 
     let mut codes = std::collections::BTreeMap::<u16, usize>::new();
     for sender in senders {
@@ -366,6 +404,30 @@ async fn a_flood_of_bogus_reports_costs_bounded_token_reviews_and_starves_no_one
     );
 
     probing.store(false, std::sync::atomic::Ordering::SeqCst);
+    // A whole progress deadline and a recheck after the flood, rank 0 still reporting: never Hung.
+    let deadline_passed = flood_started + Duration::from_secs(2 * PROGRESS_DEADLINE_SECONDS + 5);
+    tokio::time::sleep_until(deadline_passed.into()).await;
+    reporting.store(false, std::sync::atomic::Ordering::SeqCst);
+    let reported = reporter.await.expect("reporter");
+    let watched = job_status(&jobs, "watched")
+        .await
+        .expect("watched's status");
+    let hung_restarts = watched["history"]
+        .as_array()
+        .map_or(0, |h| h.iter().filter(|e| e["reason"] == "Hung").count());
+    println!(
+        "{}",
+        json!({"bench": "admin_safety_flood", "bogus_reports": FLOOD, "flood_seconds": flood_seconds,
+               "hung_restarts_under_port_flood": hung_restarts, "restarts": watched["restarts"],
+               "rank0_reports_accepted_under_flood": reported})
+    );
+    assert_eq!(watched["phase"], "Running", "{watched}");
+    assert_eq!(
+        watched["restarts"], 0,
+        "no restart under the flood: {watched}"
+    );
+    assert_eq!(hung_restarts, 0, "{watched}");
+    assert!(reported > 0, "rank 0's reports kept arriving");
     let (answered, slowest) = probe.await.expect("probe");
     eprintln!("/healthz: {answered} probes, the slowest {slowest:?}");
     assert!(slowest < Duration::from_secs(1), "{slowest:?}");
@@ -396,7 +458,10 @@ async fn a_flood_of_bogus_reports_costs_bounded_token_reviews_and_starves_no_one
         .await
         .expect("metrics");
     assert!(
-        metrics.contains("rdu_operator_progress_reports_total{outcome=\"accepted\"} 3"),
+        metrics.contains(&format!(
+            "rdu_operator_progress_reports_total{{outcome=\"accepted\"}} {}",
+            3 + reported
+        )),
         "{metrics}"
     );
 }

@@ -12,7 +12,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
-use rdu_crds::RduJob;
+use rdu_crds::{RduJob, consts};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::info;
@@ -49,6 +49,7 @@ pub async fn apply(job: &ValidJob<'_>, ctx: &Context, actions: &[Action]) -> Res
         match action {
             Action::CreatePods { generation, ranks } => {
                 ensure_shared_children(job, ctx).await?;
+                ensure_generation_token(job, ctx, *generation).await?;
                 create_pods(job, ctx, *generation, ranks).await?;
                 info!(
                     job = job.name,
@@ -177,11 +178,11 @@ async fn delete_pods(
 enum Existing {
     /// Re-applied (pinned to the version judged ours): the Service, NetworkPolicy and PodGroup follow the job.
     Follow,
-    /// Kept as it is: an existing token is the job's token; a claim's spec is immutable once bound.
+    /// Kept as it is: a claim's spec is immutable once bound.
     Keep,
 }
 
-/// The Service, the token Secret, the checkpoint claim, the NetworkPolicy and the PodGroup.
+/// The Service, the checkpoint claim, the NetworkPolicy and the PodGroup.
 async fn ensure_shared_children(job: &ValidJob<'_>, ctx: &Context) -> Result<(), Stop> {
     let ns = job.namespace;
     let client = &ctx.client;
@@ -194,10 +195,6 @@ async fn ensure_shared_children(job: &ValidJob<'_>, ctx: &Context) -> Result<(),
         Existing::Follow,
     )
     .await?;
-    let token = rdu_crds::token::new_token().map_err(ReconcileError::Token)?;
-    let secret = builders::token_secret(job, &token);
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
-    ensure_child(&secrets, "Secret", &secret, job, Existing::Keep).await?;
     if let Some(claim) = builders::checkpoint_claim(job) {
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
         ensure_child(
@@ -219,6 +216,45 @@ async fn ensure_shared_children(job: &ValidJob<'_>, ctx: &Context) -> Result<(),
             Api::namespaced_with(client.clone(), ns, &builders::pod_group_resource());
         let group = builders::pod_group(job, gang);
         ensure_child(&groups, "PodGroup", &group, job, Existing::Follow).await?;
+    }
+    Ok(())
+}
+
+/// The token Secret of `generation`: created, or found made by an earlier reconcile of the same generation. It is
+/// never read (the operator may read no Secret): its name holds the job's UID and the generation, so an existing
+/// one is this generation's, or one the job's own namespace made on purpose to break its own job. The generation
+/// before it is deleted: its ranks are gone or force-deleted, and a rank of it that still runs behind a partition
+/// holds a token this generation refuses (DESIGN 9).
+async fn ensure_generation_token(
+    job: &ValidJob<'_>,
+    ctx: &Context,
+    generation: u32,
+) -> Result<(), Stop> {
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), job.namespace);
+    let token = rdu_crds::token::new_token().map_err(ReconcileError::Token)?;
+    let secret = builders::token_secret(job, generation, &token);
+    let params = PostParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..Default::default()
+    };
+    let failed = |source| ReconcileError::SharedChildren {
+        what: format!("Secret {}/{}", job.namespace, secret.name_any()),
+        source,
+    };
+    match post(&secrets, &params, &secret).await {
+        Ok(()) => info!(
+            job = job.name,
+            namespace = job.namespace,
+            generation,
+            "created the generation's token"
+        ),
+        Err(kube::Error::Api(status)) if status.is_already_exists() => {}
+        Err(source) => return Err(failed(source).into()),
+    }
+    if let Some(previous) = generation.checked_sub(1) {
+        let name = consts::token_secret_name(job.name, job.uid(), previous);
+        ignore_not_found(secrets.delete(&name, &DeleteParams::background()).await)
+            .map_err(failed)?;
     }
     Ok(())
 }

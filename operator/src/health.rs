@@ -115,7 +115,10 @@ mod tests {
         let standby = get(addr, "/readyz").await;
         assert!(standby.starts_with("HTTP/1.1 200"), "{standby}");
         assert!(standby.ends_with("ready: standby"), "{standby}");
-        assert!(!health.is_synced(), "a standby neither reconciles nor takes reports");
+        assert!(
+            !health.is_synced(),
+            "a standby neither reconciles nor takes reports"
+        );
         health.set_standby(false);
         assert!(get(addr, "/readyz").await.starts_with("HTTP/1.1 503"));
         health.set_synced(true);

@@ -166,12 +166,8 @@ async fn main() -> anyhow::Result<()> {
         .leader_pod
         .as_deref()
         .map(|pod| Arc::new(OwnPod::new(client.clone(), &args.lease_namespace, pod)));
-    if let Some(pod) = &own_pod {
-        // A replica restarted after it lost the Lease still carries the label: progress would reach a standby.
-        if let Err(error) = pod.mark_leading(false).await {
-            warn!(%error, "could not take the leader label off this replica's pod");
-        }
-    }
+    // A replica restarted after it lost the Lease still carries the label: progress would reach a standby.
+    unlabel_leader(own_pod.as_deref()).await;
     health.set_standby(true);
     info!(%identity, lease = %args.lease_name, namespace = %args.lease_namespace, "waiting for leadership");
     tokio::select! {
@@ -285,11 +281,7 @@ async fn main() -> anyhow::Result<()> {
         lost = elector.keep() => Err(lost),
     };
     health.set_synced(false);
-    if let Some(pod) = &own_pod {
-        if let Err(error) = pod.mark_leading(false).await {
-            warn!(%error, "could not take the leader label off this replica's pod");
-        }
-    }
+    unlabel_leader(own_pod.as_deref()).await;
     match outcome {
         Ok(()) => {
             info!("shut down; releasing the lease");
@@ -299,6 +291,15 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Err(lost) => bail!("stopping: {lost}"),
+    }
+}
+
+/// Takes the leader label off this replica's pod, if it runs in one.
+async fn unlabel_leader(pod: Option<&OwnPod>) {
+    if let Some(Err(error)) =
+        futures::future::OptionFuture::from(pod.map(|p| p.mark_leading(false))).await
+    {
+        warn!(%error, "could not take the leader label off this replica's pod");
     }
 }
 

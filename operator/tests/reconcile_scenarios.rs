@@ -8,6 +8,10 @@ use rdu_operator::{ReconcileError, Step, reconcile};
 use serde_json::json;
 use support::harness::*;
 
+/// The token Secrets of generations 0 and 1 of `ml/mnist` (uid `u-1`).
+const TOKEN_0: &str = "/api/v1/namespaces/ml/secrets/mnist-token-0-u-1";
+const TOKEN_1: &str = "/api/v1/namespaces/ml/secrets/mnist-token-1-u-1";
+
 #[tokio::test]
 async fn creates_service_secret_and_every_rank_then_reports_pending() {
     let (fake, h) = setup(3, json!({}));
@@ -18,9 +22,7 @@ async fn creates_service_secret_and_every_rank_then_reports_pending() {
             .is_some(),
         "the job's NetworkPolicy"
     );
-    let secret = fake
-        .get("/api/v1/namespaces/ml/secrets/mnist-token")
-        .expect("secret");
+    let secret = fake.get(TOKEN_0).expect("secret");
     assert_eq!(
         secret["stringData"]["token"].as_str().map(str::len),
         Some(64)
@@ -65,29 +67,34 @@ async fn a_creates_answer_is_not_parsed() {
     for rank in 0..3 {
         assert_eq!(env(&fake, rank, "RANK"), json!(rank.to_string()));
     }
-    assert!(
-        fake.get("/api/v1/namespaces/ml/secrets/mnist-token")
-            .is_some()
-    );
+    assert!(fake.get(TOKEN_0).is_some());
     assert_eq!(phase(&fake), json!("Pending"));
 }
 
+/// An existing token Secret of the generation was made by an earlier reconcile (its name holds the job's UID and
+/// the generation): it is kept, and never read (the operator may read no Secret).
 #[tokio::test]
-async fn the_jobs_existing_token_is_kept() {
+async fn the_generations_existing_token_is_kept_unread() {
     let (fake, h) = setup(1, json!({}));
     fake.put(
-        "/api/v1/namespaces/ml/secrets/mnist-token",
+        TOKEN_0,
         json!({"apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": "mnist-token", "namespace": "ml", "ownerReferences": owned_by_the_job()},
+        "metadata": {"name": "mnist-token-0-u-1", "namespace": "ml", "ownerReferences": owned_by_the_job()},
         "data": {"token": "a2VlcA=="}}),
     );
     reconcile_once(&fake, &h).await;
     assert_eq!(phase(&fake), json!("Pending"));
-    let secret = fake
-        .get("/api/v1/namespaces/ml/secrets/mnist-token")
-        .expect("secret");
+    let secret = fake.get(TOKEN_0).expect("secret");
     assert_eq!(secret["data"]["token"], "a2VlcA==");
     assert!(secret.get("stringData").is_none());
+    assert!(
+        !fake
+            .requests()
+            .iter()
+            .any(|r| r.starts_with("GET") && r.contains("/secrets")),
+        "{:?}",
+        fake.requests()
+    );
 }
 
 #[tokio::test]
@@ -139,6 +146,14 @@ async fn gang_restart_deletes_and_recreates_with_the_next_generation() {
         );
     }
     assert!(event_reasons(&fake).contains(&"Restarting".to_string()));
+    // A token per generation: generation 0's is gone, so a rank of it still running behind a partition holds a
+    // token generation 1 refuses.
+    assert!(fake.get(TOKEN_0).is_none(), "generation 0's token deleted");
+    let token = fake.get(TOKEN_1).expect("generation 1's token");
+    assert_eq!(
+        token["stringData"]["token"].as_str().map(str::len),
+        Some(64)
+    );
 }
 
 #[tokio::test]

@@ -74,11 +74,11 @@ app.kubernetes.io/component: device-plugin
 - apiGroups: [""]
   resources: ["services"]
   verbs: ["list", "watch", "get", "create", "patch"]
-# The token Secret: created once; an existing one is read (get) only to see whose it is, and kept if the job
-# controls it. Never listed, watched or changed.
+# A token Secret per generation, created; the generation before deleted. Never read, listed, watched or changed:
+# its name holds the job's UID and the generation, so one that exists is the job's own (DESIGN 9).
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["get", "create"]
+  verbs: ["create", "delete"]
 # The checkpoint claim of spec.checkpoint.volumeClaimTemplate: created once and kept (its spec is immutable
 # once bound, and it must outlive gang restarts); garbage-collected with the job.
 - apiGroups: [""]

@@ -43,7 +43,7 @@ fn thread_cpu_ns() -> Option<u64> {
 fn build_and_diff(raw: &RduJob, observed: &[Pod]) -> anyhow::Result<usize> {
     let job = validate(raw, &Limits::default())?;
     let _service = headless_service(&job);
-    let _secret = token_secret(&job, &rdu_crds::token::new_token()?);
+    let _secret = token_secret(&job, 0, &rdu_crds::token::new_token()?);
     let mut changed = 0;
     for rank in 0..raw.spec.workers {
         let desired = worker_pod(&job, rank, 0);

@@ -45,10 +45,13 @@ pub fn headless_service(job: &ValidJob) -> Service {
     }
 }
 
-/// The Secret holding the job token that every collective call must carry.
-pub fn token_secret(job: &ValidJob, token: &str) -> Secret {
+/// The Secret holding the token of `generation` that every collective call of its ranks must carry.
+pub fn token_secret(job: &ValidJob, generation: u32, token: &str) -> Secret {
     Secret {
-        metadata: child_meta(job, consts::token_secret_name(job.name)),
+        metadata: child_meta(
+            job,
+            consts::token_secret_name(job.name, job.uid(), generation),
+        ),
         string_data: Some(BTreeMap::from([(
             consts::TOKEN_SECRET_KEY.to_string(),
             token.to_string(),
@@ -335,8 +338,11 @@ spec:
     #[test]
     fn the_token_is_stored_under_the_contract_key() {
         let a = rdu_crds::token::new_token().expect("token");
-        let secret = token_secret(&valid(&job("mnist", None, 1)), &a);
-        assert_eq!(secret.metadata.name.as_deref(), Some("mnist-token"));
+        let secret = token_secret(&valid(&job("mnist", None, 1)), 2, &a);
+        assert_eq!(
+            secret.metadata.name.as_deref(),
+            Some("mnist-token-2-uid-mnist")
+        );
         assert_eq!(secret.string_data.expect("data")["token"], a);
     }
 

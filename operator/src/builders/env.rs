@@ -32,7 +32,7 @@ pub fn rank_contract(
     contract
 }
 
-/// The contract as `EnvVar`s: its literal values, then the token from the job's Secret and the node and pod IP
+/// The contract as `EnvVar`s: its literal values, then the token from its generation's Secret and the node and pod IP
 /// from the downward API.
 pub fn container_env(contract: &RankEnv) -> Vec<EnvVar> {
     let literals = contract
@@ -44,7 +44,11 @@ pub fn container_env(contract: &RankEnv) -> Vec<EnvVar> {
             name: name.to_string(),
             value_from: Some(EnvVarSource {
                 secret_key_ref: Some(SecretKeySelector {
-                    name: consts::token_secret_name(&contract.job_name),
+                    name: consts::token_secret_name(
+                        &contract.job_name,
+                        &contract.job_uid,
+                        contract.generation,
+                    ),
                     key: consts::TOKEN_SECRET_KEY.to_string(),
                     optional: Some(false),
                 }),
@@ -134,7 +138,7 @@ mod tests {
     #[test]
     fn token_and_downward_api_come_from_references() {
         let job = job("mnist", Some("ml"), 2);
-        let env = rank_env(&job, 1, 0);
+        let env = rank_env(&job, 1, 3);
         let token = env
             .iter()
             .find(|e| e.name == "RDU_JOB_TOKEN")
@@ -146,7 +150,8 @@ mod tests {
             .expect("secretKeyRef");
         assert_eq!(
             (secret.name.as_str(), secret.key.as_str()),
-            ("mnist-token", "token")
+            ("mnist-token-3-uid-mnist", "token"),
+            "the token of the pod's generation"
         );
         assert!(token.value.is_none());
         for (name, path) in [("NODE_NAME", "spec.nodeName"), ("POD_IP", "status.podIP")] {
