@@ -9,7 +9,12 @@
 //! And no tenant can fill the operator's memory (item 2): 100 pods of 1 MiB each, labelled like another tenant's
 //! job, leave the operator's peak RSS under a bound while that job runs to Succeeded.
 //!
-//! Prints `{"bench":"admin_safety","refused":{…},"rules":…}`: refusals at the API per kind of privilege.
+//! And no job loops through restarts as fast as the API server answers (item 5): a template whose `nodeName`
+//! names no node (allowed by the admin) restarts with backoff, and keeps its budget.
+//!
+//! Prints `{"bench":"admin_safety","refused":{…},"rules":…}` (refusals at the API per kind of privilege),
+//! `{"bench":"admin_safety_cache",…}` and `{"bench":"admin_safety_restart_loop",…}`; the port flood's line is
+//! progress_flood's `{"bench":"admin_safety_flood",…}`.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
