@@ -207,6 +207,26 @@ impl OwnPod {
             .await?;
         Ok(())
     }
+
+    /// Labels the pod as the leader's, retrying until the API server takes it: without the label no progress
+    /// report reaches this replica.
+    pub async fn label_until_done(&self) {
+        let mut delay = Duration::from_millis(500);
+        while let Err(error) = self.mark_leading(true).await {
+            tracing::warn!(%error, "could not label this replica's pod as the leader's; retrying");
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(10));
+        }
+        tracing::info!("labelled this replica's pod as the leader's");
+    }
+
+    /// Takes the leader label off, or says why it could not (a label left on a standby is taken off when it next
+    /// starts).
+    pub async fn unlabel(&self) {
+        if let Err(error) = self.mark_leading(false).await {
+            tracing::warn!(%error, "could not take the leader label off this replica's pod");
+        }
+    }
 }
 
 #[cfg(test)]

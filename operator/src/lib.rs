@@ -24,6 +24,7 @@ pub mod step;
 #[cfg(test)]
 pub(crate) mod test_fixtures;
 pub mod validate;
+pub mod watches;
 
 pub use context::{Context, FIELD_MANAGER};
 pub use lifecycle::{Action, Decision, JobEvent, decide};

@@ -1,28 +1,24 @@
 //! The `rdu-operator` binary: flags, logging, leader election, the controller, the metrics/health server and the
 //! progress endpoint's server.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::{Context as _, bail};
 use clap::{Parser, ValueEnum};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Client;
 use kube::api::{Api, DynamicObject};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
-use kube::{Client, ResourceExt};
-use rdu_crds::{JobPhase, RduJob};
+use rdu_crds::RduJob;
 use rdu_operator::health::Health;
 use rdu_operator::kueue;
 use rdu_operator::leader::{LeaderElector, OwnPod};
 use rdu_operator::metrics::Metrics;
 use rdu_operator::node_cache::NodeCache;
-use rdu_operator::nodes::fingerprint;
 use rdu_operator::progress::ProgressService;
 use rdu_operator::progress::review::ApiTokenReviewer;
 use rdu_operator::progress::writer::write_progress;
@@ -30,6 +26,7 @@ use rdu_operator::serve::{HEALTH_LIMITS, PROGRESS_LIMITS, serve};
 use rdu_operator::slim;
 use rdu_operator::validate::DEFAULT_MAX_WORKERS_PER_JOB;
 use rdu_operator::validate::{Exception, PodPolicy};
+use rdu_operator::watches::{Synced, jobs_woken_by, node_watch, on_first_sync, pod_watch};
 use rdu_operator::{Context, FIELD_MANAGER, Limits, error_policy, reconcile};
 use tracing::{error, info, warn};
 
@@ -166,8 +163,10 @@ async fn main() -> anyhow::Result<()> {
         .leader_pod
         .as_deref()
         .map(|pod| Arc::new(OwnPod::new(client.clone(), &args.lease_namespace, pod)));
-    // A replica restarted after it lost the Lease still carries the label: progress would reach a standby.
-    unlabel_leader(own_pod.as_deref()).await;
+    if let Some(pod) = &own_pod {
+        // A replica restarted after it lost the Lease still carries the label: progress would reach a standby.
+        pod.unlabel().await;
+    }
     health.set_standby(true);
     info!(%identity, lease = %args.lease_name, namespace = %args.lease_namespace, "waiting for leadership");
     tokio::select! {
@@ -177,7 +176,7 @@ async fn main() -> anyhow::Result<()> {
     health.set_standby(false);
     info!(%identity, "became leader");
     if let Some(pod) = own_pod.clone() {
-        tokio::spawn(label_leader(pod));
+        tokio::spawn(async move { pod.label_until_done().await });
     }
 
     let pod_groups = pod_group_crd_installed(&client).await?;
@@ -230,10 +229,7 @@ async fn main() -> anyhow::Result<()> {
     // Ready once both caches hold their first full list. Seen on the streams themselves: a second task awaiting
     // `Store::wait_until_ready` beside the controller's own wait was never woken (its one-shot keeps one waker),
     // so /readyz stayed 503.
-    let synced = Arc::new(Synced {
-        health: health.clone(),
-        left: AtomicUsize::new(3),
-    });
+    let synced = Synced::new(health.clone(), 3);
     let job_events = watcher(jobs, watcher::Config::default())
         .modify(slim::slim_job)
         .reflect(job_writer)
@@ -281,7 +277,9 @@ async fn main() -> anyhow::Result<()> {
         lost = elector.keep() => Err(lost),
     };
     health.set_synced(false);
-    unlabel_leader(own_pod.as_deref()).await;
+    if let Some(pod) = &own_pod {
+        pod.unlabel().await;
+    }
     match outcome {
         Ok(()) => {
             info!("shut down; releasing the lease");
@@ -291,153 +289,6 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Err(lost) => bail!("stopping: {lost}"),
-    }
-}
-
-/// Takes the leader label off this replica's pod, if it runs in one.
-async fn unlabel_leader(pod: Option<&OwnPod>) {
-    if let Some(Err(error)) =
-        futures::future::OptionFuture::from(pod.map(|p| p.mark_leading(false))).await
-    {
-        warn!(%error, "could not take the leader label off this replica's pod");
-    }
-}
-
-/// Labels this replica's pod as the leader's, retrying until the API server takes it: without the label no
-/// progress report reaches this replica.
-async fn label_leader(pod: Arc<OwnPod>) {
-    let mut delay = std::time::Duration::from_millis(500);
-    while let Err(error) = pod.mark_leading(true).await {
-        warn!(%error, "could not label this replica's pod as the leader's; retrying");
-        tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(std::time::Duration::from_secs(10));
-    }
-    info!("labelled this replica's pod as the leader's");
-}
-
-/// The pod watch, driven by a task of its own that fills the pod cache and then passes each touched pod on to the
-/// controller as a trigger. Driven inside the controller's task instead, a gang's burst of events was read too
-/// slowly and the API server closed the watch as unresponsive, again and again, leaving the cache seconds behind.
-/// The watch backs off on errors itself (the controller's trigger backoff would only slow the channel) and its
-/// errors are logged here.
-fn pod_watch(
-    pods: Api<Pod>,
-    config: watcher::Config,
-    writer: reflector::store::Writer<Pod>,
-    synced: Arc<Synced>,
-) -> impl futures::Stream<Item = Result<Pod, watcher::Error>> + Send + 'static {
-    let (tx, rx) = futures::channel::mpsc::unbounded();
-    let events = watcher(pods, config)
-        .default_backoff()
-        // The label selects server-side, but anyone may set it: only pods an RduJob controls are cached, and of
-        // those only what the operator reads (without managedFields alone, a 2,000-rank job's pods took half the
-        // memory; without the template's fields, a tenant's large pods cost nothing).
-        .try_filter_map(|event| std::future::ready(Ok(slim::own_pods_only(event))))
-        .reflect(writer)
-        .inspect_ok(on_first_sync(synced))
-        .touched_objects();
-    tokio::spawn(events.for_each(move |event| {
-        match event {
-            Ok(pod) => {
-                // The controller is gone only at shutdown.
-                let _ = tx.unbounded_send(Ok(pod));
-            }
-            Err(error) => warn!(%error, "pod watch failed; retrying with backoff"),
-        }
-        std::future::ready(())
-    }));
-    rx
-}
-
-/// The node watch, driven by a task of its own like the pod watch. The cache holds every node without its image
-/// list and managedFields (the lifecycle reads readiness, taints, cordons and allocatable devices); only changes
-/// of those wake jobs (`nodes::fingerprint`), not the kubelets' heartbeats.
-fn node_watch(
-    nodes: Api<Node>,
-    writer: reflector::store::Writer<Node>,
-    cache: NodeCache,
-    synced: Arc<Synced>,
-) -> impl futures::Stream<Item = Result<Node, watcher::Error>> + Send + 'static {
-    let (tx, rx) = futures::channel::mpsc::unbounded();
-    let mut first = on_first_sync(synced);
-    let events = watcher(nodes, watcher::Config::default())
-        .default_backoff()
-        .modify(|node| {
-            node.managed_fields_mut().clear();
-            if let Some(status) = node.status.as_mut() {
-                status.images = None;
-            }
-        })
-        .reflect(writer);
-    // What each node looked like when it last woke jobs; a deleted node always wakes them.
-    let mut seen: HashMap<String, u64> = HashMap::new();
-    tokio::spawn(events.for_each(move |event| {
-        match event {
-            Ok(event) => {
-                first(&event);
-                let woken = match event {
-                    watcher::Event::InitDone => {
-                        cache.mark_synced();
-                        None
-                    }
-                    watcher::Event::Apply(node) | watcher::Event::InitApply(node) => {
-                        let print = fingerprint(&node);
-                        let name = node.name_any();
-                        (seen.insert(name, print) != Some(print)).then_some(node)
-                    }
-                    watcher::Event::Delete(node) => {
-                        seen.remove(&node.name_any());
-                        Some(node)
-                    }
-                    watcher::Event::Init => None,
-                };
-                if let Some(node) = woken {
-                    let _ = tx.unbounded_send(Ok(node));
-                }
-            }
-            Err(error) => warn!(%error, "node watch failed; retrying with backoff"),
-        }
-        std::future::ready(())
-    }));
-    rx
-}
-
-/// The jobs a change of `node` may concern: those with ranks on it, and those not running (one may wait for
-/// room).
-fn jobs_woken_by(jobs: &Store<RduJob>, node: &Node) -> Vec<ObjectRef<RduJob>> {
-    let name = node.metadata.name.as_deref().unwrap_or_default();
-    jobs.state()
-        .iter()
-        .filter(|job| {
-            let status = job.status.as_ref();
-            let on_node =
-                status.is_some_and(|s| s.ranks.iter().any(|r| r.node.as_deref() == Some(name)));
-            let waiting = status
-                .and_then(|s| s.phase)
-                .is_none_or(|p| matches!(p, JobPhase::Pending | JobPhase::Restarting));
-            on_node || waiting
-        })
-        .map(|job| ObjectRef::from_obj(job.as_ref()))
-        .collect()
-}
-
-/// The caches still waiting for their first full list; the operator is ready when none is.
-struct Synced {
-    health: Arc<Health>,
-    left: AtomicUsize,
-}
-
-/// Counts a cache as synced at its stream's first `InitDone`.
-fn on_first_sync<K>(synced: Arc<Synced>) -> impl FnMut(&watcher::Event<K>) {
-    let mut counted = false;
-    move |event| {
-        if matches!(event, watcher::Event::InitDone) && !counted {
-            counted = true;
-            if synced.left.fetch_sub(1, Ordering::SeqCst) == 1 {
-                synced.health.set_synced(true);
-                info!("caches synced; ready");
-            }
-        }
     }
 }
 
