@@ -2,8 +2,11 @@
 //! it: the three images built from `docker/Dockerfile`, `helm install` of the chart (the operator and the device plugin run as
 //! pods), the node's `rdu.dev/tile` from the kubelet, `kubectl apply -f examples/digits.yaml`, the job's result
 //! from rank 0's termination message, `kubectl logs` of every rank; then faults with real processes and bad
-//! input. `bash e2e/node/run.sh` runs it (with kind and podman or docker) and prints the JSON line it appends to
-//! `RDU_NODE_BENCH_OUT`.
+//! input; then the failure rules (`node/failure_rules.rs`) on the same node. `bash e2e/node/run.sh` runs it (with
+//! kind and podman or docker) and prints the two JSON lines it appends to `RDU_NODE_BENCH_OUT`.
+
+#[path = "node/failure_rules.rs"]
+mod failure_rules;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -79,10 +82,17 @@ async fn the_chart_and_the_digits_job_run_on_a_real_node() {
         "kube_forward_invalid_drops".into(),
         json!(cluster.bed.invalid_forward_drops(1)),
     );
-    let line = Value::Object(summary).to_string();
+    write_summary(&summary);
+
+    // The failure rules on the same node: one cluster for both.
+    write_summary(&failure_rules::run(&cluster.bed).await);
+}
+
+/// Prints `summary` as a JSON line, and appends it to `RDU_NODE_BENCH_OUT` when set.
+fn write_summary(summary: &serde_json::Map<String, Value>) {
+    let line = Value::Object(summary.clone()).to_string();
     println!("{line}");
     if let Some(path) = std::env::var_os(BENCH_OUT_ENV) {
-        // Appended: `e2e/node/run.sh` runs `failure_rules` in the same invocation, into the same file.
         use std::io::Write as _;
         let mut out = std::fs::OpenOptions::new()
             .create(true)

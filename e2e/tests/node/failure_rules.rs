@@ -1,21 +1,17 @@
-//! Failure rules and hang detection on a real kubelet (issue 24; the shared testbed with one node, the chart
-//! installed as in `node.rs`): a rank the kubelet OOM-kills fails its job at once under a `FailJob` rule for
+//! Failure rules and hang detection on a real kubelet (issue 24), on `node.rs`'s one-node cluster after its own
+//! stages (one cluster, not two: a bring-up and a helm install fewer): a rank the kubelet OOM-kills fails its job at once under a `FailJob` rule for
 //! `OOMKilled`; a gang whose ranks stop making progress without exiting is restarted within
 //! `progressDeadlineSeconds` + 10 s and then succeeds; a pod deleted with `kubectl delete pod` restarts the gang
 //! without spending `backoffLimit` under a `RestartJobNotCounted` rule. The faults come from the worker's test
-//! flags (`RDU_TEST_ALLOCATE_MIB`, `RDU_TEST_HANG_AT_STEP`). `bash e2e/node/run.sh` runs it after `node`; the JSON
-//! line it prints is appended to `RDU_NODE_BENCH_OUT`.
+//! flags (`RDU_TEST_ALLOCATE_MIB`, `RDU_TEST_HANG_AT_STEP`). Its summary is `node.rs`'s second JSON line
+//! (`{"bench":"node_failure_rules",…}`).
 
-use std::io::Write;
 use std::time::{Duration, Instant};
 
-use rdu_e2e::testbed::{Testbed, TestbedSpec};
+use rdu_e2e::testbed::Testbed;
 use rdu_e2e::workspace_root;
 use serde_json::{Value, json};
 
-const RDUS: u32 = 1;
-const TILES_PER_RDU: u32 = 4;
-const BENCH_OUT_ENV: &str = "RDU_NODE_BENCH_OUT";
 const LONG: Duration = Duration::from_secs(300);
 /// The hang test's `progressDeadlineSeconds` (the least the API accepts).
 const PROGRESS_DEADLINE: u64 = 20;
@@ -25,45 +21,23 @@ const HANG_EARLY_TOLERANCE: f64 = 2.0;
 /// Steps of generation 0 before its ranks hang.
 const HANG_AT_STEP: u64 = 60;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs kind, podman or docker, and the images of docker/Dockerfile: bash e2e/node/run.sh"]
-async fn failure_rules_and_hang_detection_on_a_real_node() {
-    let bed = Testbed::start(&TestbedSpec {
-        name: "rdu-failure-rules",
-        nodes: 1,
-    })
-    .await;
-    bed.helm_install(&[
-        format!("devicePlugin.rdusPerNode={RDUS}"),
-        format!("devicePlugin.tilesPerRdu={TILES_PER_RDU}"),
-    ]);
-    let node = bed.node(1).name.clone();
-    bed.wait_tiles(&node, RDUS * TILES_PER_RDU, "after helm install", LONG)
-        .await;
+/// The failure-rule stages on the node's cluster (the chart installed as `node.rs` installs it); their summary.
+pub(crate) async fn run(bed: &Testbed) -> serde_json::Map<String, Value> {
     let mut summary = serde_json::Map::new();
     summary.insert("bench".into(), json!("node_failure_rules"));
     summary.insert(
         "oom_apply_to_failed_seconds".into(),
-        json!(oom_killed_rank_fails_the_job_at_once(&bed).await),
+        json!(oom_killed_rank_fails_the_job_at_once(bed).await),
     );
     summary.insert(
         "hang_stall_to_restart_seconds".into(),
-        json!(hung_gang_restarts_within_the_deadline(&bed).await),
+        json!(hung_gang_restarts_within_the_deadline(bed).await),
     );
     summary.insert(
         "pod_delete_to_generation_1_running_seconds".into(),
-        json!(deleted_pod_restarts_without_counting(&bed).await),
+        json!(deleted_pod_restarts_without_counting(bed).await),
     );
-    let line = Value::Object(summary).to_string();
-    println!("{line}");
-    if let Some(path) = std::env::var_os(BENCH_OUT_ENV) {
-        let mut out = std::fs::OpenOptions::new()
-            .append(true)
-            .create(true)
-            .open(path)
-            .expect("open the summary file");
-        writeln!(out, "{line}").expect("write the summary");
-    }
+    summary
 }
 
 /// examples/digits.yaml named `name`, trained `epochs_factor` times as long, with `run_policy` and the worker
