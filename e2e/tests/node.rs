@@ -551,6 +551,17 @@ impl Cluster {
         let unschedulable_seconds = self
             .reported("too-many-tiles", "InsufficientCapacity")
             .await;
+        // Gone with their pods, so the node's tiles are free for the failure rules' jobs.
+        self.kubectl(&[
+            "delete",
+            "rdujob",
+            "no-such-image",
+            "too-many-tiles",
+            "-n",
+            "default",
+            "--cascade=foreground",
+            "--wait=true",
+        ]);
         (image_seconds, unschedulable_seconds)
     }
 
