@@ -276,6 +276,20 @@ impl Testbed {
             .map_err(|e| format!("logs of {pod}: {e}"))
     }
 
+    /// Waits until RduJob `name` runs again after a gang restart (its generation 1 or later).
+    pub async fn wait_restarted_running(&self, name: &str, timeout: Duration) {
+        self.wait("generation 1 running", timeout, async || {
+            let job = self.job(name).await?;
+            let status = &job["status"];
+            if status["restarts"].as_u64() >= Some(1) && status["phase"] == "Running" {
+                Ok(())
+            } else {
+                Err(format!("{status}"))
+            }
+        })
+        .await;
+    }
+
     /// Waits until RduJob `name` is in `phase`; Failed (when not awaited) fails the test.
     pub async fn wait_phase(&self, name: &str, phase: &str, timeout: Duration) -> Value {
         self.wait(

@@ -331,16 +331,7 @@ impl Cluster {
             .to_string();
         self.bed.kill_container(1, &container);
         let killed_at = Instant::now();
-        self.wait("generation 1 running", LONG, async || {
-            let job = self.job(&name).await?;
-            let status = &job["status"];
-            if status["restarts"].as_u64() >= Some(1) && status["phase"] == "Running" {
-                Ok(())
-            } else {
-                Err(format!("{status}"))
-            }
-        })
-        .await;
+        self.wait_restarted_running(&name, LONG).await;
         out.insert(
             "kill_to_generation_1_running_seconds".into(),
             json!(killed_at.elapsed().as_secs_f64()),

@@ -215,16 +215,7 @@ async fn deleted_pod_restarts_without_counting(bed: &Testbed) -> f64 {
         "default",
         "--wait=false",
     ]);
-    bed.wait("generation 1 running", LONG, async || {
-        let job = bed.job(name).await?;
-        let status = &job["status"];
-        if status["restarts"].as_u64() >= Some(1) && status["phase"] == "Running" {
-            Ok(())
-        } else {
-            Err(format!("{status}"))
-        }
-    })
-    .await;
+    bed.wait_restarted_running(name, LONG).await;
     let seconds = deleted.elapsed().as_secs_f64();
     let job = bed.wait_phase(name, "Succeeded", LONG).await;
     let status = &job["status"];
