@@ -25,4 +25,4 @@ fi
 read -r -a testbed_build_args <<<"${RDU_KIND_BUILD_ARGS:-}"
 CONTAINER_ENGINE="$TESTBED_ENGINE" bash docker/build.sh "${testbed_build_args[@]}" >&2
 # `kubectl rdujob` and `rdujob` of this checkout, beside the test binaries.
-cargo build -p kubectl-rdujob -p rdujob --bins >&2
+cargo build --workspace --bins >&2

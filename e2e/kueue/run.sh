@@ -12,10 +12,10 @@ BIN="$(bash e2e/control-plane/build.sh | tail -n 1)"
 KUEUE="$(bash e2e/kueue/build.sh | tail -n 1)"
 export KUBEBUILDER_ASSETS="$BIN" RDU_E2E_HELM="$BIN/helm" RDU_E2E_KUEUE="$KUEUE"
 
-cargo build -p rdu-operator >&2
+cargo build --workspace --bins >&2
 OUT="$(mktemp)"
 trap 'rm -f "$OUT"' EXIT
 export RDU_KUEUE_BENCH_OUT="$OUT"
-cargo test -p rdu-e2e --test kueue -- --ignored --nocapture --test-threads=1 >&2
+cargo test --workspace --test kueue -- --ignored --nocapture --test-threads=1 >&2
 [[ -s "$OUT" ]] || fail "the Kueue test wrote no summary"
 cat "$OUT"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One job across three real nodes and the faults of nodes under it (issue 21; DESIGN 7, rung 5): builds or
-# reuses Kueue (e2e/kueue/build.sh), builds the three images from docker/Dockerfile, and runs `cargo test -p
-# rdu-e2e --test multi_node -- --ignored`: a kind cluster with three RDU nodes (e2e/src/testbed.rs), Kueue's
+# reuses Kueue (e2e/kueue/build.sh), builds the three images from docker/Dockerfile, and runs `cargo test --workspace
+# --test multi_node -- --ignored`: a kind cluster with three RDU nodes (e2e/src/testbed.rs), Kueue's
 # manager on the host against its API server, `helm install` of the chart, an 8-rank job spread over the nodes, a
 # queued job preempted by a higher priority and resumed, then a kubelet restart, a drain, a node crash, a
 # partition and a capacity shortage under running jobs, then the control plane's own faults (the API server
@@ -21,6 +21,6 @@ OUT="$(mktemp)"
 trap 'rm -f "$OUT"' EXIT
 export RDU_MULTI_NODE_BENCH_OUT="$OUT"
 # Test output goes to stderr so that the summary is the last line on stdout.
-cargo test -p rdu-e2e --test multi_node -- --ignored --nocapture --test-threads=1 >&2
+cargo test --workspace --test multi_node -- --ignored --nocapture --test-threads=1 >&2
 grep -q '"bench":"multi_node"' "$OUT" || testbed_fail "the multi-node test wrote no summary"
 cat "$OUT"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Real pods on a real kubelet (DESIGN 7, rung 5): builds the three images from docker/Dockerfile and runs
-# `cargo test -p rdu-e2e --test node -- --ignored`: it creates a kind cluster with one RDU node
+# `cargo test --workspace --test node -- --ignored`: it creates a kind cluster with one RDU node
 # (e2e/src/testbed.rs), loads the images, `helm install`s the chart, runs examples/digits.yaml as pods, faults
 # them, then the failure rules on the same node (an OOM-killed rank under a FailJob rule, a hung gang, a deleted
 # pod under RestartJobNotCounted), and deletes the cluster. The last two stdout lines are the JSON summaries,
@@ -16,7 +16,7 @@ OUT="$(mktemp)"
 trap 'rm -f "$OUT"' EXIT
 export RDU_NODE_BENCH_OUT="$OUT"
 # Test output goes to stderr so that the summaries are the last lines on stdout.
-cargo test -p rdu-e2e --test node -- --ignored --nocapture --test-threads=1 >&2
+cargo test --workspace --test node -- --ignored --nocapture --test-threads=1 >&2
 # The test writes two summaries, the failure rules' last: both must be there (the test ran to its end).
 for bench in node_digits node_failure_rules; do
   grep -q "\"bench\":\"$bench\"" "$OUT" || testbed_fail "no {\"bench\":\"$bench\"} summary: its test did not run to the end"
