@@ -3,7 +3,7 @@
 //! NetworkPolicy and PodGroup re-applied to match the job, pinned to the version that was judged, so the write
 //! cannot land on anything else); one going away (an earlier job's, or one being deleted) is waited for; anyone
 //! else's stops the job with a [`ChildConflict`] and stays exactly as it was. Pods are created and deleted in
-//! slow-start batches (`crate::slow_start`), each batch's pods built only when it starts.
+//! a slow start (`crate::slow_start`), each pod built only when its write starts.
 
 use std::fmt::Debug;
 
@@ -21,7 +21,7 @@ use crate::builders;
 use crate::context::{Context, FIELD_MANAGER};
 use crate::lifecycle::Action;
 use crate::ownership::{ChildConflict, JobIdentity, Ownership, ownership};
-use crate::slow_start::{MAX_BATCH, slow_start};
+use crate::slow_start::{MAX_IN_FLIGHT, slow_start};
 use crate::step::ReconcileError;
 use crate::validate::ValidJob;
 
@@ -98,7 +98,7 @@ pub async fn apply(job: &ValidJob<'_>, ctx: &Context, actions: &[Action]) -> Res
     Ok(())
 }
 
-/// The pods of `ranks` at `generation`, in slow-start batches; each created (or found to be the job's already) is
+/// The pods of `ranks` at `generation`, with a slow start; each created (or found to be the job's already) is
 /// recorded as expected in the cache.
 async fn create_pods(
     job: &ValidJob<'_>,
@@ -107,7 +107,7 @@ async fn create_pods(
     ranks: &[u32],
 ) -> Result<(), Stop> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), job.namespace);
-    slow_start(ranks.iter().copied(), MAX_BATCH, |rank| {
+    slow_start(ranks.iter().copied(), MAX_IN_FLIGHT, |rank| {
         let pod = builders::rank_pod(job, rank, generation, ctx.progress_url.as_deref());
         let pods = &pods;
         async move {
@@ -136,7 +136,7 @@ enum Grace {
     None,
 }
 
-/// Deletes pods by name in slow-start batches; each deleted (or already gone) is recorded as expected to leave
+/// Deletes pods by name with a slow start; each deleted (or already gone) is recorded as expected to leave
 /// the cache.
 async fn delete_pods(
     job: &ValidJob<'_>,
@@ -149,7 +149,7 @@ async fn delete_pods(
         Grace::Default => DeleteParams::background(),
         Grace::None => DeleteParams::background().grace_period(0),
     };
-    slow_start(names, MAX_BATCH, |name| {
+    slow_start(names, MAX_IN_FLIGHT, |name| {
         let pods = &pods;
         // The pod the decision was made on (the cache's, by UID), not one of the same name made since: a
         // delete of another is refused (409) and counts as this one gone.

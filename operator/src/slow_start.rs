@@ -1,40 +1,48 @@
-//! Many writes of one kind (a gang's pods), made as the Kubernetes Job controller's "slow start" makes them:
-//! batches of 1, 2, 4, … up to a cap, every write of a batch in flight at once, and the first batch with a failure
-//! the last. Each item's write (and whatever it builds, such as the pod) is made only when its batch starts, so
-//! at most one batch of built objects is in memory, and a job whose writes all fail (a quota, an admission
-//! webhook) costs one request, not one per rank.
+//! Many writes of one kind (a gang's pods), made with a slow start: one write first, then one more in flight for
+//! every write that succeeds (the window doubles each round trip, as TCP's slow start and the Kubernetes Job
+//! controller's doubling batches grow), never more than a cap at once, and none started once one failed. A write
+//! starts as soon as the window has room, not when a whole batch has ended, so the API server is never left
+//! waiting on one slow write. Each item's write (and whatever it builds, such as the pod) is made only when it
+//! starts, so at most a window of built objects is in memory, and a job whose writes all fail (a quota, an
+//! admission webhook) costs one request, not one per rank.
 
 use std::future::Future;
 
-/// The largest batch: at most this many writes of one reconcile are in flight at once. The Job controller doubles
-/// its batches up to its 500 writes per sync; 16 here left the API server waiting on each batch's slowest write
-/// while a 4,096-rank job was created (DESIGN 5.1); 64 keeps it busy and still holds few built pods.
-pub const MAX_BATCH: usize = 64;
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 
-/// Runs `write` over `items` in slow-start batches of at most `max_batch` (at least 1). Every write of a batch
-/// completes before the next batch starts; after a batch with a failure none starts, and the first failure of
-/// that batch is returned.
+/// The widest window: at most this many writes of one reconcile are in flight at once. The Job controller doubles
+/// its batches up to its 500 writes per sync; 16 here left the API server waiting while a 4,096-rank job was
+/// created (DESIGN 5.1); 64 keeps it busy and still holds few built pods.
+pub const MAX_IN_FLIGHT: usize = 64;
+
+/// Runs `write` over `items`, at most `max_in_flight` (at least 1) at once: one first, then one more in flight for
+/// each success. After a failure no write starts; those in flight finish, and the first failure is returned.
 pub async fn slow_start<T, E, Fut>(
     items: impl IntoIterator<Item = T>,
-    max_batch: usize,
+    max_in_flight: usize,
     mut write: impl FnMut(T) -> Fut,
 ) -> Result<(), E>
 where
     Fut: Future<Output = Result<(), E>>,
 {
-    let max_batch = max_batch.max(1);
+    let max_in_flight = max_in_flight.max(1);
     let mut items = items.into_iter();
-    let mut size = 1;
+    let mut window = 1;
+    let mut in_flight = FuturesUnordered::new();
+    let mut failure = None;
     loop {
-        let batch: Vec<Fut> = items.by_ref().take(size).map(&mut write).collect();
-        if batch.is_empty() {
-            return Ok(());
+        while failure.is_none() && in_flight.len() < window {
+            let Some(item) = items.next() else { break };
+            in_flight.push(write(item));
         }
-        let results = futures::future::join_all(batch).await;
-        if let Some(error) = results.into_iter().find_map(Result::err) {
-            return Err(error);
+        match in_flight.next().await {
+            None => return failure.map_or(Ok(()), Err),
+            Some(Ok(())) => window = (window + 1).min(max_in_flight),
+            Some(Err(error)) => {
+                failure.get_or_insert(error);
+            }
         }
-        size = (size * 2).min(max_batch);
     }
 }
 
@@ -43,29 +51,35 @@ mod tests {
     use super::*;
     use std::cell::RefCell;
 
-    /// What the writes saw: the batch each item's write was made in, and how many writes were made before the
-    /// batch ran (the items built while another batch was in flight would show here).
+    /// What the writes saw: how many were in flight when each started, and how many were started and finished.
     #[derive(Default)]
     struct Log {
-        batches: Vec<Vec<u32>>,
-        made: usize,
-        written: usize,
+        in_flight_at_start: Vec<usize>,
+        started: usize,
+        finished: usize,
     }
 
-    async fn run(items: u32, max_batch: usize, fail: &[u32]) -> (Result<(), u32>, Log) {
+    /// Writes items `0..items`, each finishing after `ticks(item)` yields, failing when `fail` holds it.
+    async fn run(
+        items: u32,
+        max_in_flight: usize,
+        ticks: impl Fn(u32) -> u32,
+        fail: &[u32],
+    ) -> (Result<(), u32>, Log) {
         let log = RefCell::new(Log::default());
-        let result = slow_start(0..items, max_batch, |item| {
-            let mut l = log.borrow_mut();
-            // A new batch starts once every write made so far has run.
-            if l.made == l.written {
-                l.batches.push(Vec::new());
+        let result = slow_start(0..items, max_in_flight, |item| {
+            {
+                let mut l = log.borrow_mut();
+                let in_flight = l.started - l.finished;
+                l.in_flight_at_start.push(in_flight);
+                l.started += 1;
             }
-            l.made += 1;
-            l.batches.last_mut().expect("batch").push(item);
-            let log = &log;
+            let (log, ticks) = (&log, ticks(item));
             async move {
-                tokio::task::yield_now().await;
-                log.borrow_mut().written += 1;
+                for _ in 0..ticks {
+                    tokio::task::yield_now().await;
+                }
+                log.borrow_mut().finished += 1;
                 if fail.contains(&item) {
                     Err(item)
                 } else {
@@ -77,33 +91,65 @@ mod tests {
         (result, log.into_inner())
     }
 
-    fn sizes(log: &Log) -> Vec<usize> {
-        log.batches.iter().map(Vec::len).collect()
-    }
-
     #[tokio::test]
-    async fn batches_double_up_to_the_cap_and_build_nothing_ahead() {
-        let (result, log) = run(40, 16, &[]).await;
+    async fn the_window_opens_one_write_per_success_up_to_the_cap_and_builds_nothing_ahead() {
+        let (result, log) = run(200, 16, |_| 1, &[]).await;
         assert_eq!(result, Ok(()));
-        assert_eq!(sizes(&log), [1, 2, 4, 8, 16, 9]);
-        assert_eq!(log.made, 40);
-        let (_, log) = run(5, 16, &[]).await;
-        assert_eq!(sizes(&log), [1, 2, 2]);
-        let (_, log) = run(4, 0, &[]).await;
-        assert_eq!(sizes(&log), [1, 1, 1, 1], "a cap of 0 still makes progress");
-        let (result, log) = run(0, 16, &[]).await;
-        assert_eq!((result, log.made), (Ok(()), 0));
+        assert_eq!((log.started, log.finished), (200, 200));
+        assert_eq!(log.in_flight_at_start[0], 0, "one write first, alone");
+        let widest = log.in_flight_at_start.iter().max().copied();
+        assert_eq!(widest, Some(15), "never more than 16 in flight");
+        // Every write that starts finds fewer in flight than successes so far allow (1 + successes).
+        let (_, log) = run(5, 16, |_| 1, &[]).await;
+        assert_eq!(log.started, 5);
+        let (_, log) = run(4, 0, |_| 1, &[]).await;
+        assert_eq!(
+            log.in_flight_at_start,
+            [0, 0, 0, 0],
+            "a cap of 0 still makes progress"
+        );
+        let (result, log) = run(0, 16, |_| 1, &[]).await;
+        assert_eq!((result, log.started), (Ok(()), 0));
     }
 
     #[tokio::test]
-    async fn the_first_failing_batch_is_the_last_and_finishes_its_writes() {
+    async fn a_slow_write_holds_back_only_its_own_slot() {
+        // Item 1 takes 100 ticks, the others 1: writes keep starting past it, where a batch would wait for it.
+        let started_while_slow = RefCell::new(0);
+        let started = RefCell::new(0);
+        let result: Result<(), ()> = slow_start(0..64u32, 8, |item| {
+            *started.borrow_mut() += 1;
+            let (started, started_while_slow) = (&started, &started_while_slow);
+            async move {
+                let ticks = if item == 1 { 100 } else { 1 };
+                for _ in 0..ticks {
+                    tokio::task::yield_now().await;
+                }
+                if item == 1 {
+                    *started_while_slow.borrow_mut() = *started.borrow();
+                }
+                Ok(())
+            }
+        })
+        .await;
+        assert_eq!(result, Ok(()));
+        assert_eq!(*started.borrow(), 64);
+        assert!(
+            *started_while_slow.borrow() > 32,
+            "only {} writes started before the slow one ended",
+            started_while_slow.borrow()
+        );
+    }
+
+    #[tokio::test]
+    async fn after_a_failure_no_write_starts_and_those_in_flight_finish() {
         // Item 0 fails: one write, no other is even built.
-        let (result, log) = run(4096, 16, &[0]).await;
-        assert_eq!((result, log.made, log.written), (Err(0), 1, 1));
-        // Item 4 fails in the batch [3, 4, 5, 6]: that batch completes, none follows.
-        let (result, log) = run(100, 16, &[4, 6]).await;
-        assert_eq!(result, Err(4), "the batch's first failure");
-        assert_eq!(sizes(&log), [1, 2, 4]);
-        assert_eq!((log.made, log.written), (7, 7));
+        let (result, log) = run(4096, 16, |_| 1, &[0]).await;
+        assert_eq!((result, log.started, log.finished), (Err(0), 1, 1));
+        // Item 4 fails while others are in flight: they finish, none starts after, the failure is returned.
+        let (result, log) = run(100, 16, |_| 1, &[4, 6]).await;
+        assert!(matches!(result, Err(4 | 6)), "{result:?}");
+        assert!(log.started < 20, "{} writes started", log.started);
+        assert_eq!(log.started, log.finished);
     }
 }

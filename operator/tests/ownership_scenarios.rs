@@ -1,7 +1,7 @@
 //! What the operator does with objects it does not own, against the in-process fake API server: an object named
 //! like a job's child that is someone else's fails the job and is left exactly as it was; an earlier job's
 //! leftovers are waited for; a pod labelled like the job's but not its own is neither counted nor deleted. And how
-//! it writes: pods in slow-start batches that stop at the first failure, and jobs above its limit refused.
+//! it writes: pods with a slow start that stops at the first failure, and jobs above its limit refused.
 
 mod support;
 
@@ -194,7 +194,7 @@ async fn an_earlier_jobs_leftovers_are_waited_for_then_replaced() {
 }
 
 #[tokio::test]
-async fn pods_are_created_in_slow_start_batches_that_stop_at_the_first_failure() {
+async fn pods_are_created_with_a_slow_start_that_stops_at_the_first_failure() {
     let (fake, h) = setup(40, json!({}));
     fake.fail("POST", POD_COLLECTION);
     sync_cache(&fake, &h);
