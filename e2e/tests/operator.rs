@@ -3,7 +3,6 @@
 //! test drives pod phases through the pods/status subresource, as a kubelet would report them. The operator's
 //! /metrics is read as Prometheus would scrape it.
 
-use futures::StreamExt;
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -14,10 +13,9 @@ use rdu_e2e::kit::{
     self, JobFixture, TIMEOUT, job_status, operator_log, or_operator_log, report_running,
     report_terminated, wait_phase, wait_pods, wait_status,
 };
-use rdu_e2e::{ControlPlane, create_namespace, kubectl, poll_until};
+use rdu_e2e::{ControlPlane, kubectl, poll_until};
 use serde_json::{Value, json};
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
 
 const JOBS: &str = "jobs";
 const RESULT: &str = r#"{"finalLoss":0.125,"testAccuracy":0.96,"samplesPerSecond":1234.5,"trainSeconds":3.5,"globalSteps":40}"#;
@@ -309,66 +307,6 @@ async fn a_gang_job_gets_a_pod_group_and_its_pods_join_it() {
             "{name} must name its PodGroup"
         );
     }
-}
-
-#[tokio::test]
-#[ignore = "needs the control-plane binaries: bash e2e/control-plane/run.sh"]
-async fn bench_apply_to_pods_256() {
-    let (plane, _) = operator_plane("operator bench").await;
-    let client = plane.admin_client().await.expect("client");
-    let pods: Api<Pod> = Api::namespaced(client, JOBS);
-    let start = Instant::now();
-    kit::apply(&plane, &job("wide", 256, json!({}))).expect("apply");
-    let waited = poll_until("256 pods", Duration::from_secs(300), || async {
-        let list = pods
-            .list_metadata(&ListParams::default().labels("rdu.dev/job-name=wide"))
-            .await
-            .map_err(|e| e.to_string())?;
-        if list.items.len() == 256 {
-            Ok(())
-        } else {
-            Err(format!("{} pods", list.items.len()))
-        }
-    })
-    .await;
-    or_operator_log(&plane, waited);
-    let seconds = start.elapsed().as_secs_f64();
-
-    // Baseline in the same run: the same 256 pods (the operator's builder) created straight through the
-    // API by the admin, 16 requests in flight, with no watch, reconcile or status in between.
-    create_namespace(&plane, "baseline")
-        .await
-        .expect("namespace");
-    let admin = plane.admin_client().await.expect("client");
-    let template: RduJob = Api::namespaced(admin.clone(), JOBS)
-        .get("wide")
-        .await
-        .expect("job");
-    let direct: Api<Pod> = Api::namespaced(admin, "baseline");
-    let template =
-        rdu_operator::validate(&template, &rdu_operator::Limits::default()).expect("valid job");
-    let built: Vec<Pod> = (0..256)
-        .map(|rank| {
-            let mut pod = rdu_operator::builders::worker_pod(&template, rank, 0);
-            pod.metadata.namespace = Some("baseline".into());
-            pod.metadata.owner_references = None;
-            pod
-        })
-        .collect();
-    let post = kube::api::PostParams::default();
-    let start = Instant::now();
-    futures::stream::iter(built.iter().map(|pod| direct.create(&post, pod)))
-        .buffer_unordered(16)
-        .for_each(|r| async move {
-            r.expect("direct create");
-        })
-        .await;
-    let baseline = start.elapsed().as_secs_f64();
-    println!(
-        "{}",
-        json!({"bench": "apply_to_pods_256", "seconds": seconds, "pods": 256,
-               "baseline_direct_create_seconds": baseline, "ratio": seconds / baseline})
-    );
 }
 
 /// `rdu_operator_jobs` by phase on the operator's /metrics.

@@ -6,12 +6,17 @@
 //! every pod is created and counted, creating them runs no admission policy's match conditions (the chart's
 //! device-plugin policy matches updates only), and one pod turning Running makes the operator neither list pods
 //! nor write any pod (the API server's own request counters).
+//!
+//! And a bench of a 256-rank job (`"bench": "apply_to_pods_256"`): from the RduJob's create to its 256th pod as a
+//! watch sees them, beside the same 256 pods created straight through the API.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams};
+use kube::api::{Api, ListParams, PostParams};
+use kube::runtime::watcher;
 use rdu_crds::RduJob;
 use rdu_crds::consts::MAX_WORKERS;
 use rdu_e2e::kit::{self, JobFixture, TIMEOUT, wait_status};
@@ -219,6 +224,172 @@ async fn a_job_of_4096_ranks_is_created_and_one_pods_change_touches_no_other_pod
     assert!(
         update_evaluations > 0.0,
         "the metric counts no evaluation even where one happens: the CREATE count above proves nothing"
+    );
+    assert!(plane.dead_process().is_none(), "{:?}", plane.dead_process());
+}
+
+/// A watch of the pods `selector` picks in `pods`' namespace, its initial (empty) list already read.
+async fn watch_from_now(
+    pods: &Api<Pod>,
+    selector: &str,
+) -> impl futures::Stream<Item = Result<watcher::Event<Pod>, watcher::Error>> + use<> {
+    let mut events = Box::pin(watcher(
+        pods.clone(),
+        watcher::Config::default().labels(selector),
+    ));
+    loop {
+        match events.next().await.expect("pod watch").expect("pod watch") {
+            watcher::Event::InitDone => return events,
+            _ => continue,
+        }
+    }
+}
+
+/// Seconds from `start` until `pods` (a watch started before it) has seen `count` distinct pods: (first, last).
+async fn watch_pods_appear(
+    events: impl futures::Stream<Item = Result<watcher::Event<Pod>, watcher::Error>>,
+    start: Instant,
+    count: usize,
+) -> (f64, f64) {
+    let mut seen = std::collections::HashSet::new();
+    let mut first = None;
+    let mut events = std::pin::pin!(events);
+    let waited = tokio::time::timeout(CREATION, async {
+        while let Some(event) = events.try_next().await.expect("pod watch") {
+            if let watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) = event {
+                seen.insert(pod.metadata.name.unwrap_or_default());
+                first.get_or_insert_with(|| start.elapsed().as_secs_f64());
+                if seen.len() >= count {
+                    return start.elapsed().as_secs_f64();
+                }
+            }
+        }
+        panic!("the pod watch ended");
+    })
+    .await;
+    let last = waited.unwrap_or_else(|_| panic!("{} of {count} pods in {CREATION:?}", seen.len()));
+    (first.unwrap_or(last), last)
+}
+
+/// One round of the 256-pod bench: the operator's job `name` and the same pods created directly.
+struct Round {
+    /// From the RduJob's create to its last pod seen.
+    operator: f64,
+    /// From the RduJob's create to its first pod seen.
+    first_pod: f64,
+    /// From the first direct create to the last pod seen.
+    direct: f64,
+}
+
+/// The median of `values` (sorted here).
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// Times `name`'s pods as the operator creates them, then the same pods created straight through the API by the
+/// admin in namespace `direct_ns`, 16 requests in flight, with no reconcile or status in between. Both are timed
+/// from the first request (the RduJob's create, or the first pod's) to the last pod a watch opened before sees.
+async fn apply_to_pods_round(
+    admin: &kube::Client,
+    name: &str,
+    pods: u32,
+    direct_ns: &str,
+) -> Round {
+    let selector = format!("rdu.dev/job-name={name}");
+    let operated: Api<Pod> = Api::namespaced(admin.clone(), JOBS);
+    let events = watch_from_now(&operated, &selector).await;
+    let job: RduJob =
+        serde_json::from_value(JobFixture::new(JOBS, name).workers(pods).value()).expect("job");
+    let jobs: Api<RduJob> = Api::namespaced(admin.clone(), JOBS);
+    // The chart's admission policies take effect a second or two after they are created (the API server loads
+    // them on a timer), and the first create waits for them: a dry run of the same create waits here instead.
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    jobs.create(&dry_run, &job)
+        .await
+        .expect("dry run of the job's create");
+    let start = Instant::now();
+    let created = jobs
+        .create(&PostParams::default(), &job)
+        .await
+        .expect("create the job");
+    let (first_pod, operator) = watch_pods_appear(events, start, pods as usize).await;
+    let listed = operated
+        .list_metadata(&ListParams::default().labels(&selector))
+        .await
+        .expect("list");
+    assert_eq!(
+        listed.items.len(),
+        pods as usize,
+        "every rank of {name} has its pod"
+    );
+
+    let valid =
+        rdu_operator::validate(&created, &rdu_operator::Limits::default()).expect("valid job");
+    let built: Vec<Pod> = (0..pods)
+        .map(|rank| {
+            let mut pod = rdu_operator::builders::worker_pod(&valid, rank, 0);
+            pod.metadata.namespace = Some(direct_ns.into());
+            pod.metadata.owner_references = None;
+            pod
+        })
+        .collect();
+    let direct: Api<Pod> = Api::namespaced(admin.clone(), direct_ns);
+    let events = watch_from_now(&direct, &selector).await;
+    let post = PostParams::default();
+    let start = Instant::now();
+    futures::stream::iter(built.iter().map(|pod| direct.create(&post, pod)))
+        .buffer_unordered(16)
+        .for_each(|r| async move {
+            r.expect("direct create");
+        })
+        .await;
+    let (_, direct) = watch_pods_appear(events, start, pods as usize).await;
+    Round {
+        operator,
+        first_pod,
+        direct,
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs the control-plane binaries: bash e2e/control-plane/run.sh"]
+async fn bench_apply_to_pods_256() {
+    const PODS: u32 = 256;
+    const ROUNDS: usize = 3;
+    let (mut plane, operator) = kit::plane("apply to pods")
+        .namespaces(&[JOBS, "baseline"])
+        .start_operator()
+        .await;
+    let admin = plane.admin_client().await.expect("client");
+    poll_until("the operator's /readyz", TIMEOUT, || async {
+        match metrics::http_get(operator.metrics, "/readyz").await {
+            Ok((200, _)) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", kit::operator_log(&plane)));
+
+    // Interleaved rounds, each a job of its own (the pods of earlier rounds stay, as in a busy namespace).
+    let mut rounds = Vec::new();
+    for round in 0..ROUNDS {
+        rounds
+            .push(apply_to_pods_round(&admin, &format!("{NAME}-{round}"), PODS, "baseline").await);
+    }
+    let operated: Vec<f64> = rounds.iter().map(|r| r.operator).collect();
+    let direct: Vec<f64> = rounds.iter().map(|r| r.direct).collect();
+    let mut first: Vec<f64> = rounds.iter().map(|r| r.first_pod).collect();
+    let (seconds, baseline) = (median(&mut operated.clone()), median(&mut direct.clone()));
+    println!(
+        "{}",
+        json!({"bench": "apply_to_pods_256", "pods": PODS, "rounds": ROUNDS,
+               "seconds": seconds, "baseline_direct_create_seconds": baseline, "ratio": seconds / baseline,
+               "first_pod_seconds": median(&mut first),
+               "operator_seconds_by_round": operated, "direct_seconds_by_round": direct})
     );
     assert!(plane.dead_process().is_none(), "{:?}", plane.dead_process());
 }
