@@ -481,7 +481,7 @@ fn active_deadline_seconds_stops_the_job() {
 }
 
 #[test]
-fn bench_prints_one_json_line_per_world_size_against_the_one_rank_baseline() {
+fn bench_prints_one_json_line_per_world_size_against_the_one_rank_baseline_and_independent_jobs() {
     let dir = tempfile::tempdir().unwrap();
     let path = write_job(dir.path(), SMALL);
     let f = run(&[
@@ -504,6 +504,23 @@ fn bench_prints_one_json_line_per_world_size_against_the_one_rank_baseline() {
     assert_eq!(lines[1]["ranks"], 2);
     assert!(lines[1]["samples_per_sec"].as_f64().unwrap() > 0.0);
     assert!(lines[1]["scaling_efficiency"].as_f64().unwrap() > 0.0);
+    // Beside two 1-rank jobs run at once, once per repeat.
+    let versus = &lines[1]["vs_independent_jobs"];
+    assert_eq!(
+        versus["rounds"].as_array().map(Vec::len),
+        Some(1),
+        "{versus}"
+    );
+    let round = &versus["rounds"][0];
+    assert!(
+        round["independent_samples_per_sec"].as_f64().unwrap() > 0.0,
+        "{round}"
+    );
+    assert_eq!(versus["median_ratio"], round["ratio"]);
+    assert!(
+        lines[0].get("vs_independent_jobs").is_none(),
+        "1 rank has nothing to compare"
+    );
 }
 
 #[test]
