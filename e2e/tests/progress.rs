@@ -9,10 +9,10 @@ use std::net::SocketAddr;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
-use rdu_crds::{ProgressReport, RduJob, StepPoint, TrainingProgress, consts};
+use rdu_crds::{RduJob, consts};
 use rdu_e2e::kit::{
-    self, JobFixture, TIMEOUT, or_operator_log, pod_token, progress_url_flag, report_running,
-    wait_pods,
+    self, JobFixture, TIMEOUT, or_operator_log, pod_token, post_progress, progress_report,
+    progress_url_flag, report_running, wait_pods,
 };
 use rdu_e2e::metrics::http_post;
 use rdu_e2e::{kubectl, poll_until};
@@ -25,37 +25,11 @@ fn job_yaml(name: &str) -> String {
 }
 
 fn report(generation: u32, step: u64) -> Vec<u8> {
-    let progress = TrainingProgress::at(StepPoint {
-        step,
-        total_steps: 128,
-        start_step: 0,
-        epoch: 1,
-        epochs: 2,
-        loss: 0.75,
-        elapsed_seconds: 4.0,
-        samples: step * 16,
-    });
-    serde_json::to_vec(&ProgressReport {
-        generation,
-        progress,
-    })
-    .expect("json")
+    progress_report(generation, step)
 }
 
 async fn post(operator: SocketAddr, token: Option<&str>, body: &[u8]) -> (u16, String) {
-    let bearer = token.map(|t| format!("Bearer {t}"));
-    let mut headers = vec![("Content-Type", "application/json")];
-    if let Some(b) = &bearer {
-        headers.push(("Authorization", b.as_str()));
-    }
-    http_post(
-        operator,
-        &consts::progress_path(JOBS, "watched"),
-        &headers,
-        body,
-    )
-    .await
-    .expect("the operator answers")
+    post_progress(operator, JOBS, "watched", token, body).await
 }
 
 async fn progress_of(jobs: &Api<RduJob>) -> Value {

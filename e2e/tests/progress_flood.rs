@@ -18,12 +18,12 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use rdu_crds::RduJob;
-use rdu_crds::{ProgressReport, StepPoint, TrainingProgress, consts};
+use rdu_crds::consts;
 use rdu_e2e::kit::{
-    self, JobFixture, TIMEOUT, job_status, or_operator_log, pod_token, progress_url_flag,
-    report_running, wait_phase,
+    self, JobFixture, TIMEOUT, job_status, or_operator_log, pod_token, post_progress,
+    progress_report, progress_url_flag, report_running, wait_phase,
 };
-use rdu_e2e::metrics::{http_get, http_post, http_post_from};
+use rdu_e2e::metrics::{http_get, http_post_from};
 use rdu_e2e::poll_until;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -84,21 +84,7 @@ fn forged(namespace: &str, pod: &str, uid: &str, salt: usize) -> String {
 }
 
 fn report(step: u64) -> Vec<u8> {
-    let progress = TrainingProgress::at(StepPoint {
-        step,
-        total_steps: 128,
-        start_step: 0,
-        epoch: 1,
-        epochs: 2,
-        loss: 0.75,
-        elapsed_seconds: 4.0,
-        samples: step * 16,
-    });
-    serde_json::to_vec(&ProgressReport {
-        generation: 0,
-        progress,
-    })
-    .expect("json")
+    progress_report(0, step)
 }
 
 /// What the flood sends.
@@ -170,18 +156,7 @@ async fn post_full(
     token: &str,
     step: u64,
 ) -> (u16, String) {
-    let bearer = format!("Bearer {token}");
-    http_post(
-        addr,
-        &consts::progress_path(namespace, job),
-        &[
-            ("Content-Type", "application/json"),
-            ("Authorization", &bearer),
-        ],
-        &report(step),
-    )
-    .await
-    .expect("the operator answers")
+    post_progress(addr, namespace, job, Some(token), &report(step)).await
 }
 
 /// TokenReviews the API server has served so far.
