@@ -85,6 +85,7 @@ async fn one_job_spans_three_nodes_and_survives_their_faults() {
         steps_per_second,
     };
     summary.extend(faults.kueue_preemption().await);
+    summary.extend(faults.kueue_gang_restart_keeps_quota().await);
     summary.extend(faults.kubelet_restart_then_drain().await);
     summary.extend(faults.crash_then_too_little_capacity().await);
     summary.extend(faults.partition().await);

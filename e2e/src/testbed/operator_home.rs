@@ -1,7 +1,8 @@
-//! Moves the operator off a node a test is about to break, so the fault under test is a lost rank, not a lost
-//! operator (which is the Deployment's and the Lease's business: `operator.replicas: 2`).
+//! Where the operator runs: moves it off a node a test is about to break, so the fault under test is a lost rank,
+//! not a lost operator (which is the Deployment's and the Lease's business: `operator.replicas: 2`), and kills its
+//! leader when that is the fault under test.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
@@ -74,5 +75,33 @@ impl Testbed {
         )
         .await;
         self.kubectl(&["uncordon", node]);
+    }
+
+    /// Kills the leading replica (its pod force-deleted: no graceful release of the Lease) and waits until another
+    /// replica leads; the seconds that took.
+    pub async fn kill_operator_leader(&self, timeout: Duration) -> f64 {
+        let leader = self
+            .operator_leader()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .expect("a leader");
+        let killed = Instant::now();
+        self.kubectl(&[
+            "delete",
+            "pod",
+            &leader,
+            "-n",
+            SYSTEM_NAMESPACE,
+            "--grace-period=0",
+            "--force",
+        ]);
+        self.wait("another replica leads", timeout, async || {
+            match self.operator_leader().await? {
+                Some(now) if now != leader => Ok(()),
+                other => Err(format!("lease held by {other:?}")),
+            }
+        })
+        .await;
+        killed.elapsed().as_secs_f64()
     }
 }

@@ -71,32 +71,8 @@ impl Faults {
         );
 
         // The leading replica killed (its pod force-deleted: no graceful release of the Lease).
-        let leader = self
-            .bed
-            .operator_leader()
-            .await
-            .expect("lease")
-            .expect("a leader");
         let step = self.progress_step(name).await.expect("progress");
-        let fault = Instant::now();
-        self.bed.kubectl(&[
-            "delete",
-            "pod",
-            &leader,
-            "-n",
-            "rdu-system",
-            "--grace-period=0",
-            "--force",
-        ]);
-        let bed = &self.bed;
-        bed.wait("another replica leads", LONG, async || {
-            match bed.operator_leader().await? {
-                Some(now) if now != leader => Ok(()),
-                other => Err(format!("lease held by {other:?}")),
-            }
-        })
-        .await;
-        let took_over = fault.elapsed().as_secs_f64();
+        let took_over = self.bed.kill_operator_leader(LONG).await;
         let progress = self.progress_past(name, step).await;
         out.insert(
             "operator_leader_killed".into(),

@@ -2,13 +2,18 @@
 //! high-priority one preempts it. Every rank gets SIGTERM, rank 0 checkpoints the last step it completed, the
 //! pods go and the quota is released; the preemptor runs, and the preempted job, admitted again, resumes from that
 //! checkpoint and ends at the step count it planned, the preemption counted in `status.evictions` and never
-//! against `backoffLimit` (the job runs with `backoffLimit: 0`). The summary's `kueue` object has the numbers.
+//! against `backoffLimit` (the job runs with `backoffLimit: 0`). The operator's leader is killed in the middle of
+//! that eviction (the preempted pods held Terminating by a finalizer the test holds, as a slow kubelet would): the
+//! replica that takes over finishes it, the eviction counted once. Then a gang restart inside an admitted job keeps
+//! its quota: the Workload stays admitted with the same admission, never evicted. The summary's `kueue` object has
+//! the numbers.
 
 use std::time::Instant;
 
 use futures::{AsyncBufReadExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, LogParams};
+use kube::ResourceExt;
+use kube::api::{Api, EvictParams, LogParams, Patch, PatchParams};
 use rdu_e2e::kueue;
 use rdu_e2e::logs::field_of;
 use serde_json::{Value, json};
@@ -52,6 +57,10 @@ metadata: {name: team, namespace: default}
 spec: {clusterQueue: rdu}
 "#;
 
+/// A finalizer the test puts on the preempted job's pods to keep them Terminating while the operator's leader is
+/// killed.
+const HOLD: &str = "e2e.rdu.dev/hold";
+
 /// The preemptor's ranks: with the preempted job's 8 they pass the queue's 8 tiles.
 const PREEMPTOR_RANKS: u32 = 4;
 
@@ -76,6 +85,27 @@ fn stopped_at(log: &[String]) -> Option<u64> {
 }
 
 impl Faults {
+    /// Puts the test's finalizer on every pod of job `name` (or takes it off); how many pods.
+    async fn hold_pods(&self, name: &str, hold: bool) -> usize {
+        let pods = self
+            .bed
+            .pods("default", &format!("rdu.dev/job-name={name}"))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let api: Api<Pod> = Api::namespaced(self.bed.client.clone(), "default");
+        let finalizers = if hold { json!([HOLD]) } else { Value::Null };
+        for pod in &pods {
+            api.patch(
+                &pod.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"finalizers": finalizers}})),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("finalizer of {}: {e}", pod.name_any()));
+        }
+        pods.len()
+    }
+
     /// Job `name`'s Workload in `default`.
     async fn workload_of(&self, name: &str) -> Result<Value, String> {
         kueue::workload_of(&self.bed.client, "default", name).await
@@ -132,8 +162,38 @@ impl Faults {
         job["spec"]["workers"] = json!(PREEMPTOR_RANKS);
         job["spec"]["training"]["steps"] = json!(interval);
         shared_volume(&self.bed, &self.shared, preemptor);
+        let held = self.hold_pods(name, true).await;
         let preempted = Instant::now();
         self.bed.apply(&queued(job, "high").to_string());
+        // The eviction under way: Kueue evicted the Workload and the operator is stopping the pods, which the
+        // finalizer holds Terminating. The leader is killed now; the replica that takes over finishes the eviction.
+        self.bed
+            .wait(
+                "the low job evicted and its pods stopping",
+                LONG,
+                async || {
+                    let w = self.workload_of(name).await?;
+                    let pods = self
+                        .bed
+                        .pods("default", &format!("rdu.dev/job-name={name}"))
+                        .await?;
+                    let stopping = pods
+                        .iter()
+                        .filter(|p| p.metadata.deletion_timestamp.is_some())
+                        .count();
+                    if kueue::condition_is(&w, "Evicted", "True") && stopping == held {
+                        Ok(())
+                    } else {
+                        Err(format!(
+                            "{stopping} of {held} pods stopping; workload {}",
+                            w["status"]
+                        ))
+                    }
+                },
+            )
+            .await;
+        let new_leader = self.bed.kill_operator_leader(LONG).await;
+        self.hold_pods(name, false).await;
         self.bed
             .wait(
                 "the low job evicted and its quota released",
@@ -206,7 +266,89 @@ impl Faults {
                 "restarts_counted_for_preemption": status["failureRestarts"],
                 "evictions": status["evictions"],
                 "preemptor_phase": preemptor_done["status"]["phase"],
+                "leader_killed_mid_eviction_to_new_leader_seconds": new_leader,
             }),
+        );
+        out
+    }
+
+    /// A gang restart inside an admitted job keeps its quota: a queued job running across the nodes loses a pod
+    /// (evicted, a disruption restarted without counting against `backoffLimit`); its next generation starts while its Workload stays
+    /// admitted with the same admission and is never evicted, and the job ends as planned.
+    pub async fn kueue_gang_restart_keeps_quota(&self) -> serde_json::Map<String, Value> {
+        let name = "requeued";
+        let (mut job, _, interval) = self.fault_job(name, 30);
+        // A third of a fault job's training: long enough for a restart and a checkpoint to resume from.
+        let planned = 10 * interval;
+        job["spec"]["training"]["steps"] = json!(planned);
+        shared_volume(&self.bed, &self.shared, name);
+        self.bed.apply(&queued(job, "low").to_string());
+        self.bed.wait_phase(name, "Running", LONG).await;
+        self.wait_checkpointed(name, interval).await;
+        let before = self.workload_of(name).await.expect("workload");
+        assert!(
+            kueue::condition_is(&before, "Admitted", "True"),
+            "{}",
+            before["status"]
+        );
+        let admission = before["status"]["admission"].clone();
+        let restarted = Instant::now();
+        // An eviction through the Eviction API, as a drain makes: a disruption, restarted without counting.
+        let pods: Api<Pod> = Api::namespaced(self.bed.client.clone(), "default");
+        pods.evict(&format!("{name}-worker-1"), &EvictParams::default())
+            .await
+            .expect("evict rank 1");
+        self.bed
+            .wait(
+                "the next generation running while the Workload stays admitted",
+                LONG,
+                async || {
+                    let w = self.workload_of(name).await?;
+                    assert!(
+                        kueue::condition_is(&w, "QuotaReserved", "True")
+                            && kueue::condition_is(&w, "Admitted", "True")
+                            && !kueue::condition_is(&w, "Evicted", "True"),
+                        "a gang restart lost the quota: {}",
+                        w["status"]
+                    );
+                    assert_eq!(w["status"]["admission"], admission, "the admission changed");
+                    let job = self.bed.job(name).await?;
+                    let status = &job["status"];
+                    if status["restarts"] == 1 && status["phase"] == "Running" {
+                        Ok(())
+                    } else {
+                        Err(format!("status {status}"))
+                    }
+                },
+            )
+            .await;
+        let restart_seconds = restarted.elapsed().as_secs_f64();
+        let (done, _) = self.ends_as_planned(name, planned).await;
+        let status = &done["status"];
+        assert_eq!(
+            (
+                status["restarts"].as_u64(),
+                status["evictions"].as_u64().unwrap_or_default()
+            ),
+            (Some(1), 0),
+            "{status}"
+        );
+        let finished = self.workload_of(name).await.expect("workload");
+        assert!(
+            kueue::condition_is(&finished, "Finished", "True"),
+            "{}",
+            finished["status"]
+        );
+        assert_eq!(
+            finished["status"]["admission"], admission,
+            "the admission changed"
+        );
+        self.bed
+            .kubectl(&["delete", "rdujob", name, "-n", "default", "--wait=true"]);
+        let mut out = serde_json::Map::new();
+        out.insert(
+            "kueue_gang_restart".into(),
+            json!({"pod_evicted_to_running_seconds": restart_seconds, "restarts": 1, "evictions": 0}),
         );
         out
     }
