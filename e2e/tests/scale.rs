@@ -62,6 +62,18 @@ async fn operator_value(operator: SocketAddr, name: &str) -> Result<f64, String>
     Ok(metrics::sum(&metrics::parse(&text), name, &[]))
 }
 
+/// Waits until the operator answers /readyz.
+async fn wait_ready(plane: &rdu_e2e::ControlPlane, operator: SocketAddr) {
+    poll_until("the operator's /readyz", TIMEOUT, || async {
+        match metrics::http_get(operator, "/readyz").await {
+            Ok((200, _)) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", kit::operator_log(plane)));
+}
+
 /// Waits until the operator's reconcile counter has not moved for [`QUIET`]; returns it.
 async fn wait_quiet(operator: SocketAddr) -> f64 {
     let mut last = (f64::NAN, Instant::now());
@@ -108,14 +120,7 @@ async fn a_job_of_4096_ranks_is_created_and_one_pods_change_touches_no_other_pod
         .start_operator()
         .await;
     let admin = plane.admin_client().await.expect("client");
-    poll_until("the operator's /readyz", TIMEOUT, || async {
-        match metrics::http_get(operator.metrics, "/readyz").await {
-            Ok((200, _)) => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", kit::operator_log(&plane)));
+    wait_ready(&plane, operator.metrics).await;
     let (idle_kib, idle_cpu) = (peak_rss_kib(operator.pid), cpu_seconds(operator.pid));
 
     // Creation: every pod, counted in the job's status.
@@ -365,14 +370,7 @@ async fn bench_apply_to_pods_256() {
         .start_operator()
         .await;
     let admin = plane.admin_client().await.expect("client");
-    poll_until("the operator's /readyz", TIMEOUT, || async {
-        match metrics::http_get(operator.metrics, "/readyz").await {
-            Ok((200, _)) => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", kit::operator_log(&plane)));
+    wait_ready(&plane, operator.metrics).await;
 
     // Interleaved rounds, each a job of its own (the pods of earlier rounds stay, as in a busy namespace).
     let mut rounds = Vec::new();

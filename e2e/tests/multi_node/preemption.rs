@@ -106,6 +106,17 @@ impl Faults {
         pods.len()
     }
 
+    /// Job `name`'s Workload, which must be Finished.
+    async fn finished_workload(&self, name: &str) -> Value {
+        let finished = self.workload_of(name).await.expect("workload");
+        assert!(
+            kueue::condition_is(&finished, "Finished", "True"),
+            "{}",
+            finished["status"]
+        );
+        finished
+    }
+
     /// Job `name`'s Workload in `default`.
     async fn workload_of(&self, name: &str) -> Result<Value, String> {
         kueue::workload_of(&self.bed.client, "default", name).await
@@ -241,12 +252,7 @@ impl Faults {
             (Some(1), Some(0), Some(0)),
             "{status}"
         );
-        let finished = self.workload_of(name).await.expect("workload");
-        assert!(
-            kueue::condition_is(&finished, "Finished", "True"),
-            "{}",
-            finished["status"]
-        );
+        self.finished_workload(name).await;
         for job in [name, preemptor] {
             self.bed
                 .kubectl(&["delete", "rdujob", job, "-n", "default", "--wait=true"]);
@@ -333,12 +339,7 @@ impl Faults {
             (Some(1), 0),
             "{status}"
         );
-        let finished = self.workload_of(name).await.expect("workload");
-        assert!(
-            kueue::condition_is(&finished, "Finished", "True"),
-            "{}",
-            finished["status"]
-        );
+        let finished = self.finished_workload(name).await;
         assert_eq!(
             finished["status"]["admission"], admission,
             "the admission changed"
