@@ -265,3 +265,19 @@ pub fn condition<'a>(
 pub fn condition_is(workload: &serde_json::Value, type_: &str, status: &str) -> bool {
     condition(workload, type_).is_some_and(|c| c["status"] == status)
 }
+
+/// Asserts that a Workload (JSON) still holds its quota as `admission` gave it: QuotaReserved and Admitted, not
+/// Evicted, the same `status.admission` (what a gang restart inside an admitted job must leave alone).
+pub fn assert_keeps_admission(workload: &serde_json::Value, admission: &serde_json::Value) {
+    assert!(
+        condition_is(workload, "QuotaReserved", "True")
+            && condition_is(workload, "Admitted", "True")
+            && !condition_is(workload, "Evicted", "True"),
+        "a gang restart lost the quota: {}",
+        workload["status"]
+    );
+    assert_eq!(
+        &workload["status"]["admission"], admission,
+        "the admission changed"
+    );
+}

@@ -445,14 +445,7 @@ async fn queued_jobs_wait_for_admission_and_survive_preemption() {
             "restarts' generation 1 while its Workload stays admitted",
             async || {
                 let w = bed.workload_of("restarts").await?;
-                assert!(
-                    kueue::condition_is(&w, "QuotaReserved", "True")
-                        && kueue::condition_is(&w, "Admitted", "True")
-                        && !kueue::condition_is(&w, "Evicted", "True"),
-                    "a gang restart lost the quota: {}",
-                    w["status"]
-                );
-                assert_eq!(w["status"]["admission"], admission, "the admission changed");
+                kueue::assert_keeps_admission(&w, &admission);
                 let pods = bed.pods_of("restarts").await?;
                 let next: Vec<Pod> = pods
                     .into_iter()

@@ -13,7 +13,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::watcher;
@@ -243,9 +243,10 @@ async fn watch_from_now(
         watcher::Config::default().labels(selector),
     ));
     loop {
-        match events.next().await.expect("pod watch").expect("pod watch") {
-            watcher::Event::InitDone => return events,
-            _ => continue,
+        // Errors are the watcher's to recover from (it relists), as in `watch_pods_appear`.
+        if let Ok(watcher::Event::InitDone) = events.next().await.expect("the pod watch never ends")
+        {
+            return events;
         }
     }
 }
@@ -260,8 +261,9 @@ async fn watch_pods_appear(
     let mut first = None;
     let mut events = std::pin::pin!(events);
     let waited = tokio::time::timeout(CREATION, async {
-        while let Some(event) = events.try_next().await.expect("pod watch") {
-            if let watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) = event {
+        while let Some(event) = events.next().await {
+            // A watch error (a dropped connection) is the watcher's to recover from: it relists and goes on.
+            if let Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) = event {
                 seen.insert(pod.metadata.name.unwrap_or_default());
                 first.get_or_insert_with(|| start.elapsed().as_secs_f64());
                 if seen.len() >= count {

@@ -51,10 +51,12 @@ mod tests {
     use super::*;
     use std::cell::RefCell;
 
-    /// What the writes saw: how many were in flight when each started, and how many were started and finished.
+    /// What the writes saw: how many were in flight and how many had finished when each started, and how many were
+    /// started and finished.
     #[derive(Default)]
     struct Log {
         in_flight_at_start: Vec<usize>,
+        finished_at_start: Vec<usize>,
         started: usize,
         finished: usize,
     }
@@ -72,6 +74,8 @@ mod tests {
                 let mut l = log.borrow_mut();
                 let in_flight = l.started - l.finished;
                 l.in_flight_at_start.push(in_flight);
+                let finished = l.finished;
+                l.finished_at_start.push(finished);
                 l.started += 1;
             }
             let (log, ticks) = (&log, ticks(item));
@@ -99,7 +103,13 @@ mod tests {
         assert_eq!(log.in_flight_at_start[0], 0, "one write first, alone");
         let widest = log.in_flight_at_start.iter().max().copied();
         assert_eq!(widest, Some(15), "never more than 16 in flight");
-        // Every write that starts finds fewer in flight than successes so far allow (1 + successes).
+        // Every write that starts finds fewer in flight than the successes so far allow (1 + successes).
+        for (in_flight, finished) in log.in_flight_at_start.iter().zip(&log.finished_at_start) {
+            assert!(
+                *in_flight < 1 + finished,
+                "{in_flight} in flight after {finished} successes"
+            );
+        }
         let (_, log) = run(5, 16, |_| 1, &[]).await;
         assert_eq!(log.started, 5);
         let (_, log) = run(4, 0, |_| 1, &[]).await;

@@ -279,8 +279,8 @@ impl Faults {
     }
 
     /// A gang restart inside an admitted job keeps its quota: a queued job running across the nodes loses a pod
-    /// (evicted, a disruption restarted without counting against `backoffLimit`); its next generation starts while its Workload stays
-    /// admitted with the same admission and is never evicted, and the job ends as planned.
+    /// (evicted, a disruption restarted without counting against `backoffLimit`); its next generation starts while
+    /// its Workload stays admitted with the same admission and is never evicted, and the job ends as planned.
     pub async fn kueue_gang_restart_keeps_quota(&self) -> serde_json::Map<String, Value> {
         let name = "requeued";
         let (mut job, _, interval) = self.fault_job(name, 30);
@@ -310,14 +310,7 @@ impl Faults {
                 LONG,
                 async || {
                     let w = self.workload_of(name).await?;
-                    assert!(
-                        kueue::condition_is(&w, "QuotaReserved", "True")
-                            && kueue::condition_is(&w, "Admitted", "True")
-                            && !kueue::condition_is(&w, "Evicted", "True"),
-                        "a gang restart lost the quota: {}",
-                        w["status"]
-                    );
-                    assert_eq!(w["status"]["admission"], admission, "the admission changed");
+                    kueue::assert_keeps_admission(&w, &admission);
                     let job = self.bed.job(name).await?;
                     let status = &job["status"];
                     if status["restarts"] == 1 && status["phase"] == "Running" {
