@@ -4,6 +4,7 @@
 # Go-built binaries, whose containerd already holds every image kubeadm and the cluster's add-ons run.
 #   source <(bash e2e/kind/offline/prepare.sh)     # prints the `export` lines e2e/kind/run.sh reads
 #   bash e2e/kind/offline/prepare.sh bases         # only the Dockerfile's base images (no Go build needed)
+#   bash e2e/kind/offline/prepare.sh rootfs        # only the root file systems (CI makes them while it compiles)
 # Everything is cached: the binaries by version (e2e/*/build.sh), the images in podman's storage under names
 # that carry their inputs' versions, so a second run takes seconds. Needs root, podman, mmdebstrap and Debian's
 # runc and CNI plugins on the host (.ci/run installs them). Env: RDU_KIND_SUITE (Debian suite, bookworm).
@@ -55,12 +56,27 @@ rootfs() {
   fi
   echo "$out"
 }
+# The four root file systems: the two stand-ins for the Dockerfile's bases, the component images', the node's.
+RUST_ROOTFS=(rust build-essential,ca-certificates,pkg-config)
+CC_ROOTFS=(cc libc6,libgcc-s1,ca-certificates,tzdata,netbase extract)
+COMPONENT_ROOTFS=(component iptables,conntrack,iproute2,ca-certificates,ipset)
+NODE_ROOTFS=(node systemd,systemd-sysv,dbus,conntrack,iptables,nftables,iproute2,ethtool,util-linux,mount,kmod,libseccomp2,pigz,bash,ca-certificates,procps,jq,runc,containernetworking-plugins)
+if [[ "${1:-}" == rootfs ]]; then
+  # mmdebstrap waits on the network and the disk more than on the CPU: CI runs this beside its compiles.
+  for spec in RUST_ROOTFS CC_ROOTFS COMPONENT_ROOTFS NODE_ROOTFS; do
+    declare -n args="$spec"
+    rootfs "${args[@]}" >/dev/null
+    unset -n args
+  done
+  log "the root file systems are ready"
+  exit 0
+fi
 
 # --- the Dockerfile's base images, built locally under the names it uses ------------------------------------
 RUST_IMAGE="docker.io/library/rust:${RUST_TAG}-${SUITE}"
 if ! have_image "$RUST_IMAGE"; then
   log "building the stand-in $RUST_IMAGE (Debian $SUITE, build-essential, this machine's Rust toolchain)"
-  tar="$(rootfs rust build-essential,ca-certificates,pkg-config)"
+  tar="$(rootfs "${RUST_ROOTFS[@]}")"
   sysroot="$(rustc --print sysroot)"
   # The official image installs rustup's toolchain into /usr/local/{cargo,rustup}; the stand-in puts rustc and
   # cargo in /usr/local/bin (rustc finds its libraries beside its own path) and keeps CARGO_HOME where the
@@ -87,7 +103,7 @@ fi
 CC_IMAGE="gcr.io/distroless/cc-debian12:nonroot"
 if ! have_image "$CC_IMAGE"; then
   log "building the stand-in $CC_IMAGE (glibc, libgcc, CA certificates, tzdata; no shell, no package manager)"
-  tar="$(rootfs cc libc6,libgcc-s1,ca-certificates,tzdata,netbase extract)"
+  tar="$(rootfs "${CC_ROOTFS[@]}")"
   ctx="$WORK/cc-context"
   rm -rf "$ctx" && mkdir -p "$ctx/files/etc" "$ctx/files/tmp" "$ctx/files/home/nonroot"
   chmod 1777 "$ctx/files/tmp"
@@ -119,7 +135,7 @@ NODE_BIN="$(bash e2e/node/build.sh | tail -n 1)"
 KIND_BIN="$(bash e2e/kind/build.sh | tail -n 1)"
 if ! have_image "$COMPONENT_BASE"; then
   log "building $COMPONENT_BASE (Debian $SUITE with iptables, for kube-proxy and the CNI)"
-  tar="$(rootfs component iptables,conntrack,iproute2,ca-certificates,ipset)"
+  tar="$(rootfs "${COMPONENT_ROOTFS[@]}")"
   podman import --quiet "$tar" "$COMPONENT_BASE" >&2
 fi
 
@@ -193,7 +209,7 @@ EOF
 # --- the node image ------------------------------------------------------------------------------------------
 if ! have_image "$NODE_IMAGE"; then
   log "assembling $NODE_IMAGE"
-  tar="$(rootfs node systemd,systemd-sysv,dbus,conntrack,iptables,nftables,iproute2,ethtool,util-linux,mount,kmod,libseccomp2,pigz,bash,ca-certificates,procps,jq,runc,containernetworking-plugins)"
+  tar="$(rootfs "${NODE_ROOTFS[@]}")"
   root="$WORK/node-root"
   rm -rf "$root" && mkdir -p "$root"
   tar -C "$root" -xf "$tar"
