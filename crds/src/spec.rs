@@ -129,6 +129,33 @@ pub struct ModelSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 2").message("spec.model.classes must be at least 2, or omitted to take it from the data"))]
     pub classes: Option<u32>,
+    /// Which kernel computes each matrix product: fixed (one kernel everywhere, the same bits on every run) or
+    /// measured (each rank times the kernels on its step's shapes at start and uses the fastest per shape, as
+    /// cuDNN's benchmark mode: faster, but two runs may differ in the last bits).
+    #[serde(default)]
+    pub kernels: KernelChoice,
+}
+
+/// How the worker picks the kernel of each matrix product (`spec.model.kernels`).
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum KernelChoice {
+    /// One kernel (matrixmultiply) for every product: bitwise reproducible.
+    #[default]
+    Fixed,
+    /// The fastest kernel per shape, timed by each rank at start.
+    Measured,
+}
+
+impl KernelChoice {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KernelChoice::Fixed => "fixed",
+            KernelChoice::Measured => "measured",
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]

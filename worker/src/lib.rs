@@ -11,6 +11,7 @@ pub mod data;
 pub mod env;
 pub mod error;
 pub mod fault;
+pub mod kernels;
 pub mod latency;
 pub mod model;
 pub mod model_run;

@@ -1,19 +1,22 @@
 //! `ffn-logreg`: hidden ReLU layers then a softmax-regression layer, with its parameters in one flat
-//! f32 buffer (so the gradient is one contiguous buffer to all-reduce). Forward and backward use
-//! `matrixmultiply::sgemm`; a batch is split across the rank's tiles, one compute thread per tile.
+//! f32 buffer (so the gradient is one contiguous buffer to all-reduce). Each matrix product goes through the
+//! model's [`KernelPlan`]; a batch is split across the rank's tiles, one compute thread per tile.
 
 use rdu_crds::ModelSpec;
 
 use crate::buckets::{self, Bucket};
 use crate::data::Splits;
+use crate::kernels::{KernelPlan, Product};
 use crate::rng::Rng;
 
 const INIT_STREAM: u64 = 0x1417;
 
-/// Layer widths, input first and classes last; weights are `in × out` row-major, then the bias.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Layer widths, input first and classes last; weights are `in × out` row-major, then the bias. The kernel plan
+/// says which kernel computes each product (a fixed one unless [`Mlp::with_kernels`] set another).
+#[derive(Debug, Clone, PartialEq)]
 pub struct Mlp {
     sizes: Vec<usize>,
+    kernels: KernelPlan,
 }
 
 /// Sums over a batch: cross-entropy loss, correct predictions, samples.
@@ -51,7 +54,67 @@ impl Mlp {
         let mut sizes = vec![input];
         sizes.extend_from_slice(hidden);
         sizes.push(classes);
-        Mlp { sizes }
+        Mlp {
+            sizes,
+            kernels: KernelPlan::fixed(),
+        }
+    }
+
+    /// The model computing its products with `kernels`.
+    pub fn with_kernels(self, kernels: KernelPlan) -> Mlp {
+        Mlp { kernels, ..self }
+    }
+
+    pub fn kernels(&self) -> &KernelPlan {
+        &self.kernels
+    }
+
+    /// Layer `l`'s forward product `Z = A · W` on `rows` rows.
+    fn forward_product(&self, l: usize, rows: usize) -> Product {
+        Product::plain(rows, self.sizes[l], self.sizes[l + 1])
+    }
+
+    /// Layer `l`'s weight gradient `dW = Aᵀ · dZ` on `rows` rows (the activations read transposed).
+    fn weight_grad_product(&self, l: usize, rows: usize) -> Product {
+        Product {
+            a_transposed: true,
+            ..Product::plain(self.sizes[l], rows, self.sizes[l + 1])
+        }
+    }
+
+    /// Layer `l`'s input gradient `dA = dZ · Wᵀ` on `rows` rows (the weights read transposed).
+    fn input_grad_product(&self, l: usize, rows: usize) -> Product {
+        Product {
+            b_transposed: true,
+            ..Product::plain(rows, self.sizes[l + 1], self.sizes[l])
+        }
+    }
+
+    /// The products one forward and backward pass on `rows` rows makes: per layer the forward product, the
+    /// weight gradient and, except for the first layer, the input gradient.
+    pub fn step_products(&self, rows: usize) -> Vec<Product> {
+        let mut products = Vec::new();
+        for l in 0..self.sizes.len() - 1 {
+            products.push(self.forward_product(l, rows));
+            products.push(self.weight_grad_product(l, rows));
+            if l > 0 {
+                products.push(self.input_grad_product(l, rows));
+            }
+        }
+        products
+    }
+
+    /// The products of a step of `batch` rows split over `threads` compute threads, as
+    /// [`Mlp::batch_grad_bucketed`] splits it.
+    pub fn batch_products(&self, batch: usize, threads: usize) -> Vec<Product> {
+        let parts = threads.clamp(1, batch.max(1));
+        let per = batch.div_ceil(parts);
+        let mut rows: Vec<usize> = (0..parts)
+            .map(|p| ((p + 1) * per).min(batch) - (p * per).min(batch))
+            .filter(|&r| r > 0)
+            .collect();
+        rows.dedup();
+        rows.iter().flat_map(|&r| self.step_products(r)).collect()
     }
 
     pub fn input_size(&self) -> usize {
@@ -98,31 +161,30 @@ impl Mlp {
             .collect()
     }
 
-    /// Forward pass of `x` (rows of `input_size`); returns every layer's pre-activation output.
+    /// Forward pass of `x` (rows of `input_size`); returns every layer's output: the hidden layers' after their
+    /// ReLU (what the next layer reads; its sign is the ReLU's mask in backward), the last layer's logits. The
+    /// bias and the ReLU are one pass over the product's output.
     fn forward(&self, params: &[f32], x: &[f32], rows: usize) -> Vec<Vec<f32>> {
         let layout = self.layout();
+        let last = layout.len() - 1;
         let mut outputs: Vec<Vec<f32>> = Vec::with_capacity(layout.len());
         for (l, &(w_off, b_off)) in layout.iter().enumerate() {
             let (n_in, n_out) = (self.sizes[l], self.sizes[l + 1]);
-            let input: Vec<f32>;
-            let a: &[f32] = if l == 0 {
-                x
-            } else {
-                input = outputs[l - 1].iter().map(|&z| z.max(0.0)).collect();
-                &input
-            };
+            let a: &[f32] = if l == 0 { x } else { &outputs[l - 1] };
             let mut z = vec![0.0f32; rows * n_out];
-            gemm(
-                (rows, n_in, n_out),
-                (a, n_in, 1),
-                (&params[w_off..w_off + n_in * n_out], n_out, 1),
-                0.0,
-                &mut z,
-            );
+            let weights = &params[w_off..w_off + n_in * n_out];
+            self.kernels
+                .gemm(self.forward_product(l, rows), a, weights, 0.0, &mut z);
             let bias = &params[b_off..b_off + n_out];
             for row in z.chunks_exact_mut(n_out) {
-                for (v, b) in row.iter_mut().zip(bias) {
-                    *v += b;
+                if l == last {
+                    for (v, b) in row.iter_mut().zip(bias) {
+                        *v += b;
+                    }
+                } else {
+                    for (v, b) in row.iter_mut().zip(bias) {
+                        *v = (*v + b).max(0.0);
+                    }
                 }
             }
             outputs.push(z);
@@ -183,16 +245,11 @@ impl Mlp {
         for (l, grad) in (0..layout.len()).rev().zip(grads.into_iter().rev()) {
             let (w_off, _) = layout[l];
             let (n_in, n_out) = (self.sizes[l], self.sizes[l + 1]);
-            let activation: Vec<f32>;
-            let a: &[f32] = if l == 0 {
-                x
-            } else {
-                activation = outputs[l - 1].iter().map(|&z| z.max(0.0)).collect();
-                &activation
-            };
+            let a: &[f32] = if l == 0 { x } else { &outputs[l - 1] };
             let (dw, db) = grad.split_at_mut(n_in * n_out);
             // dW = Aᵀ · dZ (written over: no pass to zero the gradient first)
-            gemm((n_in, rows, n_out), (a, 1, n_in), (&dz, n_out, 1), 0.0, dw);
+            self.kernels
+                .gemm(self.weight_grad_product(l, rows), a, &dz, 0.0, dw);
             db.fill(0.0);
             for row in dz.chunks_exact(n_out) {
                 for (g, d) in db.iter_mut().zip(row) {
@@ -205,15 +262,12 @@ impl Mlp {
             }
             // dA = dZ · Wᵀ, then through the ReLU of the layer below.
             let mut da = vec![0.0f32; rows * n_in];
-            gemm(
-                (rows, n_out, n_in),
-                (&dz, n_out, 1),
-                (&params[w_off..w_off + n_in * n_out], 1, n_out),
-                0.0,
-                &mut da,
-            );
-            for (d, &z) in da.iter_mut().zip(&outputs[l - 1]) {
-                if z <= 0.0 {
+            let weights = &params[w_off..w_off + n_in * n_out];
+            self.kernels
+                .gemm(self.input_grad_product(l, rows), &dz, weights, 0.0, &mut da);
+            // The ReLU let through only what its output kept positive.
+            for (d, &activation) in da.iter_mut().zip(&outputs[l - 1]) {
+                if activation <= 0.0 {
                     *d = 0.0;
                 }
             }
@@ -380,55 +434,6 @@ fn softmax_stats(
     stats
 }
 
-/// How many elements a `rows` × `cols` matrix with strides (`rs`, `cs`) reaches: its largest index plus one.
-fn span(rows: usize, cols: usize, rs: usize, cs: usize) -> usize {
-    if rows == 0 || cols == 0 {
-        0
-    } else {
-        (rows - 1) * rs + (cols - 1) * cs + 1
-    }
-}
-
-/// `c = a · b + beta × c` for row-major `c` (m × n); `a` and `b` given with (row, column) strides. Every product
-/// of a training step goes through here (`compute-bench` times exactly this call).
-///
-/// # Panics
-/// When a shape and its strides reach past a slice.
-pub fn gemm(
-    (m, k, n): (usize, usize, usize),
-    (a, rsa, csa): (&[f32], usize, usize),
-    (b, rsb, csb): (&[f32], usize, usize),
-    beta: f32,
-    c: &mut [f32],
-) {
-    assert!(
-        a.len() >= span(m, k, rsa, csa)
-            && b.len() >= span(k, n, rsb, csb)
-            && c.len() >= span(m, n, n, 1),
-        "gemm: a matrix's shape and strides reach past its slice"
-    );
-    // SAFETY: sgemm reads a[i·rsa + p·csa] (i < m, p < k), b[p·rsb + j·csb] (p < k, j < n) and writes
-    // c[i·n + j]; the assertion above checks that the largest of each is inside its slice.
-    unsafe {
-        matrixmultiply::sgemm(
-            m,
-            k,
-            n,
-            1.0,
-            a.as_ptr(),
-            rsa as isize,
-            csa as isize,
-            b.as_ptr(),
-            rsb as isize,
-            csb as isize,
-            beta,
-            c.as_mut_ptr(),
-            n as isize,
-            1,
-        );
-    }
-}
-
 /// FNV-1a over the parameters' f32 bits: equal on ranks whose parameters are bitwise equal.
 pub fn checksum(params: &[f32]) -> u64 {
     params.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, v| {
@@ -441,6 +446,7 @@ pub fn checksum(params: &[f32]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::Kernel;
 
     fn sample_batch(model: &Mlp, rows: usize, seed: u64) -> (Vec<f32>, Vec<u32>) {
         let mut rng = Rng::new(seed);
@@ -577,6 +583,34 @@ mod tests {
         assert_eq!(stats.samples, 0);
         assert_eq!(calls, 2);
         assert!(grad.iter().all(|&v| v == 0.0));
+    }
+
+    #[test]
+    fn the_plans_kernel_computes_every_product_of_a_step_to_the_same_gradient_up_to_rounding() {
+        let model = Mlp::new(700, &[80, 40], 10);
+        let params = model.init(3);
+        let (x, y) = sample_batch(&model, 33, 5);
+        let gradient = |model: &Mlp| {
+            let mut grad = vec![0.0; params.len()];
+            model.batch_grad(&params, &x, &y, 1, &mut grad);
+            grad
+        };
+        let fixed = gradient(&model);
+        let gemm_plan = KernelPlan::only(Kernel::GemmCrate, &model.step_products(33));
+        let other = gradient(&model.clone().with_kernels(gemm_plan));
+        let worst = fixed
+            .iter()
+            .zip(&other)
+            .map(|(a, b)| (a - b).abs() / a.abs().max(1e-3))
+            .fold(0f32, f32::max);
+        assert!(worst < 1e-3, "relative difference {worst}");
+        // With 700 inputs the first product's sum is longer than matrixmultiply's depth block (256): the two
+        // kernels split it differently, so bitwise the same gradient would mean the plan was not used.
+        assert_ne!(
+            checksum(&fixed),
+            checksum(&other),
+            "the gemm crate's plan was ignored"
+        );
     }
 
     #[test]

@@ -6,17 +6,23 @@ use std::path::Path;
 use std::time::Instant;
 
 use rdu_collective::{Algorithm, Communicator};
-use rdu_crds::RduJobSpec;
+use rdu_crds::{KernelChoice, RduJobSpec};
 
 use crate::data::{self, Dataset, Splits};
 use crate::env::WorkerEnv;
 use crate::error::WorkerError;
+use crate::kernels::KernelPlan;
 use crate::model::{BatchStats, Mlp};
 use crate::optim::Optimizer;
 use crate::overlap::{ReducePlan, StepBuffers, summed_gradient};
 use crate::pef;
 use crate::sampler::DistributedSampler;
 use crate::step_phases::StepPhases;
+
+/// How long each kernel runs on each product when `spec.model.kernels` is measured, and how many times: the best
+/// run counts. About 8 ms per product and kernel; the MLP of the examples makes 8 products.
+const KERNEL_TIMING: std::time::Duration = std::time::Duration::from_millis(2);
+const KERNEL_TIMING_REPEATS: usize = 4;
 
 /// Untimed steps (or inference batches) when `training.warmupSteps` is unset.
 pub const DEFAULT_WARMUP_STEPS: u32 = 5;
@@ -36,6 +42,7 @@ impl ModelJob {
         let splits = data::load(&spec.data, &spec.model, Path::new("."))?;
         pef::check_job(spec, &splits, env.contract.world_size)?;
         let model = Mlp::for_job(&spec.model, &splits);
+        let model = with_planned_kernels(model, spec, env.tiles);
         Ok(ModelJob { splits, model })
     }
 
@@ -44,6 +51,25 @@ impl ModelJob {
     pub fn train_shard(&self, env: &WorkerEnv) -> Result<DistributedSampler, WorkerError> {
         let data = &env.contract.spec.data;
         shard(self.splits.train.len(), env, data.shuffle, data.drop_last)
+    }
+}
+
+/// `model` with the kernels `spec.model.kernels` asks for: the fixed plan, or one measured on the products a step
+/// of the spec's batch split over `tiles` compute threads makes.
+fn with_planned_kernels(model: Mlp, spec: &RduJobSpec, tiles: usize) -> Mlp {
+    match spec.model.kernels {
+        KernelChoice::Fixed => model,
+        KernelChoice::Measured => {
+            let started = Instant::now();
+            let products = model.batch_products(spec.training.batch_size as usize, tiles);
+            let plan = KernelPlan::measure(&products, KERNEL_TIMING, KERNEL_TIMING_REPEATS);
+            tracing::info!(
+                took_ms = started.elapsed().as_millis() as u64,
+                kernels = %plan,
+                "kernels measured on this rank's shapes"
+            );
+            model.with_kernels(plan)
+        }
     }
 }
 
@@ -199,6 +225,26 @@ impl TrainState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn measured_kernels_time_the_products_of_each_threads_rows_and_fixed_ones_time_nothing() {
+        let mut spec = crate::test_fixtures::minimal();
+        spec.training.batch_size = 10;
+        let model = Mlp::new(12, &[8], 3);
+        let fixed = with_planned_kernels(model.clone(), &spec, 4);
+        assert_eq!(fixed.kernels(), &KernelPlan::fixed());
+        spec.model.kernels = KernelChoice::Measured;
+        let measured = with_planned_kernels(model.clone(), &spec, 4);
+        // 10 rows over 4 threads: 3, 3, 3 and 1 rows, so the products of 3 rows and of 1 row.
+        let timed: Vec<_> = measured
+            .kernels()
+            .choices()
+            .iter()
+            .map(|c| c.product)
+            .collect();
+        let want: Vec<_> = [model.step_products(3), model.step_products(1)].concat();
+        assert_eq!(timed, want);
+    }
 
     #[test]
     fn an_empty_shard_names_what_to_change() {

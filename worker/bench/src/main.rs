@@ -1,16 +1,18 @@
-//! `compute-bench`: how close one rank's compute comes to the core's limit, in one run (issue 26). Prints JSON
-//! lines: the core's FMA peak (a register-only loop of independent AVX2 FMA chains), the sgemm GFLOP/s of each
-//! matrix product one training step of the MLP makes, with matrixmultiply (what the worker uses) beside the
-//! `gemm` crate, and the whole training step's GFLOP/s (`Mlp::batch_grad`, one thread), each as a fraction of the
-//! peak. Everything single-threaded: a rank computes on one thread per tile.
+//! `compute-bench`: how close one rank's compute comes to the core's limit, in one run (issues 26 and 38). Prints
+//! JSON lines: the core's FMA peak (a register-only loop of independent AVX2 FMA chains); for each matrix product
+//! one training step of the MLP makes, every kernel's GFLOP/s and the one the plan the worker makes with
+//! `spec.model.kernels: measured` chooses; and the whole training step's GFLOP/s (`Mlp::batch_grad`, one thread)
+//! with that plan and with the fixed one, each as a fraction of the peak. Everything single-threaded: a rank
+//! computes on one thread per tile.
 //!
 //!     cargo run --release -p rdu-compute-bench -- --batch 64 --hidden 512,512
 
 use std::hint::black_box;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::bail;
 use clap::Parser;
+use rdu_worker::kernels::{Kernel, KernelPlan, Product, best_gflops, filled};
 use rdu_worker::model::Mlp;
 use serde_json::json;
 
@@ -37,23 +39,6 @@ struct Args {
     seconds: f64,
     #[arg(long, default_value_t = 5)]
     repeats: usize,
-}
-
-/// The best rate of `repeats` runs of `work` (which does `flops` floating-point operations per call), each
-/// repeating it for at least `seconds`: GFLOP/s.
-fn best_gflops(flops: f64, seconds: f64, repeats: usize, mut work: impl FnMut()) -> f64 {
-    work();
-    let mut best: f64 = 0.0;
-    for _ in 0..repeats {
-        let started = Instant::now();
-        let mut calls = 0u64;
-        while started.elapsed() < Duration::from_secs_f64(seconds) {
-            work();
-            calls += 1;
-        }
-        best = best.max(flops * calls as f64 / started.elapsed().as_secs_f64() / 1e9);
-    }
-    best
 }
 
 /// Independent FMA chains in the loop: enough to cover the FMA units' latency × throughput (4 × 2 on
@@ -137,13 +122,13 @@ fn fma_peaks(seconds: f64, repeats: usize) -> (Option<f64>, Option<f64>) {
     {
         let avx2 =
             (is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")).then(|| {
-                best_gflops(flops(8), seconds, repeats, || {
+                best_gflops(flops(8), Duration::from_secs_f64(seconds), repeats, || {
                     // SAFETY: AVX2 and FMA were detected.
                     black_box(unsafe { fma_chains_avx2(black_box(ITERATIONS)) });
                 })
             });
         let avx512 = is_x86_feature_detected!("avx512f").then(|| {
-            best_gflops(flops(16), seconds, repeats, || {
+            best_gflops(flops(16), Duration::from_secs_f64(seconds), repeats, || {
                 // SAFETY: AVX-512F was detected.
                 black_box(unsafe { fma_chains_avx512(black_box(ITERATIONS)) });
             })
@@ -157,114 +142,24 @@ fn fma_peaks(seconds: f64, repeats: usize) -> (Option<f64>, Option<f64>) {
     }
 }
 
-/// One matrix product of a training step: `c (m × n) = a (m × k) · b (k × n)`, `a` and/or `b` read transposed
-/// (as the backward pass reads the activations and the weights).
-struct Product {
-    name: String,
-    m: usize,
-    k: usize,
-    n: usize,
-    a_transposed: bool,
-    b_transposed: bool,
-}
-
-impl Product {
-    fn flops(&self) -> f64 {
-        2.0 * (self.m * self.k * self.n) as f64
-    }
-
-    /// (row stride, column stride) of `a` and `b` as stored.
-    fn strides(&self) -> ((usize, usize), (usize, usize)) {
-        let a = if self.a_transposed {
-            (1, self.m)
+/// Each product's name in [`Mlp::step_products`]' order: per layer the forward product, the weight gradient and,
+/// except for the first layer, the input gradient.
+fn product_names(model: &Mlp, batch: usize) -> Vec<String> {
+    let products = model.step_products(batch);
+    let mut products = products.iter();
+    let mut names = Vec::new();
+    for layer in 0..model.sizes().len() - 1 {
+        let kinds: &[&str] = if layer == 0 {
+            &["forward", "weight_grad"]
         } else {
-            (self.k, 1)
+            &["forward", "weight_grad", "input_grad"]
         };
-        let b = if self.b_transposed {
-            (1, self.k)
-        } else {
-            (self.n, 1)
-        };
-        (a, b)
-    }
-}
-
-/// The products of one forward and backward pass of an MLP with layer sizes `sizes` on `batch` rows: per layer
-/// the forward `X·W`, the weight gradient `Xᵀ·dZ` and, except for the first layer, the input gradient `dZ·Wᵀ`.
-fn step_products(sizes: &[usize], batch: usize) -> Vec<Product> {
-    let mut out = Vec::new();
-    for (layer, pair) in sizes.windows(2).enumerate() {
-        let (fan_in, fan_out) = (pair[0], pair[1]);
-        let product = |kind: &str, (m, k, n), a_transposed, b_transposed| Product {
-            name: format!("layer{layer}.{kind} {m}x{k}x{n}"),
-            m,
-            k,
-            n,
-            a_transposed,
-            b_transposed,
-        };
-        out.push(product("forward", (batch, fan_in, fan_out), false, false));
-        out.push(product(
-            "weight_grad",
-            (fan_in, batch, fan_out),
-            true,
-            false,
-        ));
-        if layer > 0 {
-            out.push(product("input_grad", (batch, fan_out, fan_in), false, true));
+        for kind in kinds {
+            let p = products.next().expect("a product per kind");
+            names.push(format!("layer{layer}.{kind} {}x{}x{}", p.m, p.k, p.n));
         }
     }
-    out
-}
-
-/// Deterministic values in [-0.5, 0.5).
-fn filled(len: usize, seed: u64) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-        })
-        .collect()
-}
-
-/// The product as training computes it: the worker's own `model::gemm` (matrixmultiply).
-fn matrixmultiply_sgemm(p: &Product, a: &[f32], b: &[f32], c: &mut [f32]) {
-    let ((rsa, csa), (rsb, csb)) = p.strides();
-    rdu_worker::model::gemm((p.m, p.k, p.n), (a, rsa, csa), (b, rsb, csb), 0.0, c);
-}
-
-fn gemm_crate_sgemm(p: &Product, a: &[f32], b: &[f32], c: &mut [f32]) {
-    let ((rsa, csa), (rsb, csb)) = p.strides();
-    assert!(a.len() >= p.m * p.k && b.len() >= p.k * p.n && c.len() >= p.m * p.n);
-    // SAFETY: with these strides gemm reads a[..m·k], b[..k·n] and writes c[..m·n], inside the slices (checked);
-    // it computes dst := alpha·dst + beta·lhs·rhs, and with read_dst false it only writes
-    // dst (c[..m·n]).
-    unsafe {
-        gemm::gemm(
-            p.m,
-            p.n,
-            p.k,
-            c.as_mut_ptr(),
-            1,
-            p.n as isize,
-            false,
-            a.as_ptr(),
-            csa as isize,
-            rsa as isize,
-            b.as_ptr(),
-            csb as isize,
-            rsb as isize,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
-    }
+    names
 }
 
 fn main() -> anyhow::Result<()> {
@@ -287,61 +182,63 @@ fn main() -> anyhow::Result<()> {
     );
     let fraction = |gflops: f64| peak.map(|p| gflops / p);
 
-    let mut sizes = vec![args.input];
-    sizes.extend(&args.hidden);
-    sizes.push(args.classes);
-    let products = step_products(&sizes, args.batch);
-    let (mut step_flops, mut best_flops_time) = (0.0, 0.0);
-    for (i, p) in products.iter().enumerate() {
-        let a = filled(p.m * p.k, 2 * i as u64 + 1);
-        let b = filled(p.k * p.n, 2 * i as u64 + 2);
-        let (mut c1, mut c2) = (vec![0f32; p.m * p.n], vec![0f32; p.m * p.n]);
-        matrixmultiply_sgemm(p, &a, &b, &mut c1);
-        gemm_crate_sgemm(p, &a, &b, &mut c2);
-        let worst = c1
-            .iter()
-            .zip(&c2)
-            .map(|(x, y)| (x - y).abs() / x.abs().max(1.0))
-            .fold(0f32, f32::max);
-        if worst > 1e-3 {
+    let fixed = Mlp::new(args.input, &args.hidden, args.classes);
+    let products = fixed.step_products(args.batch);
+    // The plan the worker makes at start with `spec.model.kernels: measured`, timed longer here.
+    let each = Duration::from_secs_f64(args.seconds);
+    let plan = KernelPlan::measure(&products, each, args.repeats);
+    let step_flops: f64 = products.iter().map(Product::flops).sum();
+    let mut chosen_time = 0.0;
+    for (p, name) in products.iter().zip(product_names(&fixed, args.batch)) {
+        let Some(choice) = plan.choices().iter().find(|c| c.product == *p) else {
+            bail!("{name}: not timed (too large for a plan at start)");
+        };
+        if choice.gflops.contains(&0.0) {
             bail!(
-                "{}: matrixmultiply and gemm disagree (relative error {worst})",
-                p.name
+                "{name}: a kernel disagreed with matrixmultiply: {:?}",
+                choice.gflops
             );
         }
-        let mm = best_gflops(p.flops(), args.seconds, args.repeats, || {
-            matrixmultiply_sgemm(p, &a, &b, &mut c1)
-        });
-        let gm = best_gflops(p.flops(), args.seconds, args.repeats, || {
-            gemm_crate_sgemm(p, &a, &b, &mut c2)
-        });
-        step_flops += p.flops();
-        best_flops_time += p.flops() / (mm.max(gm) * 1e9);
+        let chosen = Kernel::ALL
+            .iter()
+            .zip(&choice.gflops)
+            .find_map(|(k, g)| (*k == choice.kernel).then_some(*g))
+            .unwrap_or_default();
+        chosen_time += p.flops() / (chosen * 1e9);
+        let rates: serde_json::Map<String, serde_json::Value> = Kernel::ALL
+            .iter()
+            .zip(&choice.gflops)
+            .map(|(k, g)| (k.name().to_string(), json!(g)))
+            .collect();
         println!(
             "{}",
-            json!({"bench": "sgemm", "product": p.name, "m": p.m, "k": p.k, "n": p.n,
-                   "matrixmultiply_gflops": mm, "gemm_crate_gflops": gm,
-                   "matrixmultiply_of_peak": fraction(mm), "gemm_crate_of_peak": fraction(gm)})
+            json!({"bench": "sgemm", "product": name, "m": p.m, "k": p.k, "n": p.n,
+                   "a_transposed": p.a_transposed, "b_transposed": p.b_transposed,
+                   "gflops": rates, "chosen": choice.kernel.name(), "chosen_of_peak": fraction(chosen)})
         );
     }
 
-    let model = Mlp::new(args.input, &args.hidden, args.classes);
-    let params = model.init(7);
+    let measured = fixed.clone().with_kernels(plan);
+    let params = fixed.init(7);
     let x = filled(args.batch * args.input, 99);
     let y: Vec<u32> = (0..args.batch).map(|i| (i % args.classes) as u32).collect();
     let mut grad = vec![0f32; params.len()];
-    let step = best_gflops(step_flops, args.seconds, args.repeats, || {
-        black_box(model.batch_grad(&params, &x, &y, 1, &mut grad));
-    });
-    let products_only = step_flops / best_flops_time / 1e9;
+    let mut step = |model: &Mlp| {
+        best_gflops(step_flops, each, args.repeats, || {
+            black_box(model.batch_grad(&params, &x, &y, 1, &mut grad));
+        })
+    };
+    let (fixed_step, measured_step) = (step(&fixed), step(&measured));
+    let products_only = step_flops / chosen_time / 1e9;
     println!(
         "{}",
-        json!({"bench": "train_step", "layers": sizes, "batch": args.batch,
+        json!({"bench": "train_step", "layers": fixed.sizes(), "batch": args.batch,
                "mflop_per_sample": step_flops / args.batch as f64 / 1e6,
-               "gflops": step, "of_peak": fraction(step),
-               "samples_per_second": step * 1e9 / step_flops * args.batch as f64,
-               "best_sgemms_only_gflops": products_only,
-               "best_sgemms_only_of_peak": fraction(products_only)})
+               "kernels": "measured", "gflops": measured_step, "of_peak": fraction(measured_step),
+               "samples_per_second": measured_step * 1e9 / step_flops * args.batch as f64,
+               "fixed_gflops": fixed_step, "fixed_of_peak": fraction(fixed_step),
+               "chosen_sgemms_only_gflops": products_only,
+               "chosen_sgemms_only_of_peak": fraction(products_only)})
     );
     if grad.iter().any(|g| !g.is_finite()) {
         bail!("train step: the gradient is not finite");
@@ -353,28 +250,11 @@ fn main() -> anyhow::Result<()> {
 mod tests {
     use super::*;
 
-    /// `c = a · b` the slow way, reading `a` and `b` through the product's strides.
-    fn naive(p: &Product, a: &[f32], b: &[f32]) -> Vec<f32> {
-        let ((rsa, csa), (rsb, csb)) = p.strides();
-        let mut c = vec![0f32; p.m * p.n];
-        for i in 0..p.m {
-            for j in 0..p.n {
-                c[i * p.n + j] = (0..p.k)
-                    .map(|q| a[i * rsa + q * csa] * b[q * rsb + j * csb])
-                    .sum();
-            }
-        }
-        c
-    }
-
     #[test]
     fn a_step_makes_the_products_of_forward_and_backward() {
-        let names: Vec<String> = step_products(&[6, 4, 3], 5)
-            .into_iter()
-            .map(|p| p.name)
-            .collect();
+        let model = Mlp::new(6, &[4], 3);
         assert_eq!(
-            names,
+            product_names(&model, 5),
             [
                 "layer0.forward 5x6x4",
                 "layer0.weight_grad 6x5x4",
@@ -383,31 +263,12 @@ mod tests {
                 "layer1.input_grad 5x3x4",
             ]
         );
-        let flops: f64 = step_products(&[784, 512, 512, 10], 64)
+        let flops: f64 = Mlp::new(784, &[512, 512], 10)
+            .step_products(64)
             .iter()
             .map(Product::flops)
             .sum();
         assert_eq!(flops / 64.0, 3_209_216.0, "3.2 MFLOP per sample");
-    }
-
-    #[test]
-    fn both_gemms_compute_every_product_as_the_naive_one() {
-        for p in step_products(&[7, 5, 3], 4) {
-            let a = filled(p.m * p.k, 1);
-            let b = filled(p.k * p.n, 2);
-            let want = naive(&p, &a, &b);
-            let (mut c1, mut c2) = (vec![9f32; p.m * p.n], vec![9f32; p.m * p.n]);
-            matrixmultiply_sgemm(&p, &a, &b, &mut c1);
-            gemm_crate_sgemm(&p, &a, &b, &mut c2);
-            for (got, which) in [(&c1, "matrixmultiply"), (&c2, "gemm")] {
-                let worst = got
-                    .iter()
-                    .zip(&want)
-                    .map(|(x, y)| (x - y).abs())
-                    .fold(0f32, f32::max);
-                assert!(worst < 1e-5, "{which} {}: off by {worst}", p.name);
-            }
-        }
     }
 
     #[test]

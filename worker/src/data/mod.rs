@@ -225,6 +225,7 @@ mod tests {
             hidden_sizes: vec![],
             input_size: None,
             classes: None,
+            kernels: Default::default(),
         }
     }
 
