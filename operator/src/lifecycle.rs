@@ -1,5 +1,5 @@
-//! The job lifecycle of DESIGN 5 as a pure function: (job, observed pods, what is known of the nodes, now) ->
-//! (actions, new status, events).
+//! The job lifecycle of DESIGN 5 as a pure function: (the validated job, observed pods, what is known of the nodes,
+//! now) -> (actions, new status, events).
 //!
 //! Nothing here talks to the API server. Status is derived only from what was observed: a rank counts as
 //! created once its pod was seen, as vanished once a pod seen before is gone or being deleted by someone else.
@@ -12,10 +12,11 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use rdu_crds::{
-    CleanPodPolicy, JobPhase, JobResult, RankStatus, RduJob, RduJobStatus, WorkerCounts, consts,
+    CleanPodPolicy, JobPhase, JobResult, RankStatus, RduJobStatus, WorkerCounts, consts,
 };
 
 use crate::nodes::ClusterView;
+use crate::validate::ValidJob;
 
 mod blocked;
 mod hang;
@@ -91,12 +92,13 @@ pub struct Hold {
     pub eviction: bool,
 }
 
-/// The lifecycle step: everything the reconcile does follows from this. `pods` are the job's own (controlled by
+/// The lifecycle step: everything the reconcile does follows from this. `job` is the job as validation passed it
+/// on (the lifecycle reads no raw spec field); `pods` are the job's own (controlled by
 /// it), borrowed from wherever they are kept (the controller's cache shares them, none copied); `cluster` is what
 /// the node cache says of their nodes and of the room for a new generation; `hold`, when given, keeps the job
 /// from having pods (a queue has not admitted it).
 pub fn decide<'a>(
-    job: &RduJob,
+    job: &ValidJob<'_>,
     pods: impl IntoIterator<Item = &'a Pod>,
     cluster: &ClusterView,
     now: Timestamp,
@@ -108,18 +110,15 @@ pub fn decide<'a>(
         cluster,
         hold,
         now,
-        status: job.status.clone().unwrap_or_default(),
+        status: job.status.cloned().unwrap_or_default(),
         actions: Vec::new(),
         events: Vec::new(),
         requeue_after: None,
     };
-    look.status.observed_generation = job.metadata.generation;
+    look.status.observed_generation = job.generation;
     look.run();
     look.status.workers = look.counts();
-    look.status.ready = Some(format!(
-        "{}/{}",
-        look.status.workers.ready, job.spec.workers
-    ));
+    look.status.ready = Some(format!("{}/{}", look.status.workers.ready, job.workers));
     Decision {
         actions: look.actions,
         status: look.status,
@@ -131,7 +130,7 @@ pub fn decide<'a>(
 /// One look at a job: what it is and has now, and what the look decides (the reconcile pipeline's steps are
 /// `crate::step::Step`; this is the lifecycle's one).
 struct Look<'a> {
-    job: &'a RduJob,
+    job: &'a ValidJob<'a>,
     pods: Vec<PodView>,
     cluster: &'a ClusterView,
     hold: Option<&'a Hold>,
@@ -147,7 +146,7 @@ impl Look<'_> {
         if self.status.phase.is_some_and(JobPhase::is_finished) {
             return self.after_finish();
         }
-        if self.job.spec.run_policy.suspend {
+        if self.job.run_policy.suspend {
             return self.suspend(
                 "Suspended",
                 "spec.runPolicy.suspend is true: the pods are deleted".into(),
@@ -177,7 +176,6 @@ impl Look<'_> {
         if self.deadline_passed() {
             let limit = self
                 .job
-                .spec
                 .run_policy
                 .active_deadline_seconds
                 .unwrap_or_default();
@@ -208,7 +206,7 @@ impl Look<'_> {
 
     fn current(&self) -> impl Iterator<Item = &PodView> {
         let generation = self.generation();
-        let workers = self.job.spec.workers;
+        let workers = self.job.workers;
         self.pods
             .iter()
             .filter(move |p| p.generation == generation && p.rank < workers)
@@ -227,7 +225,7 @@ impl Look<'_> {
 
     /// The first current pod of each rank that `keep` accepts, indexed by rank.
     fn by_rank(&self, keep: impl Fn(&PodView) -> bool) -> Vec<Option<&PodView>> {
-        let mut slots = vec![None; self.job.spec.workers as usize];
+        let mut slots = vec![None; self.job.workers as usize];
         for pod in self.current().filter(|p| keep(p)) {
             let slot = &mut slots[pod.rank as usize];
             if slot.is_none() {
@@ -273,7 +271,7 @@ impl Look<'_> {
                 existing.status = status.to_string();
                 existing.reason = reason.to_string();
                 existing.message = message;
-                existing.observed_generation = self.job.metadata.generation;
+                existing.observed_generation = self.job.generation;
             }
             None => conditions.push(Condition {
                 type_: type_.to_string(),
@@ -281,7 +279,7 @@ impl Look<'_> {
                 reason: reason.to_string(),
                 message,
                 last_transition_time: now,
-                observed_generation: self.job.metadata.generation,
+                observed_generation: self.job.generation,
             }),
         }
     }
@@ -310,7 +308,7 @@ impl Look<'_> {
 
     /// Pods to delete under cleanPodPolicy once the job finished.
     fn clean_up_pods(&mut self) {
-        let policy = self.job.spec.run_policy.clean_pod_policy;
+        let policy = self.job.run_policy.clean_pod_policy;
         self.delete_pods_where(|p| match policy {
             CleanPodPolicy::All => true,
             CleanPodPolicy::Running => p.is_active(),
@@ -339,7 +337,7 @@ impl Look<'_> {
 
     fn after_finish(&mut self) {
         self.clean_up_pods();
-        let Some(ttl) = self.job.spec.run_policy.ttl_seconds_after_finished else {
+        let Some(ttl) = self.job.run_policy.ttl_seconds_after_finished else {
             return;
         };
         let finished = self
@@ -399,7 +397,7 @@ impl Look<'_> {
 
     fn deadline_passed(&mut self) -> bool {
         let start = self.status.start_time.get_or_insert(Time(self.now)).0;
-        let Some(limit) = self.job.spec.run_policy.active_deadline_seconds else {
+        let Some(limit) = self.job.run_policy.active_deadline_seconds else {
             return false;
         };
         let remaining = start.as_second() + limit as i64 - self.now.as_second();
@@ -412,7 +410,7 @@ impl Look<'_> {
     /// Pods of another generation (or a rank beyond the world size) go; at once where their node is lost.
     fn delete_other_generations(&mut self) {
         let generation = self.generation();
-        let workers = self.job.spec.workers;
+        let workers = self.job.workers;
         self.delete_pods_where(|p| p.generation != generation || p.rank >= workers);
     }
 
@@ -469,7 +467,7 @@ impl Look<'_> {
             format!("{reason}: {message}"),
         );
         self.clean_up_pods();
-        if let Some(ttl) = self.job.spec.run_policy.ttl_seconds_after_finished {
+        if let Some(ttl) = self.job.run_policy.ttl_seconds_after_finished {
             self.requeue_in(ttl as i64);
         }
     }
@@ -493,9 +491,9 @@ impl Look<'_> {
                 return true;
             }
             if let Some(room) = &self.cluster.room {
-                let workers = u64::from(self.job.spec.workers);
+                let workers = u64::from(self.job.workers);
                 if room.ranks() < workers {
-                    let tiles = self.job.spec.tiles_per_worker;
+                    let tiles = self.job.tiles_per_worker;
                     let mut message = format!(
                         "the gang needs {workers} rank(s) of {tiles} {} each; the schedulable nodes have room for {} rank(s): {}",
                         consts::TILE_RESOURCE,
@@ -532,12 +530,8 @@ impl Look<'_> {
         // A set, not a scan of the pods per rank: quadratic in a 4,096-rank job.
         let taken: std::collections::HashSet<&str> =
             self.pods.iter().map(|p| p.name.as_str()).collect();
-        let occupied = |rank: u32| {
-            taken.contains(consts::pod_name(rdu_crds::job_name(self.job), rank).as_str())
-        };
-        let ranks: Vec<u32> = (0..self.job.spec.workers)
-            .filter(|r| !occupied(*r))
-            .collect();
+        let occupied = |rank: u32| taken.contains(consts::pod_name(self.job.name, rank).as_str());
+        let ranks: Vec<u32> = (0..self.job.workers).filter(|r| !occupied(*r)).collect();
         if !ranks.is_empty() {
             self.actions.push(Action::CreatePods { generation, ranks });
         }
@@ -561,7 +555,7 @@ impl Look<'_> {
     }
 
     fn update_running_phase(&mut self) {
-        let workers = self.job.spec.workers;
+        let workers = self.job.workers;
         let generation = self.generation();
         let (present, running) = {
             let live = self.live_by_rank();

@@ -118,7 +118,7 @@ async fn run_pipeline(job: &RduJob, ctx: &Context) -> Result<Requeue, ReconcileE
             valid.placement = queued.as_ref().and_then(|q| q.placement.clone());
             let cluster = ctx.nodes.view(job, &pods, &ctx.pods);
             let pod_refs = pods.iter().map(|p| p.as_ref());
-            let mut decision = decide(job, pod_refs, &cluster, now, hold.as_ref());
+            let mut decision = decide(&valid, pod_refs, &cluster, now, hold.as_ref());
             decision.status.queue = queued.as_ref().map(|q| q.status.clone());
             match apply(&valid, ctx, &decision.actions).await {
                 Ok(()) => {

@@ -45,7 +45,7 @@ fn build_and_diff(raw: &RduJob, observed: &[Pod]) -> anyhow::Result<usize> {
     let _service = headless_service(&job);
     let _secret = token_secret(&job, 0, &rdu_crds::token::new_token()?);
     let mut changed = 0;
-    for rank in 0..raw.spec.workers {
+    for rank in 0..job.workers {
         let desired = worker_pod(&job, rank, 0);
         let seen = &observed[rank as usize];
         if serde_json::to_value(&desired.spec)? != serde_json::to_value(&seen.spec)?
@@ -55,7 +55,7 @@ fn build_and_diff(raw: &RduJob, observed: &[Pod]) -> anyhow::Result<usize> {
         }
     }
     let decision = decide(
-        raw,
+        &job,
         observed,
         &rdu_operator::nodes::ClusterView::default(),
         jiff::Timestamp::now(),

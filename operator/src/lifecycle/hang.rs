@@ -44,7 +44,7 @@ impl Look<'_> {
             now: self.now.as_second(),
         };
         let check = check_hang(
-            self.job.spec.run_policy.progress_deadline_seconds,
+            self.job.run_policy.progress_deadline_seconds,
             previous,
             gang,
         );

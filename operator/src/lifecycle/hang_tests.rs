@@ -5,7 +5,8 @@ use super::tests::{after, at, condition, decide, names, p, pods, with_status};
 use super::*;
 use crate::test_fixtures::job;
 use rdu_crds::{
-    EndAction, EndCause, FailurePolicy, FailureRule, MatchedRule, RuleSource, TrainingProgress,
+    EndAction, EndCause, FailurePolicy, FailureRule, MatchedRule, RduJob, RuleSource,
+    TrainingProgress,
 };
 
 fn watched(deadline: Option<u64>) -> RduJob {

@@ -189,7 +189,7 @@ impl Look<'_> {
             .collect();
         let seen_before = |rank: u32| seen.get(&rank).copied();
         let pods = self.by_rank(|_| true);
-        (0..self.job.spec.workers)
+        (0..self.job.workers)
             .filter_map(|rank| {
                 let pod = pods[rank as usize];
                 let Some(pod) = pod else {
@@ -290,7 +290,7 @@ impl Look<'_> {
             counted: self.status.failure_restarts,
             not_counted: self.status.disruption_restarts,
         };
-        policy::judge(&self.job.spec.run_policy, restarts, &culprit.as_culprit())
+        policy::judge(self.job.run_policy, restarts, &culprit.as_culprit())
     }
 
     /// `rule failurePolicy.rules[0] (oom): FailJob; failureRestarts 0, disruptionRestarts 0`: the rule, what
@@ -311,7 +311,7 @@ impl Look<'_> {
             RuleSource::RestartPolicy => format!(
                 "{}; restartPolicy {:?} does not restart it; {}",
                 culprit.describe(),
-                self.job.spec.run_policy.restart_policy,
+                self.job.run_policy.restart_policy,
                 self.ruling_note(ruling)
             ),
             RuleSource::FailurePolicy => {
@@ -394,7 +394,7 @@ impl Look<'_> {
 
     /// The generation is over: restart the gang as the next one (counted or not) or fail the job.
     fn settle(&mut self, culprit: RankFailure) -> bool {
-        let policy = &self.job.spec.run_policy;
+        let policy = self.job.run_policy;
         let (limit, max_uncounted) = (policy.backoff_limit, policy.max_infrastructure_restarts);
         let ruling = self.ruling(&culprit);
         match ruling.verdict {

@@ -3,6 +3,7 @@
 use super::*;
 use crate::nodes::Loss;
 use crate::test_fixtures::job;
+use crate::validate::valid;
 use k8s_openapi::api::core::v1::{
     ContainerState, ContainerStateTerminated, ContainerStateWaiting, ContainerStatus, PodCondition,
     PodSpec, PodStatus,
@@ -10,7 +11,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use rdu_crds::RestartPolicy;
 use rdu_crds::consts::WORKER_CONTAINER;
-use rdu_crds::{EndAction, EndCause};
+use rdu_crds::{EndAction, EndCause, RduJob};
 
 const T0: i64 = 1_800_000_000;
 
@@ -169,7 +170,7 @@ impl P {
 
 /// The lifecycle with nothing known of the nodes (no node cache).
 pub(super) fn decide(job: &RduJob, pods: &[Pod], now: Timestamp) -> Decision {
-    super::decide(job, pods, &ClusterView::default(), now, None)
+    super::decide(&valid(job), pods, &ClusterView::default(), now, None)
 }
 
 /// The lifecycle with node `node-<rank>` of each of `lost` ranks lost as `loss`.
@@ -179,7 +180,7 @@ pub(super) fn decide_with(
     cluster: &ClusterView,
     now: Timestamp,
 ) -> Decision {
-    super::decide(job, pods, cluster, now, None)
+    super::decide(&valid(job), pods, cluster, now, None)
 }
 
 pub(super) fn lost(ranks: &[u32], loss: Loss) -> ClusterView {
@@ -870,7 +871,7 @@ fn held(reason: &'static str, eviction: bool) -> Hold {
 }
 
 fn decide_held(job: &RduJob, pods: &[Pod], now: Timestamp, hold: Option<&Hold>) -> Decision {
-    super::decide(job, pods, &ClusterView::default(), now, hold)
+    super::decide(&valid(job), pods, &ClusterView::default(), now, hold)
 }
 
 #[test]
@@ -967,8 +968,9 @@ fn pods_by_rank_keep_the_first_current_pod_of_each_rank() {
         p(7, 1, "Running"), // beyond the world size
     ]);
     let cluster = ClusterView::default();
+    let valid = valid(&j);
     let step = Look {
-        job: &j,
+        job: &valid,
         pods: observed.iter().filter_map(PodView::from_pod).collect(),
         cluster: &cluster,
         hold: None,

@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Resource;
 use rdu_crds::consts::{MAX_WORKERS, WORKER_CONTAINER};
 use rdu_crds::validation::Checks;
-use rdu_crds::{FieldError, RankEnv, RduJob, job_namespace};
+use rdu_crds::{FieldError, RankEnv, RduJob, RduJobStatus, RunPolicy, job_namespace};
 
 mod pod_policy;
 mod settings;
@@ -79,6 +79,12 @@ pub struct ValidJob<'a> {
     pub scheduling: Scheduling,
     /// `spec.workers`.
     pub workers: u32,
+    /// `spec.runPolicy`: suspension, restarts, deadlines, clean-up (the lifecycle's rules).
+    pub run_policy: &'a RunPolicy,
+    /// `metadata.generation`: the spec's version the status says it observed.
+    pub generation: Option<i64>,
+    /// The job's status as last written (the lifecycle's starting point).
+    pub status: Option<&'a RduJobStatus>,
     /// Where Kueue's admission puts the pods (its flavors' node labels and tolerations, admission checks' pod set
     /// updates), for a queued job once admitted; set by the Kueue step after validation.
     pub placement: Option<crate::placement::Placement>,
@@ -148,6 +154,9 @@ pub fn validate<'a>(job: &'a RduJob, limits: &Limits) -> Result<ValidJob<'a>, Va
                 gang: Gang::of(spec),
                 scheduling: Scheduling::of(spec),
                 workers,
+                run_policy: &spec.run_policy,
+                generation: job.metadata.generation,
+                status: job.status.as_ref(),
                 placement: None,
             })
         }
