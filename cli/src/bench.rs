@@ -24,7 +24,7 @@ struct Measured {
 
 /// Runs the job at 1 rank and at each of `ranks` (`repeat` times each, keeping the fastest; each time of N > 1
 /// ranks followed by N 1-rank runs at once) and prints one JSON line per world size; returns the exit code.
-pub async fn run(path: &Path, ranks: &[u32], repeat: u32) -> Result<i32, CliError> {
+pub(crate) async fn run(path: &Path, ranks: &[u32], repeat: u32) -> Result<i32, CliError> {
     let mut sizes = vec![1u32];
     sizes.extend(ranks.iter().copied().filter(|&r| r != 1));
     let mut baseline: Option<f64> = None;

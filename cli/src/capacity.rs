@@ -38,7 +38,7 @@ const LAUNCHER_FILES_PER_RANK: u64 = 3;
 
 /// What the machine can give, read when the job starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Machine {
+pub(crate) struct Machine {
     /// `MemAvailable` less the quarter of `MemTotal` that rings, too, always leave.
     pub memory: u64,
     /// `MemAvailable` and `MemTotal`, to say where `memory` comes from.
@@ -51,7 +51,7 @@ pub struct Machine {
 impl Machine {
     /// Reads `/proc/meminfo` and the open-file limit; `None` where they cannot be read (then
     /// nothing is checked).
-    pub fn read() -> Option<Machine> {
+    pub(crate) fn read() -> Option<Machine> {
         let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
         let field = |name: &str| -> Option<u64> {
             let line = meminfo.lines().find(|l| l.starts_with(name))?;
@@ -71,7 +71,7 @@ impl Machine {
 
 /// What N ranks of a job need.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Need {
+pub(crate) struct Need {
     pub ranks: u32,
     /// One rank's process, data and model.
     pub per_rank: u64,
@@ -86,14 +86,14 @@ pub struct Need {
 
 impl Need {
     /// Memory of all ranks and their rings.
-    pub fn memory(&self) -> u64 {
+    pub(crate) fn memory(&self) -> u64 {
         u64::from(self.ranks) * self.per_rank + self.rings
     }
 }
 
 /// What `ranks` ranks of `spec` need; data files are sized relative to `dir`, and each rank's
 /// rings may hold `ring_cap` bytes.
-pub fn need(spec: &RduJobSpec, ranks: u32, dir: &Path, ring_cap: u64) -> Need {
+pub(crate) fn need(spec: &RduJobSpec, ranks: u32, dir: &Path, ring_cap: u64) -> Need {
     let data = data_bytes(spec, dir);
     let model = parameters(spec) * BYTES_PER_PARAMETER;
     let n = u64::from(ranks);
@@ -187,7 +187,7 @@ fn parameters(spec: &RduJobSpec) -> u64 {
 /// Why the ranks do not fit, in one message naming `flag` (how the world size was given), the
 /// estimate and the limit; `None` when they fit. `fits` is the most ranks that would fit, to
 /// suggest (`None`: not even one).
-pub fn refusal(need: &Need, machine: &Machine, flag: &str, fits: Option<u32>) -> Option<String> {
+pub(crate) fn refusal(need: &Need, machine: &Machine, flag: &str, fits: Option<u32>) -> Option<String> {
     let memory = need.memory() > machine.memory;
     let files = need.rank0_files.max(need.launcher_files) > machine.open_files;
     if !memory && !files {
@@ -233,7 +233,7 @@ pub fn refusal(need: &Need, machine: &Machine, flag: &str, fits: Option<u32>) ->
 }
 
 /// The most ranks, up to `ranks`, that `need_of` says fit `machine`.
-pub fn most_that_fit(ranks: u32, machine: &Machine, need_of: impl Fn(u32) -> Need) -> Option<u32> {
+pub(crate) fn most_that_fit(ranks: u32, machine: &Machine, need_of: impl Fn(u32) -> Need) -> Option<u32> {
     let fits = |n: u32| {
         let need = need_of(n);
         need.memory() <= machine.memory

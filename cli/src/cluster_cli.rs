@@ -7,11 +7,11 @@ use std::process::Command;
 use crate::error::CliError;
 
 /// The cluster CLI's binary name (also what makes it `kubectl rdujob`).
-pub const CLUSTER_CLI: &str = "kubectl-rdujob";
+pub(crate) const CLUSTER_CLI: &str = "kubectl-rdujob";
 
 /// Where `kubectl-rdujob` is: beside this executable (a `cargo build` or `cargo install` puts both there), else
 /// on PATH.
-pub fn find() -> Option<PathBuf> {
+pub(crate) fn find() -> Option<PathBuf> {
     let beside = std::env::current_exe()
         .ok()
         .and_then(|exe| exe.parent().map(|d| d.join(CLUSTER_CLI)))
@@ -26,7 +26,7 @@ pub fn find() -> Option<PathBuf> {
 }
 
 /// Runs `kubectl-rdujob <command> <args…>` and returns its exit code.
-pub fn run(command: &str, args: &[String]) -> Result<i32, CliError> {
+pub(crate) fn run(command: &str, args: &[String]) -> Result<i32, CliError> {
     let binary = find().ok_or_else(|| CliError::ClusterCliMissing {
         command: command.to_string(),
         binary: CLUSTER_CLI,

@@ -10,10 +10,10 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rdu_crds::TrainingProgress;
 
 /// Plain progress lines (no terminal) come at most this often, or at each 10% step.
-pub const PLAIN_INTERVAL: Duration = Duration::from_secs(5);
+pub(crate) const PLAIN_INTERVAL: Duration = Duration::from_secs(5);
 
 /// The terminal (or log) a local run writes to.
-pub struct Console {
+pub(crate) struct Console {
     verbose: bool,
     bar: Option<ProgressBar>,
     plain: Mutex<Option<(Instant, u32)>>,
@@ -30,7 +30,7 @@ impl std::fmt::Debug for Console {
 
 impl Console {
     /// A console on stderr: a bar when stderr is a terminal and not `verbose`.
-    pub fn new(verbose: bool) -> Self {
+    pub(crate) fn new(verbose: bool) -> Self {
         let bar = (!verbose && std::io::stderr().is_terminal()).then(|| {
             let bar = ProgressBar::with_draw_target(Some(1), ProgressDrawTarget::stderr());
             if let Ok(style) = ProgressStyle::with_template("{bar:30} {pos}/{len} steps {msg}") {
@@ -46,31 +46,31 @@ impl Console {
     }
 
     /// Whether every rank line is shown.
-    pub fn verbose(&self) -> bool {
+    pub(crate) fn verbose(&self) -> bool {
         self.verbose
     }
 
     /// A note of `rdujob` itself, always shown.
-    pub fn note(&self, text: &str) {
+    pub(crate) fn note(&self, text: &str) {
         self.print(&format!("[rdujob] {text}"));
     }
 
     /// A line of rank `rank`'s log: shown when verbose, or when it is a warning or an error.
-    pub fn rank_line(&self, rank: u32, line: &str) {
+    pub(crate) fn rank_line(&self, rank: u32, line: &str) {
         if self.verbose || is_warning_or_error(line) {
             self.print(&format!("[rank {rank}] {line}"));
         }
     }
 
     /// A line of rank `rank`'s that `rdujob` shows in another form: printed as it is only when verbose.
-    pub fn detail(&self, rank: u32, line: &str) {
+    pub(crate) fn detail(&self, rank: u32, line: &str) {
         if self.verbose {
             self.print(&format!("[rank {rank}] {line}"));
         }
     }
 
     /// Rank 0's progress: the bar moves, or a plain line when one is due.
-    pub fn progress(&self, p: &TrainingProgress) {
+    pub(crate) fn progress(&self, p: &TrainingProgress) {
         if self.verbose {
             return;
         }
@@ -90,7 +90,7 @@ impl Console {
     }
 
     /// Removes the bar before the result is printed.
-    pub fn finish(&self) {
+    pub(crate) fn finish(&self) {
         if let Some(bar) = &self.bar {
             bar.finish_and_clear();
         }
@@ -106,7 +106,7 @@ impl Console {
 
 /// Whether a line of a rank's tracing output is a warning or an error (`<time>  WARN …`, `<time> ERROR …`), or
 /// not a tracing line at all (a panic, a message from the runtime): those are never hidden.
-pub fn is_warning_or_error(line: &str) -> bool {
+pub(crate) fn is_warning_or_error(line: &str) -> bool {
     let mut words = line.split_whitespace();
     let (Some(time), Some(level)) = (words.next(), words.next()) else {
         return !line.trim().is_empty();
@@ -119,7 +119,7 @@ pub fn is_warning_or_error(line: &str) -> bool {
 }
 
 /// `step 120/690 (17%), epoch 3/30, loss 0.1234, 2.1k samples/s, ETA 12s`.
-pub fn progress_text(p: &TrainingProgress) -> String {
+pub(crate) fn progress_text(p: &TrainingProgress) -> String {
     let mut text = format!(
         "step {}/{} ({}%), epoch {}/{}",
         p.step, p.total_steps, p.percent, p.epoch, p.epochs
@@ -137,7 +137,7 @@ pub fn progress_text(p: &TrainingProgress) -> String {
 }
 
 /// Whether a plain progress line is due: the first, the last, every 10%, or [`PLAIN_INTERVAL`] after the last.
-pub fn plain_line_due(last: Option<(Instant, u32)>, now: Instant, p: &TrainingProgress) -> bool {
+pub(crate) fn plain_line_due(last: Option<(Instant, u32)>, now: Instant, p: &TrainingProgress) -> bool {
     match last {
         None => true,
         Some((at, percent)) => {

@@ -7,7 +7,7 @@ use rdu_crds::consts::exit_code;
 /// Everything that stops `rdujob` before or around the ranks. A variant that wraps another error keeps it as its
 /// `source` and leaves its text out of its own message: [`chain`] prints both, `outer: inner`.
 #[derive(Debug, thiserror::Error)]
-pub enum CliError {
+pub(crate) enum CliError {
     #[error("cannot read {}", .path.display())]
     ReadManifest {
         path: PathBuf,
@@ -87,7 +87,7 @@ pub enum CliError {
 
 impl CliError {
     /// 64 for anything wrong with the job file or its resources, 1 for the machine failing us.
-    pub fn exit_code(&self) -> i32 {
+    pub(crate) fn exit_code(&self) -> i32 {
         match self {
             CliError::ReadManifest { .. }
             | CliError::Manifest { .. }
@@ -110,7 +110,7 @@ impl CliError {
 /// `error` and its causes as one line, `outer: inner: innermost` (as anyhow's `{:#}`), the way `rdujob` prints a
 /// failure. A cause whose text the line already ends with is not repeated: some errors of other crates put
 /// their source's text in their own message too.
-pub fn chain(error: &dyn std::error::Error) -> String {
+pub(crate) fn chain(error: &dyn std::error::Error) -> String {
     let mut line = error.to_string();
     let mut cause = error.source();
     while let Some(inner) = cause {

@@ -24,7 +24,7 @@ use rdu_crds::policy::{GangNow, Hang, HangCheck, ProgressWatch, RankExit, check_
 
 /// How to start and stop the ranks.
 #[derive(Debug, Clone)]
-pub struct GangOptions {
+pub(crate) struct GangOptions {
     /// Where rank lines, rank 0's progress and notes go.
     pub console: std::sync::Arc<crate::console::Console>,
     /// This executable, re-run as `worker`.
@@ -43,7 +43,7 @@ pub struct GangOptions {
 
 /// How the generation ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GangOutcome {
+pub(crate) struct GangOutcome {
     /// (rank, exit) in the order the ranks ended.
     pub exits: Vec<(u32, RankExit)>,
     /// The signal the user sent us, when we stopped because of one.
@@ -102,7 +102,7 @@ async fn forward_lines(
 }
 
 /// Starts every rank and waits for all of them to end.
-pub async fn run(launches: &[RankLaunch], opts: &GangOptions) -> Result<GangOutcome, CliError> {
+pub(crate) async fn run(launches: &[RankLaunch], opts: &GangOptions) -> Result<GangOutcome, CliError> {
     let mut sigint =
         signal(SignalKind::interrupt()).map_err(io_err("installing the SIGINT handler"))?;
     let mut sigterm =

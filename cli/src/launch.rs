@@ -10,7 +10,7 @@ use rdu_crds::{RankEnv, RduJob};
 /// What local mode substitutes for the cluster: the token Secret, the downward API, the rendezvous port, the
 /// tiles, and where rank 0's result and the checkpoints go.
 #[derive(Debug, Clone)]
-pub struct LocalContext<'a> {
+pub(crate) struct LocalContext<'a> {
     pub supplied: SuppliedValues,
     /// Port of rank 0's rendezvous; every rank's collective server binds a free port of its own (port 0), which
     /// the rendezvous advertises.
@@ -27,16 +27,16 @@ pub struct LocalContext<'a> {
 
 /// One rank's process environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RankLaunch {
+pub(crate) struct RankLaunch {
     pub rank: u32,
     pub env: Vec<(String, String)>,
 }
 
 /// Where the ranks of a local job find rank 0.
-pub const LOCALHOST: &str = "127.0.0.1";
+pub(crate) const LOCALHOST: &str = "127.0.0.1";
 
 /// Every rank's env for `generation`.
-pub fn rank_launches(job: &RduJob, generation: u32, ctx: &LocalContext) -> Vec<RankLaunch> {
+pub(crate) fn rank_launches(job: &RduJob, generation: u32, ctx: &LocalContext) -> Vec<RankLaunch> {
     (0..job.spec.workers)
         .map(|rank| {
             let mut contract =

@@ -39,7 +39,7 @@ const FAILURE_GRACE_EXTRA: Duration = Duration::from_secs(5);
 const STOP_GRACE: Duration = Duration::from_secs(10);
 /// What the command line adds to the job file.
 #[derive(Debug, Default)]
-pub struct RunOptions {
+pub(crate) struct RunOptions {
     /// Override spec.workers.
     pub workers: Option<u32>,
     /// Override spec.mode.
@@ -51,7 +51,7 @@ pub struct RunOptions {
 }
 
 /// Runs the job in `path` to its end; returns the process exit code.
-pub async fn run(path: &Path, options: RunOptions) -> Result<i32, CliError> {
+pub(crate) async fn run(path: &Path, options: RunOptions) -> Result<i32, CliError> {
     let LocalJob { mut job, dir } = manifest::load(path, options.workers, options.mode)?;
     check_capacity(&job, &dir, options.workers.is_some())?;
     let console = Arc::new(Console::new(options.verbose));

@@ -9,13 +9,13 @@ use crate::error::CliError;
 
 /// A validated job and the directory its relative data paths are relative to.
 #[derive(Debug, Clone)]
-pub struct LocalJob {
+pub(crate) struct LocalJob {
     pub job: RduJob,
     pub dir: PathBuf,
 }
 
 /// Reads, overrides the world size with `workers` and the mode with `mode` when given, and validates.
-pub fn load(
+pub(crate) fn load(
     path: &Path,
     workers: Option<u32>,
     mode: Option<rdu_crds::RunMode>,

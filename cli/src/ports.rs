@@ -5,7 +5,7 @@ use std::net::TcpListener;
 use crate::error::CliError;
 
 /// A free port on 127.0.0.1: bound to port 0, read, and released for rank 0 to bind.
-pub fn free_port() -> Result<u16, CliError> {
+pub(crate) fn free_port() -> Result<u16, CliError> {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())
         .map(|addr| addr.port())

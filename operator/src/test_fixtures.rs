@@ -4,7 +4,7 @@
 use rdu_crds::RduJob;
 
 /// A small valid job named `name` with `workers` ranks, parsed from YAML as a user would write it.
-pub fn job(name: &str, namespace: Option<&str>, workers: u32) -> RduJob {
+pub(crate) fn job(name: &str, namespace: Option<&str>, workers: u32) -> RduJob {
     let ns = namespace
         .map(|n| format!("  namespace: {n}\n"))
         .unwrap_or_default();
@@ -27,6 +27,6 @@ spec:
 }
 
 /// Parses a fixture given as full YAML.
-pub fn job_from(yaml: &str) -> RduJob {
+pub(crate) fn job_from(yaml: &str) -> RduJob {
     rdu_crds::parse_manifest(yaml).expect("fixture parses")
 }

@@ -7,21 +7,21 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-pub const RDUJOB: &str = env!("CARGO_BIN_EXE_rdujob");
+pub(crate) const RDUJOB: &str = env!("CARGO_BIN_EXE_rdujob");
 /// Bound on any one job in these tests; reaching it fails the test instead of hanging it.
-pub const JOB_DEADLINE: Duration = Duration::from_secs(240);
+pub(crate) const JOB_DEADLINE: Duration = Duration::from_secs(240);
 
-pub struct Finished {
+pub(crate) struct Finished {
     pub code: Option<i32>,
     pub stdout: String,
     pub stderr: String,
 }
 
-pub fn job_yaml(spec: &str) -> String {
+pub(crate) fn job_yaml(spec: &str) -> String {
     format!("apiVersion: rdu.dev/v1alpha1\nkind: RduJob\nmetadata:\n  name: t\nspec:\n{spec}")
 }
 
-pub const SMALL: &str = "  workers: 3
+pub(crate) const SMALL: &str = "  workers: 3
   tilesPerWorker: 2
   model: {name: ffn-logreg, hiddenSizes: [16], inputSize: 8, classes: 3}
   data: {source: synthetic, samples: 600, seed: 3}
@@ -29,14 +29,14 @@ pub const SMALL: &str = "  workers: 3
   dataParallel: {timeoutSeconds: 20}
 ";
 
-pub fn write_job(dir: &Path, spec: &str) -> std::path::PathBuf {
+pub(crate) fn write_job(dir: &Path, spec: &str) -> std::path::PathBuf {
     let path = dir.join("job.yaml");
     std::fs::write(&path, job_yaml(spec)).unwrap();
     path
 }
 
 /// `rdujob` with every rank's log (RUST_LOG set: what most tests here read).
-pub fn spawn(args: &[&str]) -> Child {
+pub(crate) fn spawn(args: &[&str]) -> Child {
     Command::new(RDUJOB)
         .args(args)
         .env("RUST_LOG", "info")
@@ -47,7 +47,7 @@ pub fn spawn(args: &[&str]) -> Child {
 }
 
 /// Reads `child`'s stderr lines into a channel as they come.
-pub fn stream_lines(child: &mut Child) -> mpsc::Receiver<String> {
+pub(crate) fn stream_lines(child: &mut Child) -> mpsc::Receiver<String> {
     let (tx, rx) = mpsc::channel();
     let stderr = child.stderr.take().unwrap();
     std::thread::spawn(move || {
@@ -61,7 +61,7 @@ pub fn stream_lines(child: &mut Child) -> mpsc::Receiver<String> {
 }
 
 /// Waits for the end (bounded by JOB_DEADLINE), collecting the remaining stderr lines.
-pub fn finish(mut child: Child, lines: mpsc::Receiver<String>, mut seen: Vec<String>) -> Finished {
+pub(crate) fn finish(mut child: Child, lines: mpsc::Receiver<String>, mut seen: Vec<String>) -> Finished {
     let deadline = Instant::now() + JOB_DEADLINE;
     let status = loop {
         if let Some(status) = child.try_wait().unwrap() {
@@ -89,17 +89,17 @@ pub fn finish(mut child: Child, lines: mpsc::Receiver<String>, mut seen: Vec<Str
     }
 }
 
-pub fn run(args: &[&str]) -> Finished {
+pub(crate) fn run(args: &[&str]) -> Finished {
     let child = spawn(args);
     finish_streaming(child)
 }
 
-pub fn finish_streaming(mut child: Child) -> Finished {
+pub(crate) fn finish_streaming(mut child: Child) -> Finished {
     let lines = stream_lines(&mut child);
     finish(child, lines, Vec::new())
 }
 
-pub fn run_job(spec: &str, extra: &[&str]) -> Finished {
+pub(crate) fn run_job(spec: &str, extra: &[&str]) -> Finished {
     let dir = tempfile::tempdir().unwrap();
     let path = write_job(dir.path(), spec);
     let mut args = vec!["run", path.to_str().unwrap()];
@@ -107,18 +107,18 @@ pub fn run_job(spec: &str, extra: &[&str]) -> Finished {
     run(&args)
 }
 
-pub fn result_json(f: &Finished) -> serde_json::Value {
+pub(crate) fn result_json(f: &Finished) -> serde_json::Value {
     let last = f.stdout.lines().last().unwrap_or_default();
     serde_json::from_str(last)
         .unwrap_or_else(|e| panic!("last stdout line {last:?}: {e}\n{}", f.stderr))
 }
 
 /// A job long enough to kill a rank mid-run.
-pub fn long_job(backoff_limit: u32) -> String {
+pub(crate) fn long_job(backoff_limit: u32) -> String {
     long_job_with_timeout(backoff_limit, 10)
 }
 
-pub fn long_job_with_timeout(backoff_limit: u32, timeout_seconds: u32) -> String {
+pub(crate) fn long_job_with_timeout(backoff_limit: u32, timeout_seconds: u32) -> String {
     format!(
         "  workers: 3
   model: {{name: ffn-logreg, hiddenSizes: [128], inputSize: 32, classes: 4}}
@@ -132,7 +132,7 @@ pub fn long_job_with_timeout(backoff_limit: u32, timeout_seconds: u32) -> String
 }
 
 /// The pid of the child of `parent` whose environment says RANK=`rank`.
-pub fn rank_pid(parent: u32, rank: u32) -> Option<i32> {
+pub(crate) fn rank_pid(parent: u32, rank: u32) -> Option<i32> {
     let wanted = format!("RANK={rank}");
     std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
         let pid: i32 = e.file_name().to_str()?.parse().ok()?;
@@ -156,7 +156,7 @@ pub fn rank_pid(parent: u32, rank: u32) -> Option<i32> {
 }
 
 /// Reads lines until rank 1 logged its first epoch; returns them.
-pub fn wait_for_first_epoch(lines: &mpsc::Receiver<String>) -> Vec<String> {
+pub(crate) fn wait_for_first_epoch(lines: &mpsc::Receiver<String>) -> Vec<String> {
     let mut seen = Vec::new();
     wait_for_line(lines, &mut seen, "a first epoch from rank 1", |line| {
         line.starts_with("[rank 1]") && line.contains("epoch done")
@@ -165,7 +165,7 @@ pub fn wait_for_first_epoch(lines: &mpsc::Receiver<String>) -> Vec<String> {
 }
 
 /// Reads lines into `seen` until one is `wanted` (described as `what`), and returns it; fails after JOB_DEADLINE.
-pub fn wait_for_line(
+pub(crate) fn wait_for_line(
     lines: &mpsc::Receiver<String>,
     seen: &mut Vec<String>,
     what: &str,
@@ -184,7 +184,7 @@ pub fn wait_for_line(
 }
 
 /// The value of `name=` in a tracing line.
-pub fn field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
+pub(crate) fn field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
     let start = line.find(&format!(" {name}="))? + name.len() + 2;
     line[start..].split_whitespace().next()
 }

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 /// The three parts of one call of `time_us`.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Breakdown {
+pub(crate) struct Breakdown {
     pub fixed_us: f64,
     pub copies_us: f64,
     pub rest_us: f64,
@@ -19,7 +19,7 @@ pub struct Breakdown {
 
 impl Breakdown {
     /// `time_us` split: the rest is what the two measured parts leave (never below zero).
-    pub fn of(time_us: f64, fixed_us: f64, copies_us: f64) -> Breakdown {
+    pub(crate) fn of(time_us: f64, fixed_us: f64, copies_us: f64) -> Breakdown {
         Breakdown {
             fixed_us,
             copies_us,
@@ -27,7 +27,7 @@ impl Breakdown {
         }
     }
 
-    pub fn json(&self) -> serde_json::Value {
+    pub(crate) fn json(&self) -> serde_json::Value {
         let r = |x: f64| (x * 100.0).round() / 100.0;
         serde_json::json!({
             "fixed_us": r(self.fixed_us),
@@ -39,7 +39,7 @@ impl Breakdown {
 
 /// Microseconds to copy `bytes` of f32 into another buffer and add them back onto it, the best
 /// of 5 runs of `iters` (each pass over memory the previous one warmed).
-pub fn copies_us(bytes: usize, iters: u32) -> f64 {
+pub(crate) fn copies_us(bytes: usize, iters: u32) -> f64 {
     let n = bytes / 4;
     let src: Vec<f32> = (0..n).map(|i| i as f32).collect();
     let mut ring = vec![0f32; n];

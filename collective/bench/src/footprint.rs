@@ -5,7 +5,7 @@ use anyhow::{Context, Result};
 
 /// A rank's descriptors and peak memory at one moment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Footprint {
+pub(crate) struct Footprint {
     /// Entries of `/proc/self/fd` (the listing's own descriptor not counted).
     pub open_fds: u64,
     /// `VmHWM`: the most resident memory the process has had, in KiB.
@@ -14,7 +14,7 @@ pub struct Footprint {
 
 impl Footprint {
     /// This process's footprint now.
-    pub fn now() -> Result<Footprint> {
+    pub(crate) fn now() -> Result<Footprint> {
         let listing = std::fs::read_dir("/proc/self/fd").context("listing /proc/self/fd")?;
         // The directory being read holds a descriptor of its own while it is listed.
         let open_fds = (listing.count() as u64).saturating_sub(1);

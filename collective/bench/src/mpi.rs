@@ -12,26 +12,26 @@ use anyhow::{Context, Result, bail};
 const SOURCE: &str = include_str!("../mpi/allreduce.c");
 
 /// Open MPI's transports compared, by the name the bench's lines give them.
-pub const TRANSPORTS: [(&str, &str); 2] =
+pub(crate) const TRANSPORTS: [(&str, &str); 2] =
     [("mpi_shared_memory", "vader,self"), ("mpi_tcp", "tcp,self")];
 
 /// One size's result from the MPI program.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct MpiResult {
+pub(crate) struct MpiResult {
     pub bytes: u64,
     pub iters: u64,
     pub time_us: f64,
 }
 
 /// The MPI program, compiled for this run; removed when dropped.
-pub struct MpiProgram {
+pub(crate) struct MpiProgram {
     dir: PathBuf,
     exe: PathBuf,
 }
 
 impl MpiProgram {
     /// Compiles the program with `mpicc`; an error naming what is missing where Open MPI is not installed.
-    pub fn build() -> Result<MpiProgram> {
+    pub(crate) fn build() -> Result<MpiProgram> {
         let dir = std::env::temp_dir().join(format!("allreduce-bench-mpi-{}", std::process::id()));
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let program = MpiProgram {
@@ -55,7 +55,7 @@ impl MpiProgram {
 
     /// Runs `ranks` MPI ranks over `btl` for every `(bytes, iters, warmup)`, each bound to a core when
     /// `bind_to_core` (as the bench's own ranks then are), unbound otherwise.
-    pub fn run(
+    pub(crate) fn run(
         &self,
         ranks: u32,
         btl: &str,

@@ -9,12 +9,12 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 
 /// Round trips per size: about 64 MiB each way, between 20 and 2000.
-pub fn iterations(bytes: usize) -> usize {
+pub(crate) fn iterations(bytes: usize) -> usize {
     ((64usize << 20) / bytes.max(1)).clamp(20, 2000)
 }
 
 /// Median round trip in microseconds for each of `sizes`, against an echoing child (`--tcp-echo-to`).
-pub fn measure(exe: &std::path::Path, sizes: &[usize]) -> Result<Vec<(usize, f64)>> {
+pub(crate) fn measure(exe: &std::path::Path, sizes: &[usize]) -> Result<Vec<(usize, f64)>> {
     let listener = TcpListener::bind("127.0.0.1:0").context("binding the ping-pong listener")?;
     let addr = listener.local_addr()?.to_string();
     let plan: Vec<String> = sizes
@@ -58,7 +58,7 @@ fn warmup(bytes: usize) -> usize {
 }
 
 /// The child's side: for each `<bytes>x<count>` of `plan`, echo `count` messages of `bytes`.
-pub fn echo(addr: &str, plan: &str) -> Result<()> {
+pub(crate) fn echo(addr: &str, plan: &str) -> Result<()> {
     let mut stream = TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
     stream.set_nodelay(true)?;
     for step in plan.split(',').filter(|s| !s.is_empty()) {

@@ -10,13 +10,13 @@ use rdu_collective::{
     ReduceOptions, RingMemory, Spin,
 };
 
-pub const TOKEN: &str = "test-token";
-pub const JOB: &str = "job-uid";
-pub const GENERATION: u64 = 4;
+pub(crate) const TOKEN: &str = "test-token";
+pub(crate) const JOB: &str = "job-uid";
+pub(crate) const GENERATION: u64 = 4;
 /// Small chunks so modest buffers still pipeline through many chunks.
-pub const CHUNK_BYTES: usize = 64 << 10;
+pub(crate) const CHUNK_BYTES: usize = 64 << 10;
 
-pub fn config(
+pub(crate) fn config(
     rank: u32,
     world: u32,
     master_port: u16,
@@ -42,7 +42,7 @@ pub fn config(
 }
 
 /// A bound rendezvous listener and its port.
-pub async fn rendezvous_listener() -> (tokio::net::TcpListener, u16) {
+pub(crate) async fn rendezvous_listener() -> (tokio::net::TcpListener, u16) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind loopback");
@@ -51,7 +51,7 @@ pub async fn rendezvous_listener() -> (tokio::net::TcpListener, u16) {
 }
 
 /// Connects `world` ranks; `node_of(rank)` names each rank's node.
-pub async fn world(
+pub(crate) async fn world(
     world: u32,
     node_of: impl Fn(u32) -> String,
     timeout: Duration,
@@ -60,7 +60,7 @@ pub async fn world(
 }
 
 /// Like [`world`], each rank sending chunks on `path_of(rank)`.
-pub async fn world_on(
+pub(crate) async fn world_on(
     world: u32,
     node_of: impl Fn(u32) -> String,
     timeout: Duration,
@@ -70,7 +70,7 @@ pub async fn world_on(
 }
 
 /// [`world_on`] with every rank polling small frames as `spin` says.
-pub async fn world_polling(
+pub(crate) async fn world_polling(
     world: u32,
     node_of: impl Fn(u32) -> String,
     timeout: Duration,
@@ -82,7 +82,7 @@ pub async fn world_polling(
 }
 
 /// [`world`] on one node, every rank's rings capped at `ring_memory`.
-pub async fn world_with_rings(
+pub(crate) async fn world_with_rings(
     world: u32,
     timeout: Duration,
     ring_memory: RingMemory,
@@ -127,7 +127,7 @@ async fn world_with(
 }
 
 /// Deterministic, non-trivial values for `rank` (exercises rounding, so order matters).
-pub fn data(rank: u32, len: usize) -> Vec<f32> {
+pub(crate) fn data(rank: u32, len: usize) -> Vec<f32> {
     let mut state =
         0x9E37_79B9_7F4A_7C15u64 ^ (u64::from(rank) + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     (0..len)
@@ -141,7 +141,7 @@ pub fn data(rank: u32, len: usize) -> Vec<f32> {
 }
 
 /// Sum over ranks in f64, the reference.
-pub fn reference_sum(world: u32, len: usize) -> Vec<f64> {
+pub(crate) fn reference_sum(world: u32, len: usize) -> Vec<f64> {
     let mut acc = vec![0f64; len];
     for r in 0..world {
         for (a, v) in acc.iter_mut().zip(data(r, len)) {
@@ -152,7 +152,7 @@ pub fn reference_sum(world: u32, len: usize) -> Vec<f64> {
 }
 
 /// Sums `bufs` (one per rank) in place on every rank at once; panics naming the rank that failed.
-pub async fn reduce_in_place(
+pub(crate) async fn reduce_in_place(
     comms: &[Communicator],
     bufs: &mut [Vec<f32>],
     options: impl Into<ReduceOptions>,
@@ -173,7 +173,7 @@ pub async fn reduce_in_place(
 }
 
 /// Every rank's buffer holds rank 0's bits.
-pub fn assert_bitwise_identical(bufs: &[Vec<f32>], what: &str) {
+pub(crate) fn assert_bitwise_identical(bufs: &[Vec<f32>], what: &str) {
     for (rank, b) in bufs.iter().enumerate().skip(1) {
         assert_eq!(b.len(), bufs[0].len(), "{what}: rank {rank}'s length");
         let differing = b

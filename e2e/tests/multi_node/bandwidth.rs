@@ -52,7 +52,7 @@ fn timings(all_reduce: &Value, who: &str) -> Vec<Value> {
 }
 
 /// Runs the benchmark across two nodes, then locally over TCP; the summary's keys.
-pub async fn between_two_nodes(bed: &Testbed) -> serde_json::Map<String, Value> {
+pub(crate) async fn between_two_nodes(bed: &Testbed) -> serde_json::Map<String, Value> {
     let name = "crossbench";
     let job = benchmark_job(name);
     bed.apply(&job.to_string());

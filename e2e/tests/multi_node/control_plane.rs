@@ -17,7 +17,7 @@ use super::shared_volume;
 const API_OUTAGE: Duration = Duration::from_secs(30);
 
 impl Faults {
-    pub async fn control_plane_faults(&mut self) -> Map<String, Value> {
+    pub(crate) async fn control_plane_faults(&mut self) -> Map<String, Value> {
         let name = "steady";
         let (mut job, _, interval) = self.fault_job(name, 120);
         // Long enough to train through all four faults.

@@ -25,7 +25,7 @@ const CHECKPOINTS: f64 = 30.0;
 const PARTITION: Duration = Duration::from_secs(60);
 
 /// The testbed and what the fault stages share.
-pub struct Faults {
+pub(crate) struct Faults {
     pub bed: Testbed,
     /// The directory behind the shared checkpoint volume.
     pub shared: PathBuf,
@@ -250,7 +250,7 @@ impl Faults {
     /// checkpoints on SIGTERM (the job writes no other checkpoint, so resuming at all proves it), the gang runs
     /// on the other nodes, the drain ends within the grace period + 10 s,
     /// the failure count does not change.
-    pub async fn kubelet_restart_then_drain(&mut self) -> serde_json::Map<String, Value> {
+    pub(crate) async fn kubelet_restart_then_drain(&mut self) -> serde_json::Map<String, Value> {
         let name = "drained";
         let planned = self.start_job_checkpointing_on_sigterm_only(name, 30).await;
         let mut out = serde_json::Map::new();
@@ -350,7 +350,7 @@ impl Faults {
     /// node's pods nor scheduled onto it. Then another node crashes and is declared out of service at once: the
     /// job no longer fits and waits whole (no pod created) with a condition saying why, until the first node
     /// comes back.
-    pub async fn crash_then_too_little_capacity(&mut self) -> serde_json::Map<String, Value> {
+    pub(crate) async fn crash_then_too_little_capacity(&mut self) -> serde_json::Map<String, Value> {
         let name = "crashed";
         let planned = self.start_fault_job(name, 30).await;
         let mut out = serde_json::Map::new();
@@ -468,7 +468,7 @@ impl Faults {
     /// API server restarts the gang; when the link returns, the old generation's ranks neither rejoin the new
     /// gang nor get a checkpoint accepted (the old rank 0 still runs then: the collective timeout is longer
     /// than the partition).
-    pub async fn partition(&mut self) -> serde_json::Map<String, Value> {
+    pub(crate) async fn partition(&mut self) -> serde_json::Map<String, Value> {
         let name = "partitioned";
         let planned = self.start_fault_job(name, 180).await;
         let mut out = serde_json::Map::new();

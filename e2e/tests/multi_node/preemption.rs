@@ -143,7 +143,7 @@ impl Faults {
     }
 
     /// A queued low-priority job runs across the nodes, is preempted, checkpoints, and resumes when admitted again.
-    pub async fn kueue_preemption(&self) -> serde_json::Map<String, Value> {
+    pub(crate) async fn kueue_preemption(&self) -> serde_json::Map<String, Value> {
         self.bed.apply(QUEUES);
         let name = "preempted";
         let (job, planned, interval) = self.fault_job(name, 30);
@@ -281,7 +281,7 @@ impl Faults {
     /// A gang restart inside an admitted job keeps its quota: a queued job running across the nodes loses a pod
     /// (evicted, a disruption restarted without counting against `backoffLimit`); its next generation starts while
     /// its Workload stays admitted with the same admission and is never evicted, and the job ends as planned.
-    pub async fn kueue_gang_restart_keeps_quota(&self) -> serde_json::Map<String, Value> {
+    pub(crate) async fn kueue_gang_restart_keeps_quota(&self) -> serde_json::Map<String, Value> {
         let name = "requeued";
         let (mut job, _, interval) = self.fault_job(name, 30);
         // A third of a fault job's training: long enough for a restart and a checkpoint to resume from.

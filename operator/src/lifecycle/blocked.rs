@@ -4,7 +4,7 @@
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 
 /// Reasons of a waiting container that only the user can fix (a missing image, a bad env or volume reference).
-pub const CONTAINER_REASONS: [&str; 6] = [
+pub(super) const CONTAINER_REASONS: [&str; 6] = [
     "ErrImagePull",
     "ImagePullBackOff",
     "ErrImageNeverPull",
@@ -13,13 +13,13 @@ pub const CONTAINER_REASONS: [&str; 6] = [
     "CreateContainerError",
 ];
 /// Reason of the PodScheduled condition when no node fits the pod.
-pub const UNSCHEDULABLE: &str = "Unschedulable";
+pub(super) const UNSCHEDULABLE: &str = "Unschedulable";
 /// Reasons the kubelet alternates between while it retries one pull: the same problem, announced once.
 const IMAGE_PULL: [&str; 2] = ["ErrImagePull", "ImagePullBackOff"];
 
 /// What keeps one pod from starting.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Blocked {
+pub(super) struct Blocked {
     /// The kubelet's or scheduler's reason, one of [`CONTAINER_REASONS`] or [`UNSCHEDULABLE`].
     pub reason: &'static str,
     /// The container that cannot start; none when the pod is not scheduled.
@@ -30,7 +30,7 @@ pub struct Blocked {
 
 /// The first thing keeping `pod` from starting: a waiting init or app container with one of
 /// [`CONTAINER_REASONS`], else PodScheduled False with reason Unschedulable.
-pub fn blocked(pod: &Pod) -> Option<Blocked> {
+pub(super) fn blocked(pod: &Pod) -> Option<Blocked> {
     let status = pod.status.as_ref()?;
     status
         .init_container_statuses
@@ -72,6 +72,6 @@ fn non_empty(message: Option<String>, fallback: &str) -> String {
 }
 
 /// Whether a change of reason from `before` to `now` is news worth an event (a pull retry is not).
-pub fn is_new_problem(before: &str, now: &str) -> bool {
+pub(super) fn is_new_problem(before: &str, now: &str) -> bool {
     before != now && !(IMAGE_PULL.contains(&before) && IMAGE_PULL.contains(&now))
 }

@@ -12,7 +12,7 @@ use super::blocked::{self, Blocked};
 
 /// The pod condition the control plane and the kubelet set on a pod they are about to take away (drain, eviction,
 /// preemption, taint manager, pod garbage collection, node-pressure eviction).
-pub use rdu_crds::failure_policy::DISRUPTION_TARGET;
+pub(super) use rdu_crds::failure_policy::DISRUPTION_TARGET;
 
 /// One pod of the job.
 #[derive(Clone, Debug)]
@@ -55,7 +55,7 @@ pub(super) struct Failure {
 }
 
 impl PodView {
-    pub fn from_pod(pod: &Pod) -> Option<PodView> {
+    pub(super) fn from_pod(pod: &Pod) -> Option<PodView> {
         let labels = pod.metadata.labels.as_ref()?;
         let rank = labels.get(consts::LABEL_RANK)?.parse().ok()?;
         let generation = labels.get(consts::LABEL_GENERATION)?.parse().ok()?;
@@ -147,12 +147,12 @@ impl PodView {
         })
     }
 
-    pub fn is_active(&self) -> bool {
+    pub(super) fn is_active(&self) -> bool {
         matches!(self.state, PodState::Pending | PodState::Running { .. })
     }
 
     /// The worker's exit code, if its container ended.
-    pub fn exit_code(&self) -> Option<i32> {
+    pub(super) fn exit_code(&self) -> Option<i32> {
         match &self.state {
             PodState::Failed(Failure {
                 exit: RankExit::Code(code),

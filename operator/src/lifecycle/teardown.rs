@@ -41,7 +41,7 @@ pub(super) struct RankFailure {
 
 impl RankFailure {
     /// `reason` explains the end (the worker's termination message, the node's loss…).
-    pub fn new(
+    pub(super) fn new(
         rank: u32,
         exit: RankExit,
         kind: &str,
@@ -69,7 +69,7 @@ impl RankFailure {
     }
 
     /// A rank gone without an exit code, for `reason`; `detail` says more (the node's loss…).
-    pub fn lost(rank: u32, reason: LostReason, detail: Option<&str>, node: Option<String>) -> Self {
+    pub(super) fn lost(rank: u32, reason: LostReason, detail: Option<&str>, node: Option<String>) -> Self {
         let text = match detail {
             Some(detail) => format!("{}: {detail}", reason.as_str()),
             None => reason.as_str().to_string(),
@@ -106,7 +106,7 @@ impl RankFailure {
         }
     }
 
-    pub fn describe(&self) -> &str {
+    pub(super) fn describe(&self) -> &str {
         &self.message
     }
 

@@ -12,7 +12,7 @@ use kube::client::Body;
 use serde_json::{Value, json};
 
 #[derive(Clone, Default)]
-pub struct FakeApi {
+pub(crate) struct FakeApi {
     objects: Arc<Mutex<BTreeMap<String, Value>>>,
     log: Arc<Mutex<Vec<String>>>,
     failures: Arc<Mutex<Vec<(String, String)>>>,
@@ -66,7 +66,7 @@ fn not_found(path: &str) -> Response<Body> {
 }
 
 impl FakeApi {
-    pub fn client(&self) -> Client {
+    pub(crate) fn client(&self) -> Client {
         let fake = self.clone();
         let service = tower::service_fn(move |req: Request<Body>| {
             let fake = fake.clone();
@@ -75,7 +75,7 @@ impl FakeApi {
         Client::new(service, "default")
     }
 
-    pub fn put(&self, path: &str, object: Value) {
+    pub(crate) fn put(&self, path: &str, object: Value) {
         self.objects
             .lock()
             .expect("lock")
@@ -83,22 +83,22 @@ impl FakeApi {
     }
 
     /// Removes an object, as another client (or the garbage collector) would.
-    pub fn delete(&self, path: &str) {
+    pub(crate) fn delete(&self, path: &str) {
         self.objects.lock().expect("lock").remove(path);
     }
 
-    pub fn get(&self, path: &str) -> Option<Value> {
+    pub(crate) fn get(&self, path: &str) -> Option<Value> {
         self.objects.lock().expect("lock").get(path).cloned()
     }
 
-    pub fn update(&self, path: &str, change: impl FnOnce(&mut Value)) {
+    pub(crate) fn update(&self, path: &str, change: impl FnOnce(&mut Value)) {
         let mut objects = self.objects.lock().expect("lock");
         if let Some(object) = objects.get_mut(path) {
             change(object);
         }
     }
 
-    pub fn paths_under(&self, prefix: &str) -> Vec<String> {
+    pub(crate) fn paths_under(&self, prefix: &str) -> Vec<String> {
         self.objects
             .lock()
             .expect("lock")
@@ -108,12 +108,12 @@ impl FakeApi {
             .collect()
     }
 
-    pub fn requests(&self) -> Vec<String> {
+    pub(crate) fn requests(&self) -> Vec<String> {
         self.log.lock().expect("lock").clone()
     }
 
     /// Every later `method` request to a path starting with `path_prefix` fails with 500.
-    pub fn fail(&self, method: &str, path_prefix: &str) {
+    pub(crate) fn fail(&self, method: &str, path_prefix: &str) {
         self.failures
             .lock()
             .expect("lock")
@@ -122,12 +122,12 @@ impl FakeApi {
 
     /// Every later create is stored but answered with a body that is no object at all, so a client that parses
     /// the answer fails the write.
-    pub fn answer_creates_unparsably(&self) {
+    pub(crate) fn answer_creates_unparsably(&self) {
         *self.unparsable_creates.lock().expect("lock") = true;
     }
 
     /// Every object stored under `prefix` (e.g. a namespace's pods), parsed.
-    pub fn objects_under<T: serde::de::DeserializeOwned>(&self, prefix: &str) -> Vec<T> {
+    pub(crate) fn objects_under<T: serde::de::DeserializeOwned>(&self, prefix: &str) -> Vec<T> {
         self.paths_under(prefix)
             .iter()
             .filter_map(|p| self.get(p))

@@ -14,15 +14,15 @@ use serde_json::{Value, json};
 
 use super::fake_api::FakeApi;
 
-pub const JOB: &str = "/apis/rdu.dev/v1alpha1/namespaces/ml/rdujobs/mnist";
-pub const PODS: &str = "/api/v1/namespaces/ml/pods/";
+pub(crate) const JOB: &str = "/apis/rdu.dev/v1alpha1/namespaces/ml/rdujobs/mnist";
+pub(crate) const PODS: &str = "/api/v1/namespaces/ml/pods/";
 
-pub fn pod(rank: u32) -> String {
+pub(crate) fn pod(rank: u32) -> String {
     format!("{PODS}mnist-worker-{rank}")
 }
 
 /// The reconcile's context and the writer of its pod cache.
-pub struct Harness {
+pub(crate) struct Harness {
     pub ctx: Arc<Context>,
     pub pods: Mutex<Writer<Pod>>,
 }
@@ -30,12 +30,12 @@ pub struct Harness {
 impl Harness {
     /// The test is about to change the job's status itself (standing in for time passing): the operator's last
     /// status write is no longer what the next reconcile must wait to see.
-    pub fn forget_status_write(&self) {
+    pub(crate) fn forget_status_write(&self) {
         self.ctx.status_writes.forget("u-1");
     }
 }
 
-pub fn setup(workers: u32, run_policy: Value) -> (FakeApi, Harness) {
+pub(crate) fn setup(workers: u32, run_policy: Value) -> (FakeApi, Harness) {
     let fake = FakeApi::default();
     fake.put(
         JOB,
@@ -82,12 +82,12 @@ pub fn setup(workers: u32, run_policy: Value) -> (FakeApi, Harness) {
     (fake, harness)
 }
 
-pub fn job(fake: &FakeApi) -> Arc<RduJob> {
+pub(crate) fn job(fake: &FakeApi) -> Arc<RduJob> {
     Arc::new(serde_json::from_value(fake.get(JOB).expect("job stored")).expect("job parses"))
 }
 
 /// Brings the pod cache up to date with the fake's pods, as the controller's pod watch does (here: a relist).
-pub fn sync_cache(fake: &FakeApi, h: &Harness) {
+pub(crate) fn sync_cache(fake: &FakeApi, h: &Harness) {
     let mut writer = h.pods.lock().expect("lock");
     writer.apply_watcher_event(&watcher::Event::Init);
     for pod in fake.objects_under::<Pod>(PODS) {
@@ -97,14 +97,14 @@ pub fn sync_cache(fake: &FakeApi, h: &Harness) {
 }
 
 /// One reconcile after the pod watch caught up.
-pub async fn reconcile_once(fake: &FakeApi, h: &Harness) {
+pub(crate) async fn reconcile_once(fake: &FakeApi, h: &Harness) {
     sync_cache(fake, h);
     reconcile(job(fake), h.ctx.clone())
         .await
         .expect("reconcile");
 }
 
-pub fn set_phase(fake: &FakeApi, rank: u32, phase: &str, exit: Option<i32>) {
+pub(crate) fn set_phase(fake: &FakeApi, rank: u32, phase: &str, exit: Option<i32>) {
     fake.update(&pod(rank), |p| {
         let state = exit.map_or(json!({"running": {}}), |code| json!({"terminated": {"exitCode": code}}));
         p["status"] = json!({"phase": phase, "containerStatuses": [{
@@ -113,11 +113,11 @@ pub fn set_phase(fake: &FakeApi, rank: u32, phase: &str, exit: Option<i32>) {
     });
 }
 
-pub fn phase(fake: &FakeApi) -> Value {
+pub(crate) fn phase(fake: &FakeApi) -> Value {
     fake.get(JOB).expect("job")["status"]["phase"].clone()
 }
 
-pub fn env(fake: &FakeApi, rank: u32, name: &str) -> Value {
+pub(crate) fn env(fake: &FakeApi, rank: u32, name: &str) -> Value {
     let pod = fake.get(&pod(rank)).expect("pod");
     pod["spec"]["containers"][0]["env"]
         .as_array()
@@ -126,7 +126,7 @@ pub fn env(fake: &FakeApi, rank: u32, name: &str) -> Value {
         .unwrap_or(Value::Null)
 }
 
-pub fn event_reasons(fake: &FakeApi) -> Vec<String> {
+pub(crate) fn event_reasons(fake: &FakeApi) -> Vec<String> {
     fake.paths_under("/apis/events.k8s.io/v1/namespaces/ml/events/")
         .iter()
         .filter_map(|p| fake.get(p))
@@ -135,10 +135,10 @@ pub fn event_reasons(fake: &FakeApi) -> Vec<String> {
 }
 
 /// The collection path pods are created at.
-pub const POD_COLLECTION: &str = "/api/v1/namespaces/ml/pods";
+pub(crate) const POD_COLLECTION: &str = "/api/v1/namespaces/ml/pods";
 
 /// How many requests of `method` went to the job's pods (created at the collection, deleted by name).
-pub fn pod_requests(fake: &FakeApi, method: &str) -> usize {
+pub(crate) fn pod_requests(fake: &FakeApi, method: &str) -> usize {
     fake.requests()
         .iter()
         .filter(|r| r.starts_with(&format!("{method} {POD_COLLECTION}")))
@@ -146,7 +146,7 @@ pub fn pod_requests(fake: &FakeApi, method: &str) -> usize {
 }
 
 /// The Failed condition of the job, if any.
-pub fn failed_condition(fake: &FakeApi) -> Option<Value> {
+pub(crate) fn failed_condition(fake: &FakeApi) -> Option<Value> {
     fake.get(JOB).expect("job")["status"]["conditions"]
         .as_array()?
         .iter()
@@ -155,13 +155,13 @@ pub fn failed_condition(fake: &FakeApi) -> Option<Value> {
 }
 
 /// The job's controller reference, as its children carry it.
-pub fn owned_by_the_job() -> Value {
+pub(crate) fn owned_by_the_job() -> Value {
     json!([{"apiVersion": "rdu.dev/v1alpha1", "kind": "RduJob", "name": "mnist", "uid": "u-1",
             "controller": true, "blockOwnerDeletion": true}])
 }
 
 /// Caches that hold their first full list, as after the operator's start-up.
-pub fn ready_caches() -> Arc<rdu_operator::health::Health> {
+pub(crate) fn ready_caches() -> Arc<rdu_operator::health::Health> {
     let (store, _) = reflector::store::<RduJob>();
     let health = Arc::new(rdu_operator::health::Health::new(Arc::new(Metrics::new(
         store,

@@ -2,6 +2,6 @@
 
 // Each test binary compiles this module and uses only part of the fake and the harness.
 #[allow(dead_code)]
-pub mod fake_api;
+pub(crate) mod fake_api;
 #[allow(dead_code)]
-pub mod harness;
+pub(crate) mod harness;

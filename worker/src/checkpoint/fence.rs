@@ -37,7 +37,7 @@ impl Fence {
 
 /// What the fence says to a rank 0 that would start, or write a checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Standing {
+pub(super) enum Standing {
     /// No newer generation of this job holds the directory.
     Current,
     /// A newer generation of the same job fenced the directory: this rank 0 is stale.
@@ -48,7 +48,7 @@ pub enum Standing {
 }
 
 /// Where `me` stands under `fence` (none: the directory is new, or was fenced by no one).
-pub fn standing(fence: Option<&Fence>, me: &Writer) -> Standing {
+pub(super) fn standing(fence: Option<&Fence>, me: &Writer) -> Standing {
     match fence {
         None => Standing::Current,
         Some(f) if f.job_uid != me.job_uid => Standing::OtherJob { holder: f.holder() },
@@ -59,7 +59,7 @@ pub fn standing(fence: Option<&Fence>, me: &Writer) -> Standing {
 
 /// A checkpoint a start may resume from, and whose it must be to qualify.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Candidate {
+pub(super) struct Candidate {
     pub name: String,
     /// The writer its header must name; `None` when any intact checkpoint of this name will do.
     pub written_by: Option<Writer>,
@@ -70,7 +70,7 @@ pub struct Candidate {
 /// older ones at or before that step (the states the lineage passed through). Without a fence: every checkpoint,
 /// newest first. A file written after a fence moved on is never on disk (the write was refused), so whatever a
 /// later step of another generation holds is not a candidate: it is outside the lineage.
-pub fn lineage(fence: Option<&Fence>, files: &[Listed]) -> Vec<Candidate> {
+pub(super) fn lineage(fence: Option<&Fence>, files: &[Listed]) -> Vec<Candidate> {
     let mut files: Vec<&Listed> = files.iter().collect();
     files.sort_by_key(|f| std::cmp::Reverse((f.step, f.generation)));
     let any = |f: &Listed| Candidate {
@@ -112,7 +112,7 @@ pub fn lineage(fence: Option<&Fence>, files: &[Listed]) -> Vec<Candidate> {
 /// The checkpoints a writer of `generation` that resumed from step `resumed_step` deletes to keep `keep`:
 /// of its own lineage (the files of its generation, and those at or before the step it resumed from, which its
 /// own supersede), all but the newest `keep`. Files outside the lineage stay.
-pub fn prunable(
+pub(super) fn prunable(
     files: &[Listed],
     generation: u64,
     resumed_step: Option<u64>,
@@ -130,7 +130,7 @@ pub fn prunable(
 }
 
 /// The fence of `dir`, if there is one. One that does not parse is an error: it may name a newer generation.
-pub fn read(dir: &Path) -> Result<Option<Fence>, CheckpointError> {
+pub(super) fn read(dir: &Path) -> Result<Option<Fence>, CheckpointError> {
     let path = dir.join(FENCE_FILE);
     let Some(bytes) = files::read_bounded(&path, MAX_FENCE_BYTES)? else {
         return Ok(None);
@@ -144,7 +144,7 @@ pub fn read(dir: &Path) -> Result<Option<Fence>, CheckpointError> {
 }
 
 /// Replaces `dir`'s fence with `fence`, atomically and durably. Call under the exclusive lock.
-pub fn write(dir: &Path, fence: &Fence) -> Result<(), CheckpointError> {
+pub(super) fn write(dir: &Path, fence: &Fence) -> Result<(), CheckpointError> {
     let mut bytes = serde_json::to_vec(fence).map_err(|source| CheckpointError::BadFence {
         path: dir.join(FENCE_FILE).display().to_string(),
         source,

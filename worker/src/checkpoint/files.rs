@@ -19,14 +19,14 @@ const LOCK_RETRY: Duration = Duration::from_millis(5);
 
 /// One checkpoint file of the directory, as its name describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Listed {
+pub(super) struct Listed {
     pub name: String,
     pub step: u64,
     pub generation: u64,
 }
 
 impl Listed {
-    pub fn new(name: &str, parts: NameParts) -> Self {
+    pub(super) fn new(name: &str, parts: NameParts) -> Self {
         Listed {
             name: name.to_string(),
             step: parts.step,
@@ -37,7 +37,7 @@ impl Listed {
 
 /// The checkpoint files in `dir` (none when it does not exist yet): regular files named as checkpoints only;
 /// a symlink, a directory or a FIFO under such a name is skipped.
-pub fn list(dir: &Path) -> Result<Vec<Listed>, CheckpointError> {
+pub(super) fn list(dir: &Path) -> Result<Vec<Listed>, CheckpointError> {
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -78,7 +78,7 @@ fn open_regular(path: &Path) -> std::io::Result<File> {
 }
 
 /// The content of the regular file `path` if it is at most `max_len` bytes; `Ok(None)` when it does not exist.
-pub fn read_bounded(path: &Path, max_len: u64) -> Result<Option<Vec<u8>>, CheckpointError> {
+pub(super) fn read_bounded(path: &Path, max_len: u64) -> Result<Option<Vec<u8>>, CheckpointError> {
     let file = match open_regular(path) {
         Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -107,7 +107,7 @@ pub fn read_bounded(path: &Path, max_len: u64) -> Result<Option<Vec<u8>>, Checkp
 
 /// `bytes` in a new temporary file of `dir` (a random name starting with `.`, which no listing takes),
 /// flushed to the disk, ready to be renamed into place with [`commit`]. Dropped, it is deleted.
-pub fn stage(
+pub(super) fn stage(
     dir: &Path,
     prefix: &str,
     bytes: &[u8],
@@ -127,7 +127,7 @@ pub fn stage(
 /// Deletes files staged in `dir` and never renamed (a writer that crashed, or one whose write was refused
 /// and that died before deleting its file). Call under the exclusive lock: no legitimate writer stages then
 /// (whoever does is of an older generation, and its write would be refused anyway).
-pub fn remove_staged(dir: &Path, prefix: &str) -> Result<(), CheckpointError> {
+pub(super) fn remove_staged(dir: &Path, prefix: &str) -> Result<(), CheckpointError> {
     let entries = std::fs::read_dir(dir).map_err(|e| CheckpointError::io("list", dir, e))?;
     for entry in entries.flatten() {
         let name = entry.file_name();
@@ -148,7 +148,7 @@ pub fn remove_staged(dir: &Path, prefix: &str) -> Result<(), CheckpointError> {
 }
 
 /// Renames the staged file to `dir/name` and flushes the directory, so that the new name survives a crash.
-pub fn commit(
+pub(super) fn commit(
     dir: &Path,
     tmp: tempfile::NamedTempFile,
     name: &str,
@@ -161,7 +161,7 @@ pub fn commit(
 }
 
 /// fsync of the directory: its entries (a rename, a removal) reach the disk.
-pub fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
+pub(super) fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| CheckpointError::io("flush", dir, e))
@@ -169,13 +169,13 @@ pub fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
 
 /// A held `flock` on the directory's lock file; released when dropped (the file is closed).
 #[derive(Debug)]
-pub struct DirLock {
+pub(super) struct DirLock {
     _file: File,
 }
 
 /// Whether a lock admits others of its kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LockKind {
+pub(super) enum LockKind {
     /// Checkpoint writers: any number at once, none while a generation fences.
     Shared,
     /// A starting generation's fence: alone.
@@ -183,7 +183,7 @@ pub enum LockKind {
 }
 
 /// Takes `kind` of lock on `dir`'s lock file, waiting at most `wait` for a holder of the other kind.
-pub fn lock(dir: &Path, kind: LockKind, wait: Duration) -> Result<DirLock, CheckpointError> {
+pub(super) fn lock(dir: &Path, kind: LockKind, wait: Duration) -> Result<DirLock, CheckpointError> {
     let path = dir.join(LOCK_FILE);
     // Read and write: an NFS client emulates flock with byte-range locks, which need both.
     let file = OpenOptions::new()

@@ -52,7 +52,7 @@ impl Checkpoint {
 
 /// What a checkpoint's file name says (step and generation; the first format's names say generation 0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NameParts {
+pub(super) struct NameParts {
     pub step: u64,
     pub generation: u64,
 }
@@ -68,7 +68,7 @@ fn legacy_file_name(step: u64) -> String {
 
 /// The step and generation of a checkpoint's file name; `None` for any other name (only the exact names
 /// [`file_name`] and the first format write are accepted, so a name read from a file cannot point elsewhere).
-pub fn parse_name(name: &str) -> Option<NameParts> {
+pub(super) fn parse_name(name: &str) -> Option<NameParts> {
     let middle = name.strip_prefix(PREFIX)?.strip_suffix(SUFFIX)?;
     let (step, generation) = match middle.split_once("-g") {
         Some((step, generation)) => (step, generation),
@@ -91,13 +91,13 @@ fn digits(text: &str) -> Option<u64> {
 }
 
 /// The largest file a checkpoint of `params` parameters can be: more is not one, and is not read.
-pub fn max_len(params: usize) -> u64 {
+pub(super) fn max_len(params: usize) -> u64 {
     let floats = (params as u64).saturating_mul(1 + MAX_STATES as u64);
     64 + MAX_UID_BYTES as u64 + floats.saturating_mul(4)
 }
 
 /// The current format: magic, generation, step, UID, parameter count, state count, values, FNV-1a of it all.
-pub fn encode(writer: &Writer, ckpt: &Snapshot<'_>) -> Vec<u8> {
+pub(super) fn encode(writer: &Writer, ckpt: &Snapshot<'_>) -> Vec<u8> {
     let uid = writer.job_uid.as_bytes();
     let floats = ckpt.params.len() * (1 + ckpt.optimizer_state.len());
     let mut out = Vec::with_capacity(48 + uid.len() + 4 * floats);
@@ -149,7 +149,7 @@ impl<'a> Reader<'a> {
 }
 
 /// The checkpoint in `bytes`, or `None` when they are not one, whole and unaltered (either format).
-pub fn decode(bytes: &[u8]) -> Option<Checkpoint> {
+pub(super) fn decode(bytes: &[u8]) -> Option<Checkpoint> {
     let body_len = bytes.len().checked_sub(8)?;
     let (body, sum) = bytes.split_at(body_len);
     if fnv(body).to_le_bytes() != sum {

@@ -6,7 +6,7 @@ use super::read::read_maybe_gzipped;
 use super::{DataError, Dataset};
 
 /// Parses a CSV file (gzipped or not) of at most `max_bytes` (after gunzip too).
-pub fn read(path: &Path, max_bytes: u64) -> Result<Dataset, DataError> {
+pub(super) fn read(path: &Path, max_bytes: u64) -> Result<Dataset, DataError> {
     let file = path.display().to_string();
     let bytes = read_maybe_gzipped(path, max_bytes)?;
     let text = std::str::from_utf8(&bytes).map_err(|e| DataError::Invalid {
@@ -91,7 +91,7 @@ fn parse(text: &str, file: &str) -> Result<Dataset, DataError> {
 
 /// Min-max scales every feature to [0, 1] with the training set's global range (digits: 0..16),
 /// applying the same transform to the test set.
-pub fn scale_to_unit(train: &mut Dataset, test: &mut Dataset) {
+pub(super) fn scale_to_unit(train: &mut Dataset, test: &mut Dataset) {
     let min = train.features.iter().copied().fold(f32::INFINITY, f32::min);
     let max = train
         .features

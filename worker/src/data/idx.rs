@@ -9,7 +9,7 @@ use super::{DataError, Dataset};
 const UBYTE: u8 = 0x08;
 
 /// Reads an images file and its labels file, each of at most `max_bytes` (after gunzip too).
-pub fn read(images: &Path, labels: &Path, max_bytes: u64) -> Result<Dataset, DataError> {
+pub(super) fn read(images: &Path, labels: &Path, max_bytes: u64) -> Result<Dataset, DataError> {
     let image_file = images.display().to_string();
     let label_file = labels.display().to_string();
     let image_bytes = read_maybe_gzipped(images, max_bytes)?;

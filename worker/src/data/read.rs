@@ -15,7 +15,7 @@ const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 const INFLATE_RESERVE: u64 = 64 << 20;
 
 /// The file's bytes, decompressed when they start with the gzip magic; at most `max_bytes` of either.
-pub fn read_maybe_gzipped(path: &Path, max_bytes: u64) -> Result<Vec<u8>, DataError> {
+pub(super) fn read_maybe_gzipped(path: &Path, max_bytes: u64) -> Result<Vec<u8>, DataError> {
     let file = path.display().to_string();
     let missing = |source: std::io::Error| DataError::Missing {
         file: file.clone(),

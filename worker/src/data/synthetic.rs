@@ -13,7 +13,7 @@ const CENTRE_SPREAD: f64 = 1.0;
 const DATA_STREAM: u64 = 0xDA7A;
 
 /// `samples` points, labels cycling through the classes, each its class centre plus unit noise.
-pub fn generate(spec: &DataSpec, model: &ModelSpec) -> Dataset {
+pub(super) fn generate(spec: &DataSpec, model: &ModelSpec) -> Dataset {
     let n = spec.samples.unwrap_or(DEFAULT_SAMPLES) as usize;
     let dim = model.input_size.unwrap_or(DEFAULT_DIM) as usize;
     let classes = model.classes.unwrap_or(DEFAULT_CLASSES).max(1) as usize;

@@ -6,13 +6,13 @@ use std::net::TcpListener;
 
 use rdu_crds::consts::env;
 
-pub const SPEC: &str = r#"{"workers":3,"tilesPerWorker":2,
+pub(crate) const SPEC: &str = r#"{"workers":3,"tilesPerWorker":2,
  "model":{"name":"ffn-logreg","hiddenSizes":[16],"inputSize":8,"classes":3},
  "data":{"source":"synthetic","samples":600,"seed":3},
  "training":{"epochs":3,"batchSize":16,"learningRate":0.01,"optimizer":"adam"},
  "dataParallel":{"timeoutSeconds":5}}"#;
 
-pub fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -20,7 +20,7 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-pub fn rank_vars(
+pub(crate) fn rank_vars(
     rank: u32,
     world: u32,
     master_port: u16,
@@ -50,7 +50,7 @@ pub fn rank_vars(
 
 /// Runs `world` ranks of SPEC, edited by `edit`, in threads; rank 0 with `checkpoints` as its checkpoint
 /// directory. Returns the exit codes.
-pub fn run_job(
+pub(crate) fn run_job(
     world: u32,
     edit: impl Fn(&mut serde_json::Value),
     result: &std::path::Path,
@@ -60,7 +60,7 @@ pub fn run_job(
 }
 
 /// [`run_job`] with extra variables for rank 0.
-pub fn run_job_with(
+pub(crate) fn run_job_with(
     world: u32,
     edit: impl Fn(&mut serde_json::Value),
     result: &std::path::Path,
