@@ -187,7 +187,12 @@ fn parameters(spec: &RduJobSpec) -> u64 {
 /// Why the ranks do not fit, in one message naming `flag` (how the world size was given), the
 /// estimate and the limit; `None` when they fit. `fits` is the most ranks that would fit, to
 /// suggest (`None`: not even one).
-pub(crate) fn refusal(need: &Need, machine: &Machine, flag: &str, fits: Option<u32>) -> Option<String> {
+pub(crate) fn refusal(
+    need: &Need,
+    machine: &Machine,
+    flag: &str,
+    fits: Option<u32>,
+) -> Option<String> {
     let memory = need.memory() > machine.memory;
     let files = need.rank0_files.max(need.launcher_files) > machine.open_files;
     if !memory && !files {
@@ -233,7 +238,11 @@ pub(crate) fn refusal(need: &Need, machine: &Machine, flag: &str, fits: Option<u
 }
 
 /// The most ranks, up to `ranks`, that `need_of` says fit `machine`.
-pub(crate) fn most_that_fit(ranks: u32, machine: &Machine, need_of: impl Fn(u32) -> Need) -> Option<u32> {
+pub(crate) fn most_that_fit(
+    ranks: u32,
+    machine: &Machine,
+    need_of: impl Fn(u32) -> Need,
+) -> Option<u32> {
     let fits = |n: u32| {
         let need = need_of(n);
         need.memory() <= machine.memory

@@ -137,7 +137,11 @@ pub(crate) fn progress_text(p: &TrainingProgress) -> String {
 }
 
 /// Whether a plain progress line is due: the first, the last, every 10%, or [`PLAIN_INTERVAL`] after the last.
-pub(crate) fn plain_line_due(last: Option<(Instant, u32)>, now: Instant, p: &TrainingProgress) -> bool {
+pub(crate) fn plain_line_due(
+    last: Option<(Instant, u32)>,
+    now: Instant,
+    p: &TrainingProgress,
+) -> bool {
     match last {
         None => true,
         Some((at, percent)) => {

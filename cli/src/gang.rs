@@ -102,7 +102,10 @@ async fn forward_lines(
 }
 
 /// Starts every rank and waits for all of them to end.
-pub(crate) async fn run(launches: &[RankLaunch], opts: &GangOptions) -> Result<GangOutcome, CliError> {
+pub(crate) async fn run(
+    launches: &[RankLaunch],
+    opts: &GangOptions,
+) -> Result<GangOutcome, CliError> {
     let mut sigint =
         signal(SignalKind::interrupt()).map_err(io_err("installing the SIGINT handler"))?;
     let mut sigterm =

@@ -150,7 +150,10 @@ impl<H: RendezvousHandler> proto::rendezvous_server::Rendezvous for RendezvousSe
 
 /// Joins at rank 0 and returns the peer table. Retries only while rank 0 is not reachable yet;
 /// the whole call is bounded by `cfg.timeout`.
-pub(crate) async fn join(cfg: &CommConfig, my_address: &str) -> Result<Vec<PeerInfo>, CollectiveError> {
+pub(crate) async fn join(
+    cfg: &CommConfig,
+    my_address: &str,
+) -> Result<Vec<PeerInfo>, CollectiveError> {
     let master = host_port(&cfg.master_addr, cfg.master_port);
     let deadline = Instant::now() + cfg.timeout;
     let failed = |reason: String| CollectiveError::RendezvousFailed {

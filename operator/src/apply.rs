@@ -27,7 +27,7 @@ use crate::validate::ValidJob;
 
 /// Why the apply step stopped before carrying out every action.
 #[derive(Debug)]
-pub enum Stop {
+pub(crate) enum Stop {
     /// A write or read failed: the reconcile fails and is retried.
     Failed(ReconcileError),
     /// An object the job needs is someone else's: the job fails.
@@ -44,7 +44,11 @@ impl From<ReconcileError> for Stop {
 
 /// Carries out `actions` in order; stops at the first that cannot be done. Pod writes are recorded in the
 /// expectations under the job's uid (what the reconcile's `job_key` is for a valid job).
-pub async fn apply(job: &ValidJob<'_>, ctx: &Context, actions: &[Action]) -> Result<(), Stop> {
+pub(crate) async fn apply(
+    job: &ValidJob<'_>,
+    ctx: &Context,
+    actions: &[Action],
+) -> Result<(), Stop> {
     for action in actions {
         match action {
             Action::CreatePods { generation, ranks } => {

@@ -15,7 +15,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// How long a reconcile waits for the cache to show its own pod writes before it acts on the cache as it is.
-pub const EXPECTATION_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const EXPECTATION_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What the cache holds under a pod's name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

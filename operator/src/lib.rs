@@ -1,26 +1,26 @@
 //! The RduJob controller: builders, state machine, reconcile pipeline (reading pods from the controller's cache),
 //! metrics and leader election.
 
-pub mod apply;
+mod apply;
 pub mod builders;
-pub mod context;
-pub mod expectations;
+mod context;
+mod expectations;
 pub mod health;
 pub mod kueue;
 pub mod leader;
-pub mod lifecycle;
+mod lifecycle;
 pub mod metrics;
 pub mod node_cache;
 pub mod nodes;
-pub mod ownership;
-pub mod placement;
+mod ownership;
+mod placement;
 pub mod progress;
 pub mod reconcile;
 pub mod serve;
 pub mod slim;
-pub mod slow_start;
-pub mod status_writes;
-pub mod step;
+mod slow_start;
+mod status_writes;
+mod step;
 #[cfg(test)]
 pub(crate) mod test_fixtures;
 pub mod validate;

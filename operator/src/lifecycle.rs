@@ -25,7 +25,7 @@ mod refusal;
 mod teardown;
 use blocked::Blocked;
 use pod_view::{PodState, PodView};
-pub use refusal::{Refusal, refuse};
+pub(crate) use refusal::{Refusal, refuse};
 
 /// Something the reconcile must do to the cluster.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -63,23 +63,23 @@ pub struct Decision {
 const WAIT_FOR_ROOM_SECONDS: i64 = 10;
 
 /// Condition types of DESIGN 5.
-pub mod condition {
-    pub const CREATED: &str = "Created";
-    pub const RUNNING: &str = "Running";
-    pub const RESTARTING: &str = "Restarting";
-    pub const SUCCEEDED: &str = "Succeeded";
-    pub const FAILED: &str = "Failed";
-    pub const SUSPENDED: &str = "Suspended";
+pub(crate) mod condition {
+    pub(crate) const CREATED: &str = "Created";
+    pub(crate) const RUNNING: &str = "Running";
+    pub(crate) const RESTARTING: &str = "Restarting";
+    pub(crate) const SUCCEEDED: &str = "Succeeded";
+    pub(crate) const FAILED: &str = "Failed";
+    pub(crate) const SUSPENDED: &str = "Suspended";
     /// True while a pod of the current generation cannot start (an image that cannot be pulled, a container that
     /// cannot be created, no node that fits), with the kubelet's or scheduler's reason, or while the gang is not
     /// created because the schedulable nodes lack room for it (`InsufficientCapacity`). The job stays Pending:
     /// the image may appear, a node may join or come back.
-    pub const PODS_BLOCKED: &str = "PodsBlocked";
+    pub(crate) const PODS_BLOCKED: &str = "PodsBlocked";
     /// True while rank 0's step stood still past `progressDeadlineSeconds` but no progress report was taken since
     /// to say so (DESIGN 5.3): no hang is judged, the gang runs on.
-    pub const PROGRESS_UNREPORTED: &str = "ProgressUnreported";
+    pub(crate) const PROGRESS_UNREPORTED: &str = "ProgressUnreported";
     /// The reason of PodsBlocked while the nodes cannot hold the whole gang.
-    pub const INSUFFICIENT_CAPACITY: &str = "InsufficientCapacity";
+    pub(crate) const INSUFFICIENT_CAPACITY: &str = "InsufficientCapacity";
 }
 
 /// Why a job that its spec lets run must not have pods for now (a queue has not admitted it, or evicted it): the

@@ -11,7 +11,7 @@ use rdu_crds::consts;
 
 /// The job a child must belong to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct JobIdentity<'a> {
+pub(crate) struct JobIdentity<'a> {
     pub namespace: &'a str,
     pub name: &'a str,
     pub uid: &'a str,
@@ -19,7 +19,7 @@ pub struct JobIdentity<'a> {
 
 /// What an existing object of a child's name is to the job.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Ownership {
+pub(crate) enum Ownership {
     /// The job controls it.
     Ours,
     /// It is going away: being deleted, or controlled by an earlier RduJob of the same name (deleted, so the
@@ -31,7 +31,7 @@ pub enum Ownership {
 
 /// An object the job needs to create exists and is not the job's.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub struct ChildConflict {
+pub(crate) struct ChildConflict {
     /// Its kind (`Service`, `Secret`, `Pod`...).
     pub kind: &'static str,
     pub namespace: String,
@@ -56,7 +56,7 @@ impl fmt::Display for ChildConflict {
 }
 
 /// The controller owner reference of an object, if any.
-pub fn controller(meta: &ObjectMeta) -> Option<&OwnerReference> {
+pub(crate) fn controller(meta: &ObjectMeta) -> Option<&OwnerReference> {
     meta.owner_references
         .iter()
         .flatten()
@@ -64,12 +64,12 @@ pub fn controller(meta: &ObjectMeta) -> Option<&OwnerReference> {
 }
 
 /// Whether the object's controller is the object with this UID.
-pub fn controlled_by(meta: &ObjectMeta, uid: &str) -> bool {
+pub(crate) fn controlled_by(meta: &ObjectMeta, uid: &str) -> bool {
     controller(meta).is_some_and(|r| r.uid == uid)
 }
 
 /// What the existing object of kind `kind` described by `meta` is to `job`.
-pub fn ownership(kind: &'static str, meta: &ObjectMeta, job: JobIdentity) -> Ownership {
+pub(crate) fn ownership(kind: &'static str, meta: &ObjectMeta, job: JobIdentity) -> Ownership {
     let owner = controller(meta);
     if owner.is_some_and(|r| r.uid == job.uid) && meta.deletion_timestamp.is_none() {
         return Ownership::Ours;

@@ -14,11 +14,11 @@ use futures::stream::FuturesUnordered;
 /// The widest window: at most this many writes of one reconcile are in flight at once. The Job controller doubles
 /// its batches up to its 500 writes per sync; 16 here left the API server waiting while a 4,096-rank job was
 /// created (BENCHMARKS 3); 64 keeps it busy and still holds few built pods.
-pub const MAX_IN_FLIGHT: usize = 64;
+pub(crate) const MAX_IN_FLIGHT: usize = 64;
 
 /// Runs `write` over `items`, at most `max_in_flight` (at least 1) at once: one first, then one more in flight for
 /// each success. After a failure no write starts; those in flight finish, and the first failure is returned.
-pub async fn slow_start<T, E, Fut>(
+pub(crate) async fn slow_start<T, E, Fut>(
     items: impl IntoIterator<Item = T>,
     max_in_flight: usize,
     mut write: impl FnMut(T) -> Fut,

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use rdu_crds::RduJobStatus;
 
 /// How long a reconcile waits for the cache to show its own status write before it acts on the cache as it is.
-pub const STATUS_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const STATUS_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The last status written per job (keyed by the job's uid), as the API server returned it.
 #[derive(Debug)]

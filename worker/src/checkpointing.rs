@@ -17,7 +17,7 @@ use crate::optim::Optimizer;
 
 /// Rank 0's checkpoint policy and its fenced store.
 #[derive(Debug)]
-pub struct Checkpointing {
+pub(crate) struct Checkpointing {
     store: CheckpointStore,
     interval_steps: u64,
     /// The newest step on disk (or resumed from): a save of it again would add nothing.
@@ -27,7 +27,7 @@ pub struct Checkpointing {
 impl Checkpointing {
     /// For rank 0 of a job that checkpoints into a directory: fences it for this generation and returns the
     /// policy with the checkpoint to resume from (of `params` parameters). Other ranks get neither.
-    pub fn start(
+    pub(crate) fn start(
         env: &WorkerEnv,
         params: usize,
     ) -> Result<(Option<Checkpointing>, Option<Checkpoint>), WorkerError> {
@@ -56,7 +56,7 @@ impl Checkpointing {
     }
 
     /// After optimizer step `step`: a checkpoint when one is due.
-    pub fn after_step(
+    pub(crate) fn after_step(
         &mut self,
         step: u64,
         params: &[f32],
@@ -73,7 +73,7 @@ impl Checkpointing {
     /// generation) and the step is newer than the last checkpoint, saves it. `params` and `optimizer` are those
     /// after step `step`, the last one this rank completed: its all-reduce held every rank's gradient, so every
     /// rank that applied it holds the same bits.
-    pub fn after_failure(
+    pub(crate) fn after_failure(
         &mut self,
         step: u64,
         params: &[f32],
@@ -170,7 +170,7 @@ fn saves_progress(error: &WorkerError) -> bool {
 
 /// The checkpoint rank 0 chose (`found`: its lineage's newest intact one, if any) copied into every rank's
 /// parameters and optimizer; returns the global step to resume from (0 without a checkpoint).
-pub async fn resume(
+pub(crate) async fn resume(
     comm: &Communicator,
     found: Option<Checkpoint>,
     params: &mut [f32],

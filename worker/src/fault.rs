@@ -8,7 +8,7 @@ use rdu_crds::consts::env;
 use crate::error::WorkerError;
 
 /// Most MiB `RDU_TEST_ALLOCATE_MIB` may ask for: enough to pass any test's memory limit, not to exhaust a machine.
-pub const MAX_ALLOCATE_MIB: u64 = 4096;
+pub(crate) const MAX_ALLOCATE_MIB: u64 = 4096;
 
 /// The faults this rank was asked to show.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 /// The `q`-quantile (0 < q ≤ 1) of `samples` by the nearest-rank method, in seconds; none for no samples.
-pub fn percentile(samples: &[Duration], q: f64) -> Option<f64> {
+pub(crate) fn percentile(samples: &[Duration], q: f64) -> Option<f64> {
     if samples.is_empty() {
         return None;
     }

@@ -25,11 +25,11 @@ const KERNEL_TIMING: std::time::Duration = std::time::Duration::from_millis(2);
 const KERNEL_TIMING_REPEATS: usize = 4;
 
 /// Untimed steps (or inference batches) when `training.warmupSteps` is unset.
-pub const DEFAULT_WARMUP_STEPS: u32 = 5;
+pub(crate) const DEFAULT_WARMUP_STEPS: u32 = 5;
 
 /// The job's data and the model it shapes.
 #[derive(Debug)]
-pub struct ModelJob {
+pub(crate) struct ModelJob {
     pub splits: Splits,
     pub model: Mlp,
 }
@@ -37,7 +37,7 @@ pub struct ModelJob {
 impl ModelJob {
     /// Loads the job's data (relative paths from the working directory), checks it against `spec.pef` when set,
     /// and builds the model.
-    pub fn load(env: &WorkerEnv) -> Result<ModelJob, WorkerError> {
+    pub(crate) fn load(env: &WorkerEnv) -> Result<ModelJob, WorkerError> {
         let spec = &env.contract.spec;
         let splits = data::load(&spec.data, &spec.model, Path::new("."))?;
         pef::check_job(spec, &splits, env.contract.world_size)?;
@@ -48,7 +48,7 @@ impl ModelJob {
 
     /// This rank's shard of the training split, cut as `spec.data` says (shuffled per epoch, the tail dropped or
     /// padded).
-    pub fn train_shard(&self, env: &WorkerEnv) -> Result<DistributedSampler, WorkerError> {
+    pub(crate) fn train_shard(&self, env: &WorkerEnv) -> Result<DistributedSampler, WorkerError> {
         let data = &env.contract.spec.data;
         shard(self.splits.train.len(), env, data.shuffle, data.drop_last)
     }
@@ -74,7 +74,7 @@ fn with_planned_kernels(model: Mlp, spec: &RduJobSpec, tiles: usize) -> Mlp {
 }
 
 /// This rank's shard of a split of `samples` samples; refused when it holds no sample.
-pub fn shard(
+pub(crate) fn shard(
     samples: usize,
     env: &WorkerEnv,
     shuffle: bool,
@@ -95,7 +95,7 @@ pub fn shard(
 }
 
 /// Why a shard is empty, and what to change: too few samples for the ranks with `dropLast`, or none at all.
-pub fn empty_shard(samples: usize, world_size: u32, drop_last: bool) -> WorkerError {
+pub(crate) fn empty_shard(samples: usize, world_size: u32, drop_last: bool) -> WorkerError {
     if drop_last && samples > 0 {
         WorkerError::config(
             "spec.data.dropLast",
@@ -113,7 +113,7 @@ pub fn empty_shard(samples: usize, world_size: u32, drop_last: bool) -> WorkerEr
 }
 
 /// This rank's batches of `batch` samples, epoch after epoch, without end (the shard is not empty).
-pub fn endless_batches(
+pub(crate) fn endless_batches(
     sampler: &DistributedSampler,
     batch: usize,
 ) -> impl Iterator<Item = Vec<usize>> + '_ {
@@ -127,7 +127,7 @@ pub fn endless_batches(
 }
 
 /// Copies the rows and labels of `batch` (indices into `split`) into `x` and `y`.
-pub fn gather(split: &Dataset, batch: &[usize], x: &mut Vec<f32>, y: &mut Vec<u32>) {
+pub(crate) fn gather(split: &Dataset, batch: &[usize], x: &mut Vec<f32>, y: &mut Vec<u32>) {
     x.clear();
     y.clear();
     for &i in batch {
@@ -137,7 +137,7 @@ pub fn gather(split: &Dataset, batch: &[usize], x: &mut Vec<f32>, y: &mut Vec<u3
 }
 
 /// Sums `stats` over all ranks (through rank 0).
-pub async fn global_stats(
+pub(crate) async fn global_stats(
     comm: &Communicator,
     stats: BatchStats,
 ) -> Result<BatchStats, WorkerError> {
@@ -158,7 +158,7 @@ pub async fn global_stats(
 
 /// Where training stands between steps: what a checkpoint holds.
 #[derive(Debug)]
-pub struct TrainState {
+pub(crate) struct TrainState {
     /// The parameters (in `bufs.params`) and the step's other buffers.
     pub bufs: StepBuffers,
     pub optimizer: Optimizer,
@@ -172,7 +172,7 @@ pub struct TrainState {
 
 impl TrainState {
     /// The model's initial parameters (the same on every rank for the spec's seed), a fresh optimizer, step 0.
-    pub fn fresh(model: &Mlp, spec: &RduJobSpec) -> TrainState {
+    pub(crate) fn fresh(model: &Mlp, spec: &RduJobSpec) -> TrainState {
         let params = model.init(spec.data.seed);
         let training = &spec.training;
         let optimizer = Optimizer::new(
@@ -200,7 +200,7 @@ impl TrainState {
     /// One data-parallel step on `batch` (indices into `split`): forward and backward on this rank's tiles, the
     /// gradient summed over every rank as `plan` says, the optimizer's step. Returns this rank's batch stats. On an
     /// error the state is still that of the last completed step.
-    pub async fn step(
+    pub(crate) async fn step(
         &mut self,
         comm: &Communicator,
         model: &Mlp,

@@ -4,7 +4,7 @@ use rdu_crds::OptimizerName;
 
 /// Optimizer state; the same on every rank because every rank applies the same averaged gradient.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Optimizer {
+pub(crate) enum Optimizer {
     /// v = μ·v + g; p -= lr·v
     Sgd {
         lr: f32,
@@ -25,7 +25,7 @@ const BETA2: f32 = 0.999;
 const EPSILON: f32 = 1e-8;
 
 impl Optimizer {
-    pub fn new(name: OptimizerName, lr: f64, momentum: f64, params: usize) -> Optimizer {
+    pub(crate) fn new(name: OptimizerName, lr: f64, momentum: f64, params: usize) -> Optimizer {
         match name {
             OptimizerName::Sgd => Optimizer::Sgd {
                 lr: lr as f32,
@@ -45,7 +45,7 @@ impl Optimizer {
     /// ranks: the mean is taken here, in the pass the step makes over the gradient anyway, rather
     /// than in a pass of its own. On 2^k ranks it multiplies by 1/n, which is exactly x/n there;
     /// otherwise it divides.
-    pub fn step(&mut self, params: &mut [f32], grad_sum: &[f32], ranks: u32) {
+    pub(crate) fn step(&mut self, params: &mut [f32], grad_sum: &[f32], ranks: u32) {
         if ranks.is_power_of_two() {
             let inverse = 1.0 / ranks as f32;
             self.step_with(params, grad_sum, |g| g * inverse);
@@ -87,7 +87,7 @@ impl Optimizer {
     }
 
     /// The state vectors, for checkpoints.
-    pub fn state(&self) -> Vec<&[f32]> {
+    pub(crate) fn state(&self) -> Vec<&[f32]> {
         match self {
             Optimizer::Sgd { velocity, .. } => vec![velocity],
             Optimizer::Adam { m, v, .. } => vec![m, v],
@@ -95,7 +95,7 @@ impl Optimizer {
     }
 
     /// Restores the state written by [`Optimizer::state`] after `steps` steps.
-    pub fn restore(&mut self, state: &[Vec<f32>], steps: u64) -> bool {
+    pub(crate) fn restore(&mut self, state: &[Vec<f32>], steps: u64) -> bool {
         match self {
             Optimizer::Sgd { velocity, .. } => match state {
                 [v] if v.len() == velocity.len() => {

@@ -20,7 +20,7 @@ use crate::step_phases::GradientTimes;
 
 /// What backward reads and writes in a step; moved to the compute thread and back.
 #[derive(Debug, Default)]
-pub struct StepBuffers {
+pub(crate) struct StepBuffers {
     pub params: Vec<f32>,
     /// The batch's rows.
     pub x: Vec<f32>,
@@ -33,7 +33,7 @@ pub struct StepBuffers {
 
 /// How backward is split and its gradient reduced.
 #[derive(Debug, Clone, Copy)]
-pub struct ReducePlan {
+pub(crate) struct ReducePlan {
     /// Compute threads (the rank's tiles).
     pub tiles: usize,
     /// Bucket size in bytes (`spec.dataParallel.bucketSizeMiB`).
@@ -49,7 +49,7 @@ pub struct ReducePlan {
 /// `bufs` is whole again when this returns, whether the reduction succeeded or not: the parameters
 /// it holds are those of the last completed step, which a rank stopping early checkpoints. On an
 /// error `grad` is partly written and must not be applied.
-pub async fn summed_gradient(
+pub(crate) async fn summed_gradient(
     comm: &Communicator,
     model: &Mlp,
     bufs: &mut StepBuffers,

@@ -8,7 +8,7 @@ use crate::buckets;
 use crate::overlap::ReducePlan;
 
 /// The all-reduce algorithm of the spec: `reduceOnRdu: false` goes through the host (star via rank 0).
-pub fn algorithm(dp: &DataParallelSpec) -> Algorithm {
+pub(crate) fn algorithm(dp: &DataParallelSpec) -> Algorithm {
     if !dp.reduce_on_rdu {
         return Algorithm::Star;
     }
@@ -21,7 +21,7 @@ pub fn algorithm(dp: &DataParallelSpec) -> Algorithm {
 }
 
 /// How values travel: `spec.dataParallel.compression`.
-pub fn compression(dp: &DataParallelSpec) -> Compression {
+pub(crate) fn compression(dp: &DataParallelSpec) -> Compression {
     match dp.compression {
         GradientCompression::None => Compression::None,
         GradientCompression::Bf16 => Compression::Bf16,
@@ -30,7 +30,7 @@ pub fn compression(dp: &DataParallelSpec) -> Compression {
 }
 
 /// The all-reduce the spec asks for: its algorithm and compression.
-pub fn reduce_options(dp: &DataParallelSpec) -> ReduceOptions {
+pub(crate) fn reduce_options(dp: &DataParallelSpec) -> ReduceOptions {
     ReduceOptions {
         algorithm: algorithm(dp),
         compression: compression(dp),
@@ -38,7 +38,7 @@ pub fn reduce_options(dp: &DataParallelSpec) -> ReduceOptions {
 }
 
 /// How a step's gradient is computed and reduced: `tiles` threads, buckets of `bucketSizeMiB`.
-pub fn reduce_plan(dp: &DataParallelSpec, tiles: usize) -> ReducePlan {
+pub(crate) fn reduce_plan(dp: &DataParallelSpec, tiles: usize) -> ReducePlan {
     ReducePlan {
         tiles,
         cap_bytes: buckets::cap_bytes(dp.bucket_size_mib),

@@ -20,9 +20,9 @@ use crate::train_events::{StepDone, TrainObserver};
 
 /// Progress is handed to the sender at most this often (the operator takes one report a second per job and
 /// writes status every five).
-pub const REPORT_INTERVAL: Duration = Duration::from_secs(5);
+pub(crate) const REPORT_INTERVAL: Duration = Duration::from_secs(5);
 /// How long the end of training waits for the last report to be delivered.
-pub const FLUSH_DEADLINE: Duration = Duration::from_secs(10);
+pub(crate) const FLUSH_DEADLINE: Duration = Duration::from_secs(10);
 /// One request's limit.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Retries of a rate-limited report before the newest one is waited for.
@@ -30,7 +30,7 @@ const RATE_LIMIT_RETRIES: u32 = 3;
 
 /// Where one job's reports go.
 #[derive(Clone, Debug)]
-pub struct ReportTarget {
+pub(crate) struct ReportTarget {
     /// `<url>/progress/v1/namespaces/<ns>/rdujobs/<job>`.
     pub uri: String,
     pub token_file: String,
@@ -40,7 +40,12 @@ pub struct ReportTarget {
 }
 
 impl ReportTarget {
-    pub fn new(endpoint: &ProgressEndpoint, namespace: &str, job: &str, generation: u32) -> Self {
+    pub(crate) fn new(
+        endpoint: &ProgressEndpoint,
+        namespace: &str,
+        job: &str,
+        generation: u32,
+    ) -> Self {
         ReportTarget {
             uri: format!(
                 "{}{}",
@@ -55,7 +60,7 @@ impl ReportTarget {
 }
 
 /// The observer: the newest progress into a watch channel, read by the sender thread.
-pub struct ProgressReporter {
+pub(crate) struct ProgressReporter {
     latest: Option<watch::Sender<Option<TrainingProgress>>>,
     last_handed: Option<Instant>,
     last_progress: Option<TrainingProgress>,
@@ -64,7 +69,7 @@ pub struct ProgressReporter {
 
 impl ProgressReporter {
     /// Starts the sender thread (its own single-threaded runtime, off the training loop's).
-    pub fn start(target: ReportTarget) -> std::io::Result<Self> {
+    pub(crate) fn start(target: ReportTarget) -> std::io::Result<Self> {
         let (latest, receiver) = watch::channel(None);
         let (done_tx, done) = mpsc::channel();
         std::thread::Builder::new()

@@ -7,7 +7,7 @@ use rdu_crds::JobResult;
 use crate::error::WorkerError;
 
 /// Writes `result` as one JSON line to `path` (the termination log, or a file for local mode).
-pub fn write_result(path: &Path, result: &JobResult) -> Result<(), WorkerError> {
+pub(crate) fn write_result(path: &Path, result: &JobResult) -> Result<(), WorkerError> {
     let write_err = |reason: String| WorkerError::Write {
         path: path.display().to_string(),
         reason,

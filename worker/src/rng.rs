@@ -3,23 +3,23 @@
 
 /// SplitMix64: 64-bit state, passes BigCrush, trivially reproducible.
 #[derive(Debug, Clone)]
-pub struct Rng {
+pub(crate) struct Rng {
     state: u64,
 }
 
 impl Rng {
-    pub fn new(seed: u64) -> Rng {
+    pub(crate) fn new(seed: u64) -> Rng {
         Rng { state: seed }
     }
 
     /// An independent stream for one purpose (`stream` names it), derived from the job seed.
-    pub fn derive(seed: u64, stream: u64) -> Rng {
+    pub(crate) fn derive(seed: u64, stream: u64) -> Rng {
         let mut r = Rng::new(seed ^ stream.wrapping_mul(0xD1B5_4A32_D192_ED03));
         r.next_u64();
         r
     }
 
-    pub fn next_u64(&mut self) -> u64 {
+    pub(crate) fn next_u64(&mut self) -> u64 {
         self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.state;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -28,24 +28,24 @@ impl Rng {
     }
 
     /// Uniform in `0..n` (n > 0), by Lemire's multiply-shift.
-    pub fn below(&mut self, n: usize) -> usize {
+    pub(crate) fn below(&mut self, n: usize) -> usize {
         ((self.next_u64() as u128 * n as u128) >> 64) as usize
     }
 
     /// Uniform in [0, 1).
-    pub fn uniform(&mut self) -> f64 {
+    pub(crate) fn uniform(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
 
     /// Standard normal (Box-Muller).
-    pub fn normal(&mut self) -> f64 {
+    pub(crate) fn normal(&mut self) -> f64 {
         let u1 = 1.0 - self.uniform();
         let u2 = self.uniform();
         (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
     }
 
     /// A uniformly random permutation of `0..n` (Fisher-Yates).
-    pub fn permutation(&mut self, n: usize) -> Vec<usize> {
+    pub(crate) fn permutation(&mut self, n: usize) -> Vec<usize> {
         let mut v: Vec<usize> = (0..n).collect();
         for i in (1..n).rev() {
             let j = self.below(i + 1);

@@ -6,7 +6,7 @@ use crate::rng::Rng;
 
 /// One rank's view of the training set's sharding.
 #[derive(Debug, Clone)]
-pub struct DistributedSampler {
+pub(crate) struct DistributedSampler {
     pub dataset_len: usize,
     pub world_size: usize,
     pub rank: usize,
@@ -17,7 +17,7 @@ pub struct DistributedSampler {
 
 impl DistributedSampler {
     /// Samples this rank gets per epoch (the same on every rank).
-    pub fn num_samples(&self) -> usize {
+    pub(crate) fn num_samples(&self) -> usize {
         let (n, w) = (self.dataset_len, self.world_size);
         if self.drop_last && n % w != 0 {
             n.saturating_sub(w).div_ceil(w)
@@ -27,7 +27,7 @@ impl DistributedSampler {
     }
 
     /// This rank's dataset indices for `epoch`, in visiting order.
-    pub fn indices(&self, epoch: u64) -> Vec<usize> {
+    pub(crate) fn indices(&self, epoch: u64) -> Vec<usize> {
         let n = self.dataset_len;
         let mut indices = if self.shuffle {
             Rng::new(self.seed.wrapping_add(epoch)).permutation(n)

@@ -26,7 +26,7 @@ pub struct RankOutcome {
 }
 
 /// What a mode works with once the rank joined its job.
-pub struct RankSession<'a> {
+pub(crate) struct RankSession<'a> {
     pub env: &'a WorkerEnv,
     pub comm: &'a Communicator,
     /// Read at every boundary of the mode's work (a step, an iteration).
@@ -36,7 +36,7 @@ pub struct RankSession<'a> {
 }
 
 /// One run mode (`spec.mode`): a value made before the rank joins, then run on the joined rank.
-pub trait Mode: Sized {
+pub(crate) trait Mode: Sized {
     /// What the mode reads from disk (data, a PEF), checked before the rank joins: a bad file ends the rank before
     /// any peer waits for it.
     fn prepare(env: &WorkerEnv) -> Result<Self, WorkerError>;
@@ -50,7 +50,7 @@ pub trait Mode: Sized {
 }
 
 /// Runs mode `M` for the rank `env` describes, telling `observers`, stopped early by `stop`.
-pub async fn run<M: Mode>(
+pub(crate) async fn run<M: Mode>(
     env: &WorkerEnv,
     observers: &mut Observers,
     stop: &StopRequest,
@@ -139,7 +139,7 @@ async fn leave(
 
 /// The outcome, unless its throughput is below `spec.training.minThroughput` (every rank computes the same job
 /// throughput, so every rank fails alike).
-pub fn check_min_throughput(
+pub(crate) fn check_min_throughput(
     spec: &RduJobSpec,
     outcome: RankOutcome,
 ) -> Result<RankOutcome, WorkerError> {
@@ -155,7 +155,7 @@ pub fn check_min_throughput(
 }
 
 /// The communicator's settings from the env contract.
-pub fn comm_config(env: &WorkerEnv) -> CommConfig {
+pub(crate) fn comm_config(env: &WorkerEnv) -> CommConfig {
     let contract = &env.contract;
     CommConfig {
         identity: JobIdentity {

@@ -7,14 +7,14 @@ use rdu_crds::StepPhasesResult;
 
 /// How long a step's gradient took: forward and backward, then the reduction still running after them.
 #[derive(Debug, Default, Clone, Copy, PartialEq)]
-pub struct GradientTimes {
+pub(crate) struct GradientTimes {
     pub compute: Duration,
     pub exposed_reduce: Duration,
 }
 
 /// One step's phases, or the sum over several.
 #[derive(Debug, Default, Clone, Copy, PartialEq)]
-pub struct StepPhases {
+pub(crate) struct StepPhases {
     pub steps: u64,
     pub gather: Duration,
     pub gradient: GradientTimes,
@@ -23,7 +23,12 @@ pub struct StepPhases {
 
 impl StepPhases {
     /// Adds one step's times.
-    pub fn record(&mut self, gather: Duration, gradient: GradientTimes, optimizer: Duration) {
+    pub(crate) fn record(
+        &mut self,
+        gather: Duration,
+        gradient: GradientTimes,
+        optimizer: Duration,
+    ) {
         self.steps += 1;
         self.gather += gather;
         self.gradient.compute += gradient.compute;
@@ -32,7 +37,7 @@ impl StepPhases {
     }
 
     /// Mean seconds per step of each phase; `None` before the first step.
-    pub fn per_step(&self) -> Option<StepPhasesResult> {
+    pub(crate) fn per_step(&self) -> Option<StepPhasesResult> {
         if self.steps == 0 {
             return None;
         }

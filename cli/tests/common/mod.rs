@@ -61,7 +61,11 @@ pub(crate) fn stream_lines(child: &mut Child) -> mpsc::Receiver<String> {
 }
 
 /// Waits for the end (bounded by JOB_DEADLINE), collecting the remaining stderr lines.
-pub(crate) fn finish(mut child: Child, lines: mpsc::Receiver<String>, mut seen: Vec<String>) -> Finished {
+pub(crate) fn finish(
+    mut child: Child,
+    lines: mpsc::Receiver<String>,
+    mut seen: Vec<String>,
+) -> Finished {
     let deadline = Instant::now() + JOB_DEADLINE;
     let status = loop {
         if let Some(status) = child.try_wait().unwrap() {

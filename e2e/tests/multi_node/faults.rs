@@ -350,7 +350,9 @@ impl Faults {
     /// node's pods nor scheduled onto it. Then another node crashes and is declared out of service at once: the
     /// job no longer fits and waits whole (no pod created) with a condition saying why, until the first node
     /// comes back.
-    pub(crate) async fn crash_then_too_little_capacity(&mut self) -> serde_json::Map<String, Value> {
+    pub(crate) async fn crash_then_too_little_capacity(
+        &mut self,
+    ) -> serde_json::Map<String, Value> {
         let name = "crashed";
         let planned = self.start_fault_job(name, 30).await;
         let mut out = serde_json::Map::new();

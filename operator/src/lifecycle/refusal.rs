@@ -9,7 +9,7 @@ use super::{Decision, JobEvent, condition};
 
 /// Why a job is refused: the reason of its Failed condition and of its Warning event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     /// The spec breaks a rule of the CRD, of `rdu_crds::validate_job` or of the operator's own limits.
     InvalidSpec,
     /// An object the job needs (its Service, Secret, NetworkPolicy, claim, PodGroup or a rank's pod) exists and is
@@ -18,7 +18,7 @@ pub enum Refusal {
 }
 
 impl Refusal {
-    pub fn reason(self) -> &'static str {
+    pub(crate) fn reason(self) -> &'static str {
         match self {
             Refusal::InvalidSpec => "InvalidSpec",
             Refusal::ChildConflict => "ChildConflict",
@@ -28,7 +28,7 @@ impl Refusal {
 
 /// The job fails for `refusal` with `message`, on top of `status` (the job's own status, or the one this reconcile
 /// decided before it found the refusal); nothing is created. A job already Failed is left as it is.
-pub fn refuse(
+pub(crate) fn refuse(
     job: &RduJob,
     mut status: RduJobStatus,
     refusal: Refusal,

@@ -69,7 +69,12 @@ impl RankFailure {
     }
 
     /// A rank gone without an exit code, for `reason`; `detail` says more (the node's loss…).
-    pub(super) fn lost(rank: u32, reason: LostReason, detail: Option<&str>, node: Option<String>) -> Self {
+    pub(super) fn lost(
+        rank: u32,
+        reason: LostReason,
+        detail: Option<&str>,
+        node: Option<String>,
+    ) -> Self {
         let text = match detail {
             Some(detail) => format!("{}: {detail}", reason.as_str()),
             None => reason.as_str().to_string(),

@@ -129,7 +129,11 @@ impl Rule {
 }
 
 /// Records a [`FieldError`](rdu_crds::FieldError) for every rule `template` breaks under `policy`.
-pub(super) fn check_template(checks: &mut Checks, template: Option<&PodTemplateSpec>, policy: &PodPolicy) {
+pub(super) fn check_template(
+    checks: &mut Checks,
+    template: Option<&PodTemplateSpec>,
+    policy: &PodPolicy,
+) {
     let Some(spec) = template.and_then(|t| t.spec.as_ref()) else {
         return;
     };

@@ -79,7 +79,11 @@ pub struct Splits {
 }
 
 /// Loads `spec`'s data; relative paths are relative to `base_dir` (the worker's working directory).
-pub fn load(spec: &DataSpec, model: &ModelSpec, base_dir: &Path) -> Result<Splits, DataError> {
+pub(crate) fn load(
+    spec: &DataSpec,
+    model: &ModelSpec,
+    base_dir: &Path,
+) -> Result<Splits, DataError> {
     let resolve = |p: &str| -> PathBuf { base_dir.join(p) };
     let required = |p: &Option<String>, field: &str| -> Result<PathBuf, DataError> {
         p.as_deref().map(resolve).ok_or_else(|| DataError::Invalid {

@@ -3,7 +3,7 @@
 
 /// `tensorflow.Event`.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct Event {
+pub(crate) struct Event {
     #[prost(double, tag = "1")]
     pub wall_time: f64,
     #[prost(int64, tag = "2")]
@@ -17,14 +17,14 @@ pub struct Event {
 
 /// `tensorflow.Summary`.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct Summary {
+pub(crate) struct Summary {
     #[prost(message, repeated, tag = "1")]
     pub value: Vec<SummaryValue>,
 }
 
 /// `tensorflow.Summary.Value` with a scalar.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct SummaryValue {
+pub(crate) struct SummaryValue {
     #[prost(string, tag = "1")]
     pub tag: String,
     #[prost(float, optional, tag = "2")]

@@ -3,8 +3,8 @@
 //! per epoch, `test/accuracy` and `test/loss` at the end, at their global steps. A write that fails is logged
 //! once and ends the file; training goes on.
 
-pub mod event;
-pub mod record;
+pub(crate) mod event;
+pub(crate) mod record;
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -18,7 +18,7 @@ use crate::train_events::{EpochDone, StepDone, TrainObserver};
 use event::{Event, Summary, SummaryValue};
 
 /// Writes one event file.
-pub struct TensorBoardWriter {
+pub(crate) struct TensorBoardWriter {
     path: PathBuf,
     out: Option<BufWriter<File>>,
     last_step: u64,
@@ -27,7 +27,7 @@ pub struct TensorBoardWriter {
 impl TensorBoardWriter {
     /// A new event file in `dir` (created if missing), `events.out.tfevents.<seconds>.<host>.<pid>`, as
     /// TensorBoard finds them.
-    pub fn create(dir: &Path, host: &str) -> std::io::Result<Self> {
+    pub(crate) fn create(dir: &Path, host: &str) -> std::io::Result<Self> {
         std::fs::create_dir_all(dir)?;
         let seconds = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -52,7 +52,7 @@ impl TensorBoardWriter {
     }
 
     /// The event file's path.
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 

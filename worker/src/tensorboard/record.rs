@@ -2,13 +2,13 @@
 //! data`, little-endian, the mask as TensorFlow's `crc32c::Mask`.
 
 /// TensorFlow's CRC mask: rotate right by 15 bits and add a constant.
-pub fn masked_crc(data: &[u8]) -> u32 {
+pub(crate) fn masked_crc(data: &[u8]) -> u32 {
     let crc = crc32c::crc32c(data);
     crc.rotate_right(15).wrapping_add(0xa282_ead8)
 }
 
 /// One record around `data`.
-pub fn frame(data: &[u8]) -> Vec<u8> {
+pub(crate) fn frame(data: &[u8]) -> Vec<u8> {
     let length = (data.len() as u64).to_le_bytes();
     let mut out = Vec::with_capacity(data.len() + 16);
     out.extend_from_slice(&length);
