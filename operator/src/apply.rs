@@ -112,7 +112,7 @@ async fn create_pods(
 ) -> Result<(), Stop> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), job.namespace);
     slow_start(ranks.iter().copied(), MAX_IN_FLIGHT, |rank| {
-        let pod = builders::rank_pod(job, rank, generation, ctx.progress_url.as_deref());
+        let pod = builders::rank_pod(job, rank, generation, ctx.settings.progress_url.as_deref());
         let pods = &pods;
         async move {
             let name = pod.name_any();
@@ -210,12 +210,12 @@ async fn ensure_shared_children(job: &ValidJob<'_>, ctx: &Context) -> Result<(),
         )
         .await?;
     }
-    if ctx.network_policies {
+    if ctx.settings.network_policies {
         let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), ns);
         let policy = builders::network_policy(job);
         ensure_child(&policies, "NetworkPolicy", &policy, job, Existing::Follow).await?;
     }
-    if let (Some(gang), true) = (job.gang, ctx.pod_groups) {
+    if let (Some(gang), true) = (job.gang, ctx.settings.pod_groups) {
         let groups: Api<DynamicObject> =
             Api::namespaced_with(client.clone(), ns, &builders::pod_group_resource());
         let group = builders::pod_group(job, gang);

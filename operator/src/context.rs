@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
-use kube::runtime::events::Recorder;
+use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
 
 use crate::expectations::Expectations;
@@ -35,6 +35,13 @@ pub struct Context {
     /// deciding earlier would take a running gang's pods for vanished (an operator that just took over the Lease
     /// failed running jobs so).
     pub caches: Arc<crate::health::Health>,
+    /// What the operator was told by its flags (the chart's values) and found at start.
+    pub settings: Settings,
+}
+
+/// What the operator was told by its flags (the chart's values) and found at start.
+#[derive(Clone, Debug)]
+pub struct Settings {
     /// Whether scheduler-plugins' PodGroup CRD is installed (checked at start-up).
     pub pod_groups: bool,
     /// Whether every job gets a NetworkPolicy admitting only its own pods to the worker ports.
@@ -46,6 +53,50 @@ pub struct Context {
     pub kueue_default_queue: Option<String>,
     /// The operator's own base URL for rank 0's progress reports (DESIGN 4.8); none: ranks do not report.
     pub progress_url: Option<String>,
-    /// What this operator runs at most (`--max-workers-per-job`).
+    /// What this operator runs at most (`--max-workers-per-job`) and lets a pod template ask for.
     pub limits: Limits,
+}
+
+/// The flags' defaults: NetworkPolicies on; no PodGroups, Kueue or progress endpoint; the default limits.
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
+            pod_groups: false,
+            network_policies: true,
+            kueue: false,
+            kueue_default_queue: None,
+            progress_url: None,
+            limits: Limits::default(),
+        }
+    }
+}
+
+impl Context {
+    /// The context of the operator `instance` (its events' reporting instance): the caches its watches fill and
+    /// its settings; no pod or status write pending.
+    pub fn new(
+        client: Client,
+        instance: Option<String>,
+        metrics: Arc<Metrics>,
+        pods: Store<Pod>,
+        nodes: NodeCache,
+        caches: Arc<crate::health::Health>,
+        settings: Settings,
+    ) -> Context {
+        let reporter = Reporter {
+            controller: FIELD_MANAGER.to_string(),
+            instance,
+        };
+        Context {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            metrics,
+            pods,
+            nodes,
+            expectations: Expectations::default(),
+            status_writes: StatusWrites::default(),
+            caches,
+            settings,
+        }
+    }
 }

@@ -26,7 +26,7 @@ pub(crate) mod test_fixtures;
 pub mod validate;
 pub mod watches;
 
-pub use context::{Context, FIELD_MANAGER};
+pub use context::{Context, FIELD_MANAGER, Settings};
 pub use lifecycle::{Action, Decision, JobEvent, decide};
 pub use reconcile::{error_policy, reconcile};
 pub use step::{ReconcileError, Step};

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Client;
 use kube::api::{Api, DynamicObject};
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{Store, store::Writer};
 use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
 use rdu_crds::RduJob;
 use rdu_operator::health::Health;
@@ -27,7 +27,7 @@ use rdu_operator::slim;
 use rdu_operator::validate::DEFAULT_MAX_WORKERS_PER_JOB;
 use rdu_operator::validate::{Exception, PodPolicy};
 use rdu_operator::watches::{Synced, jobs_woken_by, node_watch, on_first_sync, pod_watch};
-use rdu_operator::{Context, FIELD_MANAGER, Limits, error_policy, reconcile};
+use rdu_operator::{Context, Limits, Settings, error_policy, reconcile};
 use tracing::{error, info, warn};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -113,29 +113,82 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     init_logging(args.log_format);
     let identity = args.identity.clone().unwrap_or_else(hostname);
-
     let client = connect().await?;
-    // The controller's job cache, made before leadership so /metrics can count it from the start (empty, so all
-    // phases 0, until this replica leads).
-    let (job_store, job_writer) = reflector::store::<RduJob>();
-    let metrics = Arc::new(Metrics::new(job_store.clone()));
-    let health = Arc::new(Health::new(metrics.clone()));
-    // The controller's pod cache: reconcile reads a job's pods from it instead of listing them, and the progress
-    // endpoint finds rank 0's pod in it. Empty (so every report is refused as not ready) until this replica leads.
-    let (pod_store, pod_writer) = reflector::store::<Pod>();
-    // The controller's node cache: the lifecycle reads which nodes are lost and what room they have.
-    let (node_store, node_writer) = reflector::store::<Node>();
-    let node_cache = NodeCache::new(node_store, args.wait_for_room);
-    let progress = Arc::new(ProgressService::new(
-        Arc::new(ApiTokenReviewer::new(client.clone())),
-        job_store.clone(),
-        pod_store.clone(),
-        health.clone(),
-    ));
+    let (caches, writers) = Caches::new(&client, args.wait_for_room);
+    serve_endpoints(&args, &caches).await?;
+    let leadership = Leadership::new(&args, &client, &identity);
+    if !leadership.acquire(&caches.health).await? {
+        info!("shutting down before becoming leader");
+        return Ok(());
+    }
+    let settings = settings(&args, pod_group_crd_installed(&client).await?);
+    tokio::spawn(write_progress(caches.progress.clone(), client.clone()));
+    let outcome = tokio::select! {
+        _ = run_controller(&args, &client, identity, &caches, writers, settings) => Ok(()),
+        lost = leadership.elector.keep() => Err(lost),
+    };
+    caches.health.set_synced(false);
+    leadership.step_down(outcome).await
+}
+
+/// The controller's caches and what reads them before this replica leads: /metrics counts the job cache (all
+/// phases 0 until it leads), and the progress endpoint finds rank 0's pod in the pod cache (every report refused
+/// as not ready until then).
+struct Caches {
+    jobs: Store<RduJob>,
+    /// The pods reconcile reads instead of listing them.
+    pods: Store<Pod>,
+    /// Which nodes are lost and what room they have (the lifecycle reads it).
+    nodes: NodeCache,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    progress: Arc<ProgressService>,
+}
+
+/// The caches' writers, which the controller's watches take.
+struct Writers {
+    jobs: Writer<RduJob>,
+    pods: Writer<Pod>,
+    nodes: Writer<Node>,
+}
+
+impl Caches {
+    fn new(client: &Client, wait_for_room: bool) -> (Caches, Writers) {
+        let (jobs, job_writer) = reflector::store::<RduJob>();
+        let (pods, pod_writer) = reflector::store::<Pod>();
+        let (node_store, node_writer) = reflector::store::<Node>();
+        let metrics = Arc::new(Metrics::new(jobs.clone()));
+        let health = Arc::new(Health::new(metrics.clone()));
+        let progress = Arc::new(ProgressService::new(
+            Arc::new(ApiTokenReviewer::new(client.clone())),
+            jobs.clone(),
+            pods.clone(),
+            health.clone(),
+        ));
+        let writers = Writers {
+            jobs: job_writer,
+            pods: pod_writer,
+            nodes: node_writer,
+        };
+        let caches = Caches {
+            jobs,
+            pods,
+            nodes: NodeCache::new(node_store, wait_for_room),
+            metrics,
+            health,
+            progress,
+        };
+        (caches, writers)
+    }
+}
+
+/// The metrics and health server, and the progress endpoint's when ranks report (`--progress-url`): both serve
+/// from start, before this replica leads.
+async fn serve_endpoints(args: &Args, caches: &Caches) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.metrics_addr)
         .await
         .with_context(|| format!("cannot listen on --metrics-addr {}", args.metrics_addr))?;
-    let routes = rdu_operator::health::router(health.clone());
+    let routes = rdu_operator::health::router(caches.health.clone());
     tokio::spawn(async move {
         if let Err(e) = serve(listener, routes, HEALTH_LIMITS).await {
             error!(error = %e, "metrics server stopped");
@@ -145,57 +198,89 @@ async fn main() -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind(args.progress_addr)
             .await
             .with_context(|| format!("cannot listen on --progress-addr {}", args.progress_addr))?;
-        let routes = rdu_operator::progress::router(progress.clone(), metrics.clone());
+        let routes =
+            rdu_operator::progress::router(caches.progress.clone(), caches.metrics.clone());
         tokio::spawn(async move {
             if let Err(e) = serve(listener, routes, PROGRESS_LIMITS).await {
                 error!(error = %e, "progress server stopped");
             }
         });
     }
+    Ok(())
+}
 
-    let elector = LeaderElector::new(
-        client.clone(),
-        &args.lease_namespace,
-        &args.lease_name,
-        &identity,
-    );
-    let own_pod = args
-        .leader_pod
-        .as_deref()
-        .map(|pod| Arc::new(OwnPod::new(client.clone(), &args.lease_namespace, pod)));
-    if let Some(pod) = &own_pod {
-        // A replica restarted after it lost the Lease still carries the label: progress would reach a standby.
-        pod.unlabel().await;
-    }
-    health.set_standby(true);
-    info!(%identity, lease = %args.lease_name, namespace = %args.lease_namespace, "waiting for leadership");
-    tokio::select! {
-        acquired = elector.acquire() => acquired.context("leader election failed")?,
-        _ = shutdown_signal() => { info!("shutting down before becoming leader"); return Ok(()); }
-    }
-    health.set_standby(false);
-    info!(%identity, "became leader");
-    if let Some(pod) = own_pod.clone() {
-        tokio::spawn(async move { pod.label_until_done().await });
-    }
+/// The Lease this replica leads by, and the label its pod carries while it leads (the progress Service selects it).
+struct Leadership {
+    elector: LeaderElector,
+    own_pod: Option<Arc<OwnPod>>,
+    identity: String,
+    lease: String,
+    namespace: String,
+}
 
-    let pod_groups = pod_group_crd_installed(&client).await?;
-    tokio::spawn(write_progress(progress, client.clone()));
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-        recorder: Recorder::new(
+impl Leadership {
+    fn new(args: &Args, client: &Client, identity: &str) -> Leadership {
+        let elector = LeaderElector::new(
             client.clone(),
-            Reporter {
-                controller: FIELD_MANAGER.to_string(),
-                instance: Some(identity.clone()),
-            },
-        ),
-        metrics,
-        pods: pod_store,
-        nodes: node_cache.clone(),
-        expectations: Default::default(),
-        status_writes: Default::default(),
-        caches: health.clone(),
+            &args.lease_namespace,
+            &args.lease_name,
+            identity,
+        );
+        let own_pod = args
+            .leader_pod
+            .as_deref()
+            .map(|pod| Arc::new(OwnPod::new(client.clone(), &args.lease_namespace, pod)));
+        Leadership {
+            elector,
+            own_pod,
+            identity: identity.to_string(),
+            lease: args.lease_name.clone(),
+            namespace: args.lease_namespace.clone(),
+        }
+    }
+
+    /// Waits for the Lease, standing by (/readyz says so) until then; false when told to shut down first.
+    async fn acquire(&self, health: &Health) -> anyhow::Result<bool> {
+        if let Some(pod) = &self.own_pod {
+            // A replica restarted after it lost the Lease still carries the label: progress would reach a standby.
+            pod.unlabel().await;
+        }
+        health.set_standby(true);
+        info!(identity = %self.identity, lease = %self.lease, namespace = %self.namespace, "waiting for leadership");
+        tokio::select! {
+            acquired = self.elector.acquire() => acquired.context("leader election failed")?,
+            _ = shutdown_signal() => return Ok(false),
+        }
+        health.set_standby(false);
+        info!(identity = %self.identity, "became leader");
+        if let Some(pod) = self.own_pod.clone() {
+            tokio::spawn(async move { pod.label_until_done().await });
+        }
+        Ok(true)
+    }
+
+    /// Ends the term: the pod's label removed, then the Lease released after a shutdown, or an error after the
+    /// Lease was lost.
+    async fn step_down(&self, outcome: Result<(), impl std::fmt::Display>) -> anyhow::Result<()> {
+        if let Some(pod) = &self.own_pod {
+            pod.unlabel().await;
+        }
+        match outcome {
+            Ok(()) => {
+                info!("shut down; releasing the lease");
+                if let Err(e) = self.elector.release().await {
+                    error!(error = %e, "could not release the lease; it expires on its own");
+                }
+                Ok(())
+            }
+            Err(lost) => bail!("stopping: {lost}"),
+        }
+    }
+}
+
+/// The operator's settings from its flags and what it found at start.
+fn settings(args: &Args, pod_groups: bool) -> Settings {
+    Settings {
         pod_groups,
         network_policies: args.network_policy,
         kueue: args.kueue,
@@ -209,7 +294,28 @@ async fn main() -> anyhow::Result<()> {
                 runtime_classes: args.pod_policy_runtime_classes.clone(),
             },
         },
-    });
+    }
+}
+
+/// Watches the jobs, their pods, Services (and Workloads) and the nodes into the caches and reconciles every job
+/// they wake, until a shutdown signal.
+async fn run_controller(
+    args: &Args,
+    client: &Client,
+    identity: String,
+    caches: &Caches,
+    writers: Writers,
+    settings: Settings,
+) {
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        Some(identity),
+        caches.metrics.clone(),
+        caches.pods.clone(),
+        caches.nodes.clone(),
+        caches.health.clone(),
+        settings,
+    ));
     let (jobs, pods, services) = match &args.namespace {
         Some(ns) => (
             Api::<RduJob>::namespaced(client.clone(), ns),
@@ -229,21 +335,21 @@ async fn main() -> anyhow::Result<()> {
     // Ready once both caches hold their first full list. Seen on the streams themselves: a second task awaiting
     // `Store::wait_until_ready` beside the controller's own wait was never woken (its one-shot keeps one waker),
     // so /readyz stayed 503.
-    let synced = Synced::new(health.clone(), 3);
+    let synced = Synced::new(caches.health.clone(), 3);
     let job_events = watcher(jobs, watcher::Config::default())
         .modify(slim::slim_job)
-        .reflect(job_writer)
+        .reflect(writers.jobs)
         .inspect_ok(on_first_sync(synced.clone()))
         .applied_objects();
-    let pod_events = pod_watch(pods, child_watch.clone(), pod_writer, synced.clone());
+    let pod_events = pod_watch(pods, child_watch.clone(), writers.pods, synced.clone());
     let node_events = node_watch(
         Api::all(client.clone()),
-        node_writer,
-        node_cache.clone(),
+        writers.nodes,
+        caches.nodes.clone(),
         synced,
     );
-    let jobs_of_nodes = job_store.clone();
-    let mut controller = Controller::for_stream(job_events, job_store)
+    let jobs_of_nodes = caches.jobs.clone();
+    let mut controller = Controller::for_stream(job_events, caches.jobs.clone())
         .owns_stream(pod_events)
         .owns(services, child_watch)
         .watches_stream(node_events, move |node| {
@@ -259,7 +365,7 @@ async fn main() -> anyhow::Result<()> {
         let owned = watcher::Config::default().labels(kueue::JOB_UID_LABEL);
         controller = controller.owns_with(workloads, resource, owned);
     }
-    let run = controller
+    controller
         .graceful_shutdown_on(shutdown_signal())
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
@@ -271,25 +377,8 @@ async fn main() -> anyhow::Result<()> {
                 Err(error) => warn!(%error, "reconcile loop error"),
                 Ok(_) => {}
             }
-        });
-    let outcome = tokio::select! {
-        _ = run => Ok(()),
-        lost = elector.keep() => Err(lost),
-    };
-    health.set_synced(false);
-    if let Some(pod) = &own_pod {
-        pod.unlabel().await;
-    }
-    match outcome {
-        Ok(()) => {
-            info!("shut down; releasing the lease");
-            if let Err(e) = elector.release().await {
-                error!(error = %e, "could not release the lease; it expires on its own");
-            }
-            Ok(())
-        }
-        Err(lost) => bail!("stopping: {lost}"),
-    }
+        })
+        .await;
 }
 
 fn init_logging(format: LogFormat) {

@@ -107,7 +107,7 @@ async fn run_pipeline(job: &RduJob, ctx: &Context) -> Result<Requeue, ReconcileE
     };
     let now = Timestamp::now();
     let mut waiting = None;
-    let decision = match crate::validate(job, &ctx.limits) {
+    let decision = match crate::validate(job, &ctx.settings.limits) {
         Err(errors) => {
             let status = job.status.clone().unwrap_or_default();
             refuse(job, status, Refusal::InvalidSpec, &errors.to_string(), now)
@@ -161,10 +161,10 @@ async fn queue(
     valid: &ValidJob<'_>,
     ctx: &Context,
 ) -> Result<Option<kueue::sync::Queued>, ReconcileError> {
-    let default_queue = ctx.kueue_default_queue.as_deref();
+    let default_queue = ctx.settings.kueue_default_queue.as_deref();
     let Some(queue) = kueue::queue_name(job)
         .or(default_queue)
-        .filter(|_| ctx.kueue)
+        .filter(|_| ctx.settings.kueue)
     else {
         return Ok(None);
     };

@@ -216,25 +216,22 @@ async fn pods_are_created_with_a_slow_start_that_stops_at_the_first_failure() {
 #[tokio::test]
 async fn a_job_above_the_operators_limit_fails_naming_the_field_the_value_and_the_limit() {
     let (fake, h) = setup(5, json!({}));
-    let ctx = Arc::new(rdu_operator::Context {
-        client: h.ctx.client.clone(),
-        recorder: h.ctx.recorder.clone(),
-        metrics: h.ctx.metrics.clone(),
-        pods: h.ctx.pods.clone(),
-        nodes: Default::default(),
-        expectations: Default::default(),
-        status_writes: Default::default(),
-        caches: h.ctx.caches.clone(),
-        pod_groups: false,
-        network_policies: true,
-        kueue: false,
-        kueue_default_queue: None,
-        progress_url: None,
+    let settings = rdu_operator::Settings {
         limits: Limits {
             max_workers_per_job: 4,
             ..Limits::default()
         },
-    });
+        ..Default::default()
+    };
+    let ctx = Arc::new(rdu_operator::Context::new(
+        h.ctx.client.clone(),
+        None,
+        h.ctx.metrics.clone(),
+        h.ctx.pods.clone(),
+        Default::default(),
+        h.ctx.caches.clone(),
+        settings,
+    ));
     sync_cache(&fake, &h);
     reconcile(job(&fake), ctx).await.expect("reconcile");
     assert_eq!(phase(&fake), json!("Failed"));

@@ -432,22 +432,15 @@ async fn a_new_leader_waits_for_its_caches_before_judging_a_running_gang() {
     }
     let caches = ready_caches();
     caches.set_synced(false);
-    let ctx = std::sync::Arc::new(rdu_operator::Context {
-        client: h.ctx.client.clone(),
-        recorder: h.ctx.recorder.clone(),
-        metrics: h.ctx.metrics.clone(),
+    let ctx = std::sync::Arc::new(rdu_operator::Context::new(
+        h.ctx.client.clone(),
+        None,
+        h.ctx.metrics.clone(),
         pods,
-        nodes: Default::default(),
-        expectations: Default::default(),
-        status_writes: Default::default(),
-        caches: caches.clone(),
-        pod_groups: false,
-        network_policies: true,
-        kueue: false,
-        kueue_default_queue: None,
-        progress_url: None,
-        limits: Default::default(),
-    });
+        Default::default(),
+        caches.clone(),
+        rdu_operator::Settings::default(),
+    ));
     reconcile(job(&fake), ctx.clone()).await.expect("reconcile");
     assert_eq!(phase(&fake), json!("Running"), "nothing decided yet");
     assert_eq!(pod_requests(&fake, "DELETE"), deletes_before);

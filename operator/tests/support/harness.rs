@@ -4,12 +4,11 @@
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::watcher;
 use rdu_crds::RduJob;
 use rdu_operator::metrics::Metrics;
-use rdu_operator::{Context, Limits, reconcile};
+use rdu_operator::{Context, Settings, reconcile};
 use serde_json::{Value, json};
 
 use super::fake_api::FakeApi;
@@ -52,29 +51,16 @@ pub(crate) fn setup(workers: u32, run_policy: Value) -> (FakeApi, Harness) {
     let client = fake.client();
     let (job_cache, _) = reflector::store::<RduJob>();
     let (pod_cache, pod_writer) = reflector::store::<Pod>();
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-        recorder: Recorder::new(
-            client,
-            Reporter {
-                controller: "rdu-operator".into(),
-                instance: None,
-            },
-        ),
-        metrics: Arc::new(Metrics::new(job_cache)),
-        pods: pod_cache,
-        // A node cache that never syncs: the lifecycle knows nothing of nodes.
-        nodes: Default::default(),
-        expectations: Default::default(),
-        status_writes: Default::default(),
-        caches: ready_caches(),
-        pod_groups: false,
-        network_policies: true,
-        kueue: false,
-        kueue_default_queue: None,
-        progress_url: None,
-        limits: Limits::default(),
-    });
+    // A node cache that never syncs: the lifecycle knows nothing of nodes.
+    let ctx = Arc::new(Context::new(
+        client,
+        None,
+        Arc::new(Metrics::new(job_cache)),
+        pod_cache,
+        Default::default(),
+        ready_caches(),
+        Settings::default(),
+    ));
     let harness = Harness {
         ctx,
         pods: Mutex::new(pod_writer),
