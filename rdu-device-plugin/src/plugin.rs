@@ -97,7 +97,9 @@ pub async fn register_once(
         .map_err(|_| RegisterError::Timeout(timeout))?
 }
 
-/// Runs the plugin in `dir` until `shutdown` completes; then removes its socket.
+/// Runs the plugin in `dir` until `shutdown` completes; then removes its socket. One restart loop over three
+/// steps, as NVIDIA's plugin splits them: serve on a fresh socket, register with the kubelet, and wait until the
+/// kubelet restarts or the socket is removed.
 pub async fn run_plugin(
     dir: PathBuf,
     node: Arc<TileNode>,
@@ -105,59 +107,142 @@ pub async fn run_plugin(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), PluginError> {
     tokio::pin!(shutdown);
-    let socket_name = node.mode().socket_name();
-    let socket_path = dir.join(socket_name);
-    let kubelet_path = dir.join(KUBELET_SOCKET);
+    let kubelet = dir.join(KUBELET_SOCKET);
     loop {
         std::fs::create_dir_all(&dir).map_err(|source| PluginError::CreateDir {
             path: dir.clone(),
             source,
         })?;
-        // Watch the directory for kubelet.sock appearing or being replaced (inotify where available). Events
-        // only wake the checks below: they arrive asynchronously, so an event can be about a kubelet.sock
-        // already registered with; the file's identity says whether it is a new one.
-        let (events_tx, mut events) = mpsc::unbounded_channel::<()>();
-        // Keeps the channel open when no watcher could be made, so `recv` waits instead of returning None.
-        let _events_open = events_tx.clone();
-        let mut watcher = if timing.watch_directory {
-            notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-                tracing::trace!(?event, "device plugin directory event");
-                if !matches!(&event, Ok(e) if e.kind.is_access()) {
-                    let _ = events_tx.send(());
-                }
-            })
-            .inspect_err(|e| {
-                tracing::warn!(error = %e, "cannot watch the device plugin directory; checking it periodically");
-            })
-            .ok()
-        } else {
-            None
+        let mut changes = DirectoryChanges::watch(&dir, timing.watch_directory);
+        let socket_path = dir.join(node.mode().socket_name());
+        let server = Served::start(&socket_path, node.clone())?;
+        tracing::info!(socket = %socket_path.display(), resource = node.mode().resource_name(), "serving");
+        let registration = Registration {
+            kubelet: &kubelet,
+            node: &node,
+            timing: &timing,
         };
+        let ended = match registration
+            .until_registered(&server, &mut changes, shutdown.as_mut())
+            .await
+        {
+            Ended::Done(Some(kubelet_id)) => {
+                registration
+                    .until_kubelet_changes(&server, kubelet_id, &mut changes, shutdown.as_mut())
+                    .await
+            }
+            // The plugin's own socket vanished before it registered: serve again.
+            Ended::Done(None) => Ended::Done(()),
+            Ended::Shutdown => Ended::Shutdown,
+        };
+        if let Ended::Shutdown = ended {
+            finish(server, &node).await;
+            return Ok(());
+        }
+        server.stop().await;
+    }
+}
+
+/// How a step of the plugin's loop ended: done (with what it found), or told to shut down.
+enum Ended<T> {
+    Done(T),
+    Shutdown,
+}
+
+/// Changes in the device plugin directory (kubelet.sock appearing or replaced), from inotify where available.
+/// They only wake the checks: they arrive asynchronously, so one can be about a kubelet.sock already registered
+/// with; the file's identity says whether it is a new one.
+struct DirectoryChanges {
+    events: mpsc::UnboundedReceiver<()>,
+    /// Keeps the channel open when no watcher could be made, so `recv` waits instead of returning None.
+    _open: mpsc::UnboundedSender<()>,
+    _watcher: Option<notify::RecommendedWatcher>,
+}
+
+impl DirectoryChanges {
+    fn watch(dir: &Path, enabled: bool) -> DirectoryChanges {
+        let (events_tx, events) = mpsc::unbounded_channel::<()>();
+        let open = events_tx.clone();
+        let mut watcher = enabled
+            .then(|| {
+                notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+                    tracing::trace!(?event, "device plugin directory event");
+                    if !matches!(&event, Ok(e) if e.kind.is_access()) {
+                        let _ = events_tx.send(());
+                    }
+                })
+                .inspect_err(|e| {
+                    tracing::warn!(error = %e, "cannot watch the device plugin directory; checking it periodically");
+                })
+                .ok()
+            })
+            .flatten();
         if let Some(w) = watcher.as_mut()
-            && let Err(e) = w.watch(&dir, RecursiveMode::NonRecursive)
+            && let Err(e) = w.watch(dir, RecursiveMode::NonRecursive)
         {
             tracing::warn!(error = %e, "cannot watch the device plugin directory; checking it periodically");
         }
+        DirectoryChanges {
+            events,
+            _open: open,
+            _watcher: watcher,
+        }
+    }
 
-        let server = Served::start(&socket_path, node.clone())?;
-        tracing::info!(socket = %socket_path.display(), resource = node.mode().resource_name(), "serving");
+    /// Forgets the changes so far: looking at the directory now accounts for them.
+    fn forget(&mut self) {
+        while self.events.try_recv().is_ok() {}
+    }
 
-        // Register, retrying with backoff while the same kubelet.sock refuses; a new kubelet.sock (or any
-        // change in the directory) is tried at once.
+    async fn next(&mut self) {
+        let _ = self.events.recv().await;
+    }
+}
+
+/// Registering this plugin's resource with the kubelet behind `kubelet`.
+struct Registration<'a> {
+    kubelet: &'a Path,
+    node: &'a TileNode,
+    timing: &'a Timing,
+}
+
+impl Registration<'_> {
+    fn request(&self) -> RegisterRequest {
+        RegisterRequest {
+            version: API_VERSION.to_string(),
+            endpoint: self.node.mode().socket_name().to_string(),
+            resource_name: self.node.mode().resource_name().to_string(),
+            options: Some(DevicePluginOptions {
+                pre_start_required: false,
+                get_preferred_allocation_available: true,
+            }),
+        }
+    }
+
+    /// Registers, retrying with backoff while the same kubelet.sock refuses; a new kubelet.sock (or any change in
+    /// the directory) is tried at once. Done with the kubelet.sock registered with, or none when the plugin's own
+    /// socket vanished first.
+    async fn until_registered<F: Future<Output = ()>>(
+        &self,
+        server: &Served,
+        changes: &mut DirectoryChanges,
+        mut shutdown: std::pin::Pin<&mut F>,
+    ) -> Ended<Option<FileId>> {
+        let timing = self.timing;
         let mut delay = timing.first_retry;
         let mut refused_by: Option<(FileId, tokio::time::Instant)> = None;
         let mut said_waiting = false;
-        let registered_kubelet = loop {
-            // Events so far are accounted for by looking at the directory now; any event queued from
-            // here on (while Register is in flight) is newer than the kubelet we register with.
-            while events.try_recv().is_ok() {}
+        loop {
+            // Changes so far are accounted for by looking at the directory now; any queued from here on (while
+            // Register is in flight) is newer than the kubelet we register with.
+            changes.forget();
             if !server.socket_is_ours() {
-                break None;
+                return Ended::Done(None);
             }
-            let kubelet_now = inode(&kubelet_path);
+            let kubelet_now = inode(self.kubelet);
             if kubelet_now.is_none() && !said_waiting {
                 said_waiting = true;
-                tracing::info!(kubelet = %kubelet_path.display(), "waiting for the kubelet's socket");
+                tracing::info!(kubelet = %self.kubelet.display(), "waiting for the kubelet's socket");
             }
             if let Some(kubelet_id) = kubelet_now {
                 let due = match refused_by {
@@ -171,19 +256,11 @@ pub async fn run_plugin(
                     None => true,
                 };
                 if due {
-                    let request = RegisterRequest {
-                        version: API_VERSION.to_string(),
-                        endpoint: socket_name.to_string(),
-                        resource_name: node.mode().resource_name().to_string(),
-                        options: Some(DevicePluginOptions {
-                            pre_start_required: false,
-                            get_preferred_allocation_available: true,
-                        }),
-                    };
-                    match register_once(&kubelet_path, request, timing.register_timeout).await {
+                    match register_once(self.kubelet, self.request(), timing.register_timeout).await
+                    {
                         Ok(()) => {
-                            tracing::info!(kubelet = %kubelet_path.display(), "registered with the kubelet");
-                            break Some(kubelet_id);
+                            tracing::info!(kubelet = %self.kubelet.display(), "registered with the kubelet");
+                            return Ended::Done(Some(kubelet_id));
                         }
                         Err(e) => {
                             tracing::warn!(error = %e, retry_in = ?delay, "registration failed");
@@ -200,46 +277,45 @@ pub async fn run_plugin(
                 None => timing.recheck,
             };
             tokio::select! {
-                _ = &mut shutdown => {
-                    finish(server, &node).await;
-                    return Ok(());
-                }
+                _ = &mut shutdown => return Ended::Shutdown,
                 // Something changed in the directory: try again now rather than after the backoff.
-                _ = events.recv() => refused_by = None,
+                _ = changes.next() => refused_by = None,
                 _ = tokio::time::sleep(wait) => {}
             }
-        };
+        }
+    }
 
-        // Registered (or our socket vanished): wait until the kubelet restarts or our socket is removed.
-        if registered_kubelet.is_some() {
-            // Set once kubelet.sock is seen missing: whatever appears next is a new kubelet.
-            let mut kubelet_went_away = false;
-            loop {
-                if !server.socket_is_ours() {
-                    tracing::info!("plugin socket removed; serving again");
-                    break;
+    /// Serves until the kubelet restarts (kubelet.sock recreated) or the plugin's own socket is removed.
+    async fn until_kubelet_changes<F: Future<Output = ()>>(
+        &self,
+        server: &Served,
+        registered: FileId,
+        changes: &mut DirectoryChanges,
+        mut shutdown: std::pin::Pin<&mut F>,
+    ) -> Ended<()> {
+        // Set once kubelet.sock is seen missing: whatever appears next is a new kubelet.
+        let mut kubelet_went_away = false;
+        loop {
+            if !server.socket_is_ours() {
+                tracing::info!("plugin socket removed; serving again");
+                return Ended::Done(());
+            }
+            match inode(self.kubelet) {
+                None => kubelet_went_away = true,
+                Some(now) if kubelet_went_away || now != registered => {
+                    tracing::info!(
+                        "kubelet.sock recreated (kubelet restart); serving again and re-registering"
+                    );
+                    return Ended::Done(());
                 }
-                match inode(&kubelet_path) {
-                    None => kubelet_went_away = true,
-                    Some(now) if kubelet_went_away || Some(now) != registered_kubelet => {
-                        tracing::info!(
-                            "kubelet.sock recreated (kubelet restart); serving again and re-registering"
-                        );
-                        break;
-                    }
-                    Some(_) => {}
-                }
-                tokio::select! {
-                    _ = &mut shutdown => {
-                        finish(server, &node).await;
-                        return Ok(());
-                    }
-                    _ = events.recv() => {}
-                    _ = tokio::time::sleep(timing.recheck) => {}
-                }
+                Some(_) => {}
+            }
+            tokio::select! {
+                _ = &mut shutdown => return Ended::Shutdown,
+                _ = changes.next() => {}
+                _ = tokio::time::sleep(self.timing.recheck) => {}
             }
         }
-        server.stop().await;
     }
 }
 
