@@ -20,7 +20,7 @@ use rdu_operator::leader::{LeaderElector, OwnPod};
 use rdu_operator::metrics::Metrics;
 use rdu_operator::node_cache::NodeCache;
 use rdu_operator::progress::ProgressService;
-use rdu_operator::progress::review::ApiTokenReviewer;
+use rdu_operator::progress::token_review::ApiTokenReviewer;
 use rdu_operator::progress::writer::write_progress;
 use rdu_operator::serve::{HEALTH_LIMITS, PROGRESS_LIMITS, serve};
 use rdu_operator::slim;

@@ -6,7 +6,7 @@
 
 pub mod buckets;
 pub mod checkpoint;
-mod checkpointing;
+mod checkpoint_schedule;
 mod data;
 pub mod env;
 mod error;
@@ -21,8 +21,8 @@ mod optim;
 mod overlap;
 pub mod pef;
 pub mod progress_lines;
+mod progress_reporter;
 mod reduce;
-mod report;
 mod result;
 mod rng;
 pub mod run;

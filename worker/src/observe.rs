@@ -5,7 +5,7 @@ use rdu_crds::JobResult;
 
 use crate::env::WorkerEnv;
 use crate::progress_lines::ProgressLines;
-use crate::report::{ProgressReporter, ReportTarget};
+use crate::progress_reporter::{ProgressReporter, ReportTarget};
 use crate::tensorboard::TensorBoardWriter;
 use crate::train_events::{EpochDone, StepDone, TrainObserver};
 

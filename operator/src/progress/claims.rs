@@ -8,7 +8,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use rdu_crds::consts::PROGRESS_TOKEN_AUDIENCE;
 use serde::Deserialize;
 
-use super::review::PodIdentity;
+use super::token_review::PodIdentity;
 
 /// The longest bearer token looked at (a projected ServiceAccount token is about 1 KiB).
 pub const MAX_TOKEN_BYTES: usize = 8192;

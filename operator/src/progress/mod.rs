@@ -1,14 +1,14 @@
 //! The progress endpoint (DESIGN 4.8): rank 0 POSTs a `ProgressReport` with its pod-bound ServiceAccount token;
 //! the operator checks who sent it (cheaply first: the token's unverified claims must name rank 0 of that job's
-//! current generation in the caches; only then a TokenReview, remembered and bounded by `reviews`), what it says
+//! current generation in the caches; only then a TokenReview, remembered and bounded by `review_cache`), what it says
 //! (size, shape, consistency) and how often, and writes `status.progress` under its own field manager at most
 //! once per job every few seconds. Served on a listener of its own (`crate::serve`), so a flood of reports never
 //! reaches `/healthz`.
 
 pub mod board;
 pub mod claims;
-pub mod review;
-pub mod reviews;
+pub mod review_cache;
+pub mod token_review;
 pub mod writer;
 
 use std::sync::Arc;
@@ -31,8 +31,8 @@ use crate::health::Health;
 use crate::metrics::OutcomeLabel;
 use board::{Board, JobKey, TooFrequent};
 use claims::ClaimsError;
-use review::{PodIdentity, ReviewError, TokenReviewer};
-use reviews::{NotReviewed, Reviews};
+use review_cache::{NotReviewed, Reviews};
+use token_review::{PodIdentity, ReviewError, TokenReviewer};
 
 /// Field manager of `status.progress`: only the endpoint writes it, so the reconciler's status apply (under
 /// `FIELD_MANAGER`, without `progress`) neither removes nor rolls it back.

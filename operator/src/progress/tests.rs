@@ -13,7 +13,7 @@ use rdu_crds::consts::PROGRESS_TOKEN_AUDIENCE;
 use rdu_crds::{ProgressReport, RduJob, RduJobStatus, StepPoint, TrainingProgress};
 
 use super::claims::forged::{pod_token_payload, unsigned_token};
-use super::review::{PodIdentity, ReviewError, TokenReviewer};
+use super::token_review::{PodIdentity, ReviewError, TokenReviewer};
 use super::{ProgressService, Refusal};
 use crate::builders::worker_pod;
 use crate::health::Health;
@@ -249,10 +249,10 @@ async fn a_forged_token_naming_rank_zero_is_refused_by_the_review_and_holds_only
     assert_eq!(
         refusal
             .retry_after()
-            .map(|d| d <= super::reviews::PER_POD_INTERVAL),
+            .map(|d| d <= super::review_cache::PER_POD_INTERVAL),
         Some(true)
     );
-    let deadline = std::time::Instant::now() + 5 * super::reviews::PER_POD_INTERVAL;
+    let deadline = std::time::Instant::now() + 5 * super::review_cache::PER_POD_INTERVAL;
     loop {
         match send(&f.svc, Some(&f.rank0), &report(1, 10)).await {
             Ok(()) => break,

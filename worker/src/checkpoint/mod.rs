@@ -1,5 +1,5 @@
 //! Checkpoints: rank 0 writes parameters, optimizer state and the global step, durably and atomically, keeps
-//! the newest N of its lineage; which one a generation resumes from (`checkpointing::resume` shares it).
+//! the newest N of its lineage; which one a generation resumes from (`checkpoint_schedule::resume` shares it).
 //!
 //! The directory is fenced by generation (DESIGN 5, "Fencing"): a rank 0 of an older generation still alive
 //! (a partitioned node, a pod not yet killed) never gets a checkpoint accepted once a newer generation

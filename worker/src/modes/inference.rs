@@ -167,9 +167,13 @@ async fn load_newest_checkpoint(
         }
         _ => None,
     };
-    let trained_steps =
-        crate::checkpointing::resume(comm, found, &mut state.bufs.params, &mut state.optimizer)
-            .await?;
+    let trained_steps = crate::checkpoint_schedule::resume(
+        comm,
+        found,
+        &mut state.bufs.params,
+        &mut state.optimizer,
+    )
+    .await?;
     if trained_steps == 0 {
         return Err(WorkerError::config(
             "spec.checkpoint",

@@ -14,7 +14,7 @@ use rdu_collective::Communicator;
 use rdu_crds::{JobResult, LossOn, StepPoint, TrainingSpec};
 
 use crate::buckets;
-use crate::checkpointing::Checkpointing;
+use crate::checkpoint_schedule::Checkpointing;
 use crate::env::WorkerEnv;
 use crate::error::WorkerError;
 use crate::model::{BatchStats, checksum};
@@ -90,7 +90,7 @@ impl Train {
         let mut state = TrainState::fresh(&self.job.model, spec);
         let (checkpointing, found) = Checkpointing::start(env, state.bufs.params.len())?;
         if spec.checkpoint.is_some() {
-            state.step = crate::checkpointing::resume(
+            state.step = crate::checkpoint_schedule::resume(
                 comm,
                 found,
                 &mut state.bufs.params,

@@ -1,6 +1,6 @@
 //! Who sent a progress report: the API server's TokenReview of the caller's bearer token, for the progress
 //! audience only, narrowed to the pod the token is bound to. Which tokens are reviewed, how many at once and
-//! what is remembered of the answers is `super::reviews`.
+//! what is remembered of the answers is `super::review_cache`.
 
 use futures::future::BoxFuture;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, TokenReviewStatus};

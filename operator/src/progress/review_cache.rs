@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Semaphore;
 
-use super::review::{PodIdentity, ReviewError, TokenReviewer};
+use super::token_review::{PodIdentity, ReviewError, TokenReviewer};
 
 /// How long an accepted token is taken without asking again (every report still needs its pod to be the job's
 /// current rank 0 in the pod cache, so a deleted pod's token is refused at once). Long, so that rank 0 needs a
