@@ -110,8 +110,20 @@ async fn an_abort_goes_around_a_dropped_rank_of_the_tree() {
         .into_iter()
         .map(Some)
         .collect();
-    // Rank 13 is gone (its servers stop, its port refuses) before rank 5 aborts.
+    // Rank 13 is gone (its servers stop, its port refuses) before rank 5 aborts. Its servers stop
+    // on their own tasks after the drop: wait (bounded) until its port refuses.
+    let inner_address = comms[0].as_ref().expect("rank 0").peers()[INNER as usize]
+        .address
+        .clone();
     drop(comms[INNER as usize].take());
+    let refused_by = Instant::now() + TIMEOUT;
+    while tokio::net::TcpStream::connect(&inner_address).await.is_ok() {
+        assert!(
+            Instant::now() < refused_by,
+            "rank {INNER}'s port {inner_address} still accepts {TIMEOUT:?} after its drop"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
     let start = Instant::now();
     comms[ORIGIN as usize]
         .as_ref()

@@ -179,15 +179,21 @@ impl AbortTree {
 }
 
 /// Forwards the abort that latched this rank's failure (the router hands over only that one) down its
-/// origin's tree, unless this rank stops first.
+/// origin's tree, unless this rank stops first. One handed over before the stop is still forwarded;
+/// after it the router's hand-over fails, so the router refuses the abort and the sender takes this
+/// rank's children over: an answered abort is always forwarded.
 pub(crate) async fn forward_first(
     tree: Arc<AbortTree>,
     mut relayed: mpsc::UnboundedReceiver<proto::AbortRequest>,
     mut stop: watch::Receiver<bool>,
 ) {
     let request = tokio::select! {
+        biased;
         request = relayed.recv() => request,
-        _ = stop.wait_for(|down| *down) => None,
+        _ = stop.wait_for(|down| *down) => {
+            relayed.close();
+            relayed.try_recv().ok()
+        }
     };
     if let Some(request) = request {
         tracing::debug!(
@@ -327,5 +333,43 @@ mod tests {
             .map(|me| targets(5, me, n, &BTreeSet::new()).len())
             .sum();
         assert_eq!(calls, 15);
+    }
+
+    fn tree_of_two(grace: Duration) -> Arc<AbortTree> {
+        // Rank 1 of 2: its peer's port refuses, so a call fails at once but is recorded.
+        let refusing = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = refusing.local_addr().expect("addr").to_string();
+        drop(refusing);
+        let channel = crate::net::lazy_channel(&addr, grace).expect("channel");
+        let token = AttachToken::new("t").expect("token");
+        let client = CollectiveClient::with_interceptor(channel, token);
+        Arc::new(AbortTree::new(1, 3, grace, vec![Some(client), None]))
+    }
+
+    #[tokio::test]
+    async fn an_abort_handed_over_before_the_stop_is_forwarded_and_none_after_it_is_accepted() {
+        let grace = Duration::from_millis(200);
+        let request = proto::AbortRequest {
+            generation: 3,
+            from_rank: 1,
+            reason: "worker crashed".into(),
+            permanent: false,
+        };
+        // Handed over, then stopped before the forwarder ran: still forwarded.
+        let tree = tree_of_two(grace);
+        let (relay, relayed) = mpsc::unbounded_channel();
+        let (stop_tx, stop) = watch::channel(false);
+        relay.send(request.clone()).expect("relay");
+        stop_tx.send_replace(true);
+        forward_first(tree.clone(), relayed, stop).await;
+        assert_eq!(tree.called(), [0]);
+        // Stopped first: nothing is forwarded, and a later hand-over fails (the router refuses).
+        let tree = tree_of_two(grace);
+        let (relay, relayed) = mpsc::unbounded_channel();
+        let (stop_tx, stop) = watch::channel(false);
+        stop_tx.send_replace(true);
+        forward_first(tree.clone(), relayed, stop).await;
+        assert!(tree.called().is_empty());
+        assert!(relay.send(request).is_err());
     }
 }

@@ -115,9 +115,19 @@ impl ChunkReceiver for InboundRouter {
         // Only the abort that failed this rank goes on: a rank that had already failed spread its
         // own abort or forwards the one that failed it (why every rank still hears one: the
         // communicator's `abort` module). Handed over without waiting, so the caller's answer,
-        // which its sender waits for, does not wait on this rank's children.
-        if first {
-            let _ = self.relay.send(proto::AbortRequest { reason, ..request });
+        // which its sender waits for, does not wait on this rank's children. A rank that stopped
+        // forwarding (it shut down or was dropped; its server may still answer for a moment)
+        // refuses instead: an answer would tell its sender the subtree below is covered.
+        if first
+            && self
+                .relay
+                .send(proto::AbortRequest { reason, ..request })
+                .is_err()
+        {
+            return Err(Status::unavailable(format!(
+                "rank {} is shutting down and forwards no abort; its sender calls its children",
+                self.me
+            )));
         }
         Ok(())
     }
@@ -199,6 +209,26 @@ mod tests {
                 permanent: true,
                 ..
             })
+        ));
+    }
+
+    #[test]
+    fn a_rank_that_stopped_forwarding_refuses_the_abort_so_its_sender_takes_over() {
+        let (r, _inboxes, fail, relayed) = router();
+        drop(relayed);
+        let request = proto::AbortRequest {
+            generation: 7,
+            from_rank: 2,
+            reason: "worker crashed".into(),
+            permanent: false,
+        };
+        assert_eq!(
+            r.abort(request).err().map(|s| s.code()),
+            Some(tonic::Code::Unavailable)
+        );
+        assert!(matches!(
+            fail.current(),
+            Some(CollectiveError::AbortedByPeer { by_rank: 2, .. })
         ));
     }
 }
