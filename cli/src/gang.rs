@@ -20,7 +20,7 @@ use rdu_worker::modes::all_reduce_benchmark;
 
 use crate::error::CliError;
 use crate::launch::RankLaunch;
-use rdu_crds::policy::{GangNow, Hang, HangCheck, ProgressWatch, RankExit, check_hang};
+use rdu_gang::{GangNow, Hang, HangCheck, ProgressWatch, RankExit, check_hang};
 
 /// How to start and stop the ranks.
 #[derive(Debug, Clone)]

@@ -1,6 +1,6 @@
 //! `rdujob run`: local mode (DESIGN 6). The job file, tiles from a simulated node, one process per
 //! rank on 127.0.0.1, and the operator's lifecycle: the failed generation's culprit goes through the same failure
-//! rules (`policy::judge`), which restart the gang within `backoffLimit` or `maxInfrastructureRestarts`, or end the
+//! rules (`rdu_gang::settle`), which restart the gang within `backoffLimit` or `maxInfrastructureRestarts`, or end the
 //! run with the failing rank's code. The result JSON is the last stdout line.
 
 use std::collections::BTreeMap;
@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use rdu_collective::RingMemory;
 use rdu_crds::consts::exit_code;
-use rdu_crds::policy::{self, Culprit, Restarts, Verdict};
 use rdu_crds::rank_env::SuppliedValues;
 use rdu_crds::token::new_token;
 use rdu_crds::{AllReduceResult, EndCause, JobResult, RduJob, RduJobSpec, RunMode};
+use rdu_gang::{self as policy, Backoff, Culprit, Next, Restarts, Settlement};
 use rdu_tiles::simulated::SimulatedNode;
 use rdu_worker::modes::all_reduce_benchmark;
 
@@ -156,26 +156,35 @@ pub(crate) async fn run(path: &Path, options: RunOptions) -> Result<i32, CliErro
             Some(_) => format!("rank {rank} hung"),
             None => format!("rank {rank} ended with {exit}"),
         };
-        let ruling = policy::judge(&policy, restarts, &culprit);
-        match ruling.verdict {
-            Verdict::Restart { counted } => {
-                let budget = restarts.count(&policy, counted, culprit.cause);
+        // The operator's decision (`rdu_gang::settle`): the rules judge the culprit, a granted restart is counted.
+        let Settlement {
+            ruling,
+            restarts: after,
+            next,
+        } = rdu_gang::settle(&policy, restarts, &culprit);
+        restarts = after;
+        match next {
+            Next::Restart { budget } => {
                 console.note(&format!(
                     "{ended}: rule {}: {:?}: restarting the gang: generation {} ({budget})",
                     ruling.rule,
                     ruling.action,
                     generation + 1,
                 ));
-                // A loop of restarts backs off as the operator's does.
+                // A loop of restarts backs off as the operator's does (`rdu_gang::backoff`).
                 let now = i64::try_from(started.elapsed().as_secs()).unwrap_or(i64::MAX);
-                let delay = policy::restart_delay(&restarted_at, now);
+                let backoff = rdu_gang::backoff(&restarted_at, now, now);
                 restarted_at.push(now);
-                if delay.seconds > 0 {
+                if let Some(Backoff {
+                    delay,
+                    left_seconds,
+                }) = backoff
+                {
                     console.note(&delay.message(generation + 1));
-                    tokio::time::sleep(Duration::from_secs(delay.seconds)).await;
+                    tokio::time::sleep(Duration::from_secs(left_seconds.unsigned_abs())).await;
                 }
             }
-            Verdict::Fail(reason) => {
+            Next::Fail(reason) => {
                 console.finish();
                 console.note(&format!(
                     "job {name} failed: {ended} after {generation} restart(s) ({}; rule {}: {:?})",

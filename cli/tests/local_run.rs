@@ -402,7 +402,7 @@ fn a_hung_rank_makes_the_others_exit_75_after_the_timeout_and_is_killed() {
     // SAFETY: kill(2) on our grandchild, still running.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
     let f = finish(child, lines, seen);
-    // The hung rank is the cause, not its peers that gave up on it (rdu_crds::policy::culprit, as the operator
+    // The hung rank is the cause, not its peers that gave up on it (rdu_gang::culprit, as the operator
     // blames it): the job ends with its SIGKILL, 128 + 9.
     assert_eq!(f.code, Some(137), "{}", f.stderr);
     assert!(

@@ -1,4 +1,4 @@
-//! The RduJob job model, with no client: the custom resource, its validation, the run-policy rules, the env
+//! The RduJob job model, with no client: the custom resource, its validation, the env
 //! contract of a rank and the job token, shared by the operator, local mode, the worker and the device plugin.
 
 // kube's `KubeSchema` derive emits, beside each struct with `x_kube` validations, a `pub` copy that no other crate
@@ -8,8 +8,8 @@
 
 pub mod byte_size;
 pub mod consts;
+pub mod exit_codes;
 pub mod failure_policy;
-pub mod policy;
 pub mod progress;
 pub mod progress_report;
 pub mod rank_env;

@@ -102,7 +102,7 @@ pub struct WorkerCounts {
     pub failed: u32,
 }
 
-/// How a generation of the gang ended: the rank it is blamed on (`policy::culprit`), why, and what followed.
+/// How a generation of the gang ended: the rank it is blamed on (`rdu_gang::culprit`), why, and what followed.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct GenerationEnd {

@@ -311,7 +311,7 @@ async fn a_tenants_large_look_alike_pods_cost_the_operator_no_memory_and_other_j
 }
 
 /// How long the restart loop is watched, and the most generations a job may start in it: the first restart at once,
-/// then 10 s, then 20 s between them (`rdu_crds::policy::restart_delay`). Without the backoff a job whose pods
+/// then 10 s, then 20 s between them (`rdu_gang::restart_delay`). Without the backoff a job whose pods
 /// name no node went through its whole infrastructure budget (10 restarts) in about as many seconds.
 const LOOP_WINDOW: Duration = Duration::from_secs(45);
 const MOST_RESTARTS_IN_WINDOW: u64 = 4;

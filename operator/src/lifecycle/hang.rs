@@ -9,7 +9,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use rdu_crds::ProgressMark;
 use rdu_crds::failure_policy::LostReason;
-use rdu_crds::policy::{GangNow, HangCheck, ProgressWatch, check_hang};
+use rdu_gang::{GangNow, HangCheck, ProgressWatch, check_hang};
 
 use super::pod_view::PodState;
 use super::teardown::RankFailure;
@@ -25,7 +25,7 @@ impl Look<'_> {
 
     /// Keeps `status.lastProgress` while every rank runs and no generation is stopping (cleared otherwise), and
     /// returns rank 0's `Hung` end once its step stood still for `progressDeadlineSeconds`; else requeues at the
-    /// deadline. The judgement is `rdu_crds::policy::check_hang`, local mode's too.
+    /// deadline. The judgement is `rdu_gang::check_hang`, local mode's too.
     pub(super) fn hang(&mut self) -> Option<RankFailure> {
         let kept = self.status.last_progress.take();
         let previous = kept.as_ref().map(|mark| ProgressWatch {

@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::Pod;
 use rdu_crds::PodConditionMatcher;
 use rdu_crds::consts::{self, WORKER_CONTAINER};
 use rdu_crds::failure_policy::LostReason;
-use rdu_crds::policy::RankExit;
+use rdu_gang::RankExit;
 
 use super::blocked::{self, Blocked};
 

@@ -5,15 +5,18 @@
 //! arriving while the pods go (a node declared unreachable after its ranks' peers timed out, a pod the drain
 //! evicted) and may blame another rank. Only when no pod of the job is left does the generation *end*: its cause
 //! (the job's own failure, or a disruption from outside it) and what else is known of the culprit go through the
-//! failure rules (`policy::judge`: the job's `failurePolicy`, then the defaults of its `restartPolicy`), whose
+//! failure rules (`rdu_gang::judge`: the job's `failurePolicy`, then the defaults of its `restartPolicy`), whose
 //! action and budgets decide between failing the job and the next generation, counted against `backoffLimit` or
 //! against `maxInfrastructureRestarts`; the next generation is created whole, with every pod name free.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use rdu_crds::consts::exit_code;
 use rdu_crds::failure_policy::LostReason;
-use rdu_crds::policy::{self, Culprit, FailureReason, RankExit, Restarts, Ruling, Verdict};
 use rdu_crds::{EndCause, GenerationEnd, JobPhase, PodConditionMatcher, RankStatus, RuleSource};
+use rdu_gang::{
+    self as policy, Backoff, Culprit, FailureReason, Next, RankExit, Restarts, Ruling, Settlement,
+    Verdict,
+};
 
 use super::pod_view::{PodState, PodView};
 use super::{Action, Look, condition};
@@ -289,13 +292,17 @@ impl Look<'_> {
             .min_by_key(RankFailure::blame_key)
     }
 
-    /// What the failure rules make of the culprit's end, with the restarts so far.
-    fn ruling(&self, culprit: &RankFailure) -> Ruling {
-        let restarts = Restarts {
+    /// The restarts so far, from `status`.
+    fn restarts(&self) -> Restarts {
+        Restarts {
             counted: self.status.failure_restarts,
             not_counted: self.status.disruption_restarts,
-        };
-        policy::judge(self.job.run_policy, restarts, &culprit.as_culprit())
+        }
+    }
+
+    /// What the failure rules make of the culprit's end, with the restarts so far.
+    fn ruling(&self, culprit: &RankFailure) -> Ruling {
+        policy::judge(self.job.run_policy, self.restarts(), &culprit.as_culprit())
     }
 
     /// `rule failurePolicy.rules[0] (oom): FailJob; failureRestarts 0, disruptionRestarts 0`: the rule, what
@@ -397,13 +404,18 @@ impl Look<'_> {
         self.force_delete(forced);
     }
 
-    /// The generation is over: restart the gang as the next one (counted or not) or fail the job.
+    /// The generation is over: restart the gang as the next one (counted or not) or fail the job, as
+    /// `rdu_gang::settle` says (local mode's decision too).
     fn settle(&mut self, culprit: RankFailure) -> bool {
         let policy = self.job.run_policy;
         let (limit, max_uncounted) = (policy.backoff_limit, policy.max_infrastructure_restarts);
-        let ruling = self.ruling(&culprit);
-        match ruling.verdict {
-            Verdict::Fail(reason) => {
+        let Settlement {
+            ruling,
+            restarts,
+            next,
+        } = policy::settle(policy, self.restarts(), &culprit.as_culprit());
+        match next {
+            Next::Fail(reason) => {
                 self.end_generation(&culprit, &ruling);
                 let message = match reason {
                     FailureReason::BackoffLimitExceeded => format!(
@@ -424,12 +436,7 @@ impl Look<'_> {
                 self.finish(JobPhase::Failed, reason.as_str(), message);
                 true
             }
-            Verdict::Restart { counted } => {
-                let mut restarts = Restarts {
-                    counted: self.status.failure_restarts,
-                    not_counted: self.status.disruption_restarts,
-                };
-                let why = restarts.count(policy, counted, culprit.cause);
+            Next::Restart { budget: why } => {
                 self.status.failure_restarts = restarts.counted;
                 self.status.disruption_restarts = restarts.not_counted;
                 self.end_generation(&culprit, &ruling);
@@ -449,7 +456,7 @@ impl Look<'_> {
     }
 
     /// Whether the current generation waits before its pods are made: a restart of a loop backs off
-    /// (`rdu_crds::policy::restart_delay`, over the restarts in `status.history`); the Restarting condition says
+    /// (`rdu_gang::backoff`, over the restarts in `status.history`); the Restarting condition says
     /// how long, and the job is looked at again then.
     pub(super) fn backing_off(&mut self) -> bool {
         let generation = self.generation();
@@ -462,12 +469,13 @@ impl Look<'_> {
         }
         let times: Vec<i64> = earlier.iter().map(|end| end.time.0.as_second()).collect();
         let restarted_at = last.time.0.as_second();
-        let delay = policy::restart_delay(&times, restarted_at);
-        let left =
-            restarted_at + i64::try_from(delay.seconds).unwrap_or(i64::MAX) - self.now.as_second();
-        if left <= 0 {
+        let Some(Backoff {
+            delay,
+            left_seconds: left,
+        }) = policy::backoff(&times, restarted_at, self.now.as_second())
+        else {
             return false;
-        }
+        };
         self.set_condition(
             condition::RESTARTING,
             true,

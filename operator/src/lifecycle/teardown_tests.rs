@@ -5,8 +5,8 @@ use super::tests::{after, at, condition, decide, decide_with, lost, names, p, po
 use super::*;
 use crate::nodes::{Loss, Room};
 use crate::test_fixtures::job;
-use rdu_crds::policy::RankExit;
 use rdu_crds::{EndAction, EndCause, GenerationEnd};
+use rdu_gang::RankExit;
 use std::collections::BTreeMap;
 
 fn room(ranks: &[(&str, u64)]) -> ClusterView {

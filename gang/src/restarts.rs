@@ -4,9 +4,9 @@
 //! 6 min), from its second restart within 10 minutes: one disruption (a drain, a lost node) is recovered from at
 //! once, a loop (a template no node can run, a crash at start) is throttled.
 
-use crate::{EndCause, RunPolicy};
+use rdu_crds::{EndCause, RunPolicy};
 
-use super::Restarts;
+use crate::Restarts;
 
 /// Restarts closer together than this are one loop; a generation that ran longer ends it.
 pub const RESTART_LOOP_WINDOW_SECONDS: i64 = 600;

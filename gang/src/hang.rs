@@ -6,10 +6,10 @@
 //! progress port) cannot restart a job. Time is whole seconds on the caller's clock (the operator's wall clock,
 //! local mode's gang start).
 
-use crate::EndCause;
-use crate::failure_policy::HUNG;
+use rdu_crds::EndCause;
+use rdu_crds::failure_policy::HUNG;
 
-use super::{Culprit, RankExit};
+use crate::{Culprit, RankExit};
 
 /// Rank 0's step as last seen for `generation`, unchanged since `since`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,9 +1,9 @@
 //! Failure rules (DESIGN 5.3): what is known of a failed generation's culprit, the rule that matches it (the
 //! failure policy's first, then the defaults of `restartPolicy`), and the verdict the two budgets allow.
 
-use super::{FailureReason, RankExit, Verdict};
-use crate::consts::exit_code;
-use crate::{
+use crate::{FailureReason, RankExit, Verdict};
+use rdu_crds::consts::exit_code;
+use rdu_crds::{
     EndAction, EndCause, ExitCodeMatcher, ExitCodeOperator, ExitCodeRange, FailureRule,
     MatchedRule, PodConditionMatcher, RestartPolicy, RuleSource, RunPolicy,
 };
@@ -50,120 +50,32 @@ impl Culprit {
     }
 }
 
-/// A set of exit codes 0–255.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CodeSet([u64; 4]);
-
-impl CodeSet {
-    /// Every failing code, 1–255.
-    pub fn failures() -> Self {
-        let mut set = CodeSet([u64::MAX; 4]);
-        set.0[0] &= !1;
-        set
-    }
-
-    pub fn insert(&mut self, code: i32) {
-        if let Ok(code @ 0..=255) = u8::try_from(code).map(usize::from) {
-            self.0[code / 64] |= 1 << (code % 64);
-        }
-    }
-
-    pub fn contains(&self, code: i32) -> bool {
-        match u8::try_from(code).map(usize::from) {
-            Ok(code) => self.0[code / 64] & (1 << (code % 64)) != 0,
-            Err(_) => false,
-        }
-    }
-
-    pub fn intersection(self, other: CodeSet) -> CodeSet {
-        CodeSet(std::array::from_fn(|i| self.0[i] & other.0[i]))
-    }
-
-    /// The failing codes not in this set.
-    pub fn other_failures(self) -> CodeSet {
-        CodeSet(std::array::from_fn(|i| !self.0[i])).intersection(CodeSet::failures())
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0 == [0; 4]
-    }
-
-    pub fn is_subset(&self, of: &CodeSet) -> bool {
-        self.intersection(*of) == *self
-    }
-}
-
-impl ExitCodeMatcher {
-    /// `values` and `ranges` together (codes outside 0–255 left out).
-    pub fn listed(&self) -> CodeSet {
-        let mut set = CodeSet::default();
-        for &code in &self.values {
-            set.insert(code);
-        }
-        for range in &self.ranges {
-            for code in range.from.max(0)..=range.to.min(255) {
-                set.insert(code);
-            }
-        }
-        set
-    }
-
-    /// The failing codes (1–255) this matcher accepts.
-    pub fn accepted(&self) -> CodeSet {
-        match self.operator {
-            ExitCodeOperator::In => self.listed().intersection(CodeSet::failures()),
-            ExitCodeOperator::NotIn => self.listed().other_failures(),
-        }
-    }
-}
-
-impl FailureRule {
-    /// The failing exit codes `onExitCodes` and `onSignals` together accept; none when neither is set (the rule
-    /// then matches ranks without an exit code too).
-    pub fn exit_codes(&self) -> Option<CodeSet> {
-        let codes = self.on_exit_codes.as_ref().map(ExitCodeMatcher::accepted);
-        let signals = self.on_signals.as_ref().map(|signals| {
-            let mut set = CodeSet::default();
-            for &signal in signals {
-                if (1..=64).contains(&signal) {
-                    set.insert(exit_code::SIGNAL_BASE + signal);
-                }
-            }
-            set
-        });
-        match (codes, signals) {
-            (Some(c), Some(s)) => Some(c.intersection(s)),
-            (c, s) => c.or(s),
-        }
-    }
-
-    /// Whether every matcher the rule sets holds for `culprit`.
-    pub fn matches(&self, culprit: &Culprit) -> bool {
-        let listed = |list: &Option<Vec<String>>, value: Option<&str>| {
-            list.as_ref()
-                .is_none_or(|l| value.is_some_and(|v| l.iter().any(|x| x == v)))
-        };
-        self.exit_codes()
-            .is_none_or(|set| culprit.exit_code().is_some_and(|c| set.contains(c)))
-            && listed(&self.on_reasons, Some(&culprit.reason))
-            && listed(
-                &self.on_container_reasons,
-                culprit.container_reason.as_deref(),
-            )
-            && self.on_pod_conditions.as_ref().is_none_or(|wanted| {
-                wanted.iter().any(|w| {
-                    culprit
-                        .pod_conditions
-                        .iter()
-                        .any(|c| c.type_ == w.type_ && (w.reason.is_none() || w.reason == c.reason))
-                })
+/// Whether every matcher `rule` sets holds for `culprit`.
+fn matches(rule: &FailureRule, culprit: &Culprit) -> bool {
+    let listed = |list: &Option<Vec<String>>, value: Option<&str>| {
+        list.as_ref()
+            .is_none_or(|l| value.is_some_and(|v| l.iter().any(|x| x == v)))
+    };
+    rule.exit_codes()
+        .is_none_or(|set| culprit.exit_code().is_some_and(|c| set.contains(c)))
+        && listed(&rule.on_reasons, Some(&culprit.reason))
+        && listed(
+            &rule.on_container_reasons,
+            culprit.container_reason.as_deref(),
+        )
+        && rule.on_pod_conditions.as_ref().is_none_or(|wanted| {
+            wanted.iter().any(|w| {
+                culprit
+                    .pod_conditions
+                    .iter()
+                    .any(|c| c.type_ == w.type_ && (w.reason.is_none() || w.reason == c.reason))
             })
-            && self.on_cause.is_none_or(|c| c == culprit.cause)
-            && self
-                .on_ranks
-                .as_ref()
-                .is_none_or(|ranks| ranks.contains(&culprit.rank))
-    }
+        })
+        && rule.on_cause.is_none_or(|c| c == culprit.cause)
+        && rule
+            .on_ranks
+            .as_ref()
+            .is_none_or(|ranks| ranks.contains(&culprit.rank))
 }
 
 /// The codes `restartPolicy: ExitCode` restarts on: 75 (transient) and above 128 (a signal).
@@ -269,7 +181,7 @@ pub fn judge(run: &RunPolicy, restarts: Restarts, culprit: &Culprit) -> Ruling {
                 .enumerate()
                 .map(|(i, r)| (RuleSource::RestartPolicy, i, r)),
         )
-        .find(|(_, _, rule)| rule.matches(culprit))
+        .find(|(_, _, rule)| matches(rule, culprit))
         .unwrap_or((RuleSource::RestartPolicy, 0, &defaults[defaults.len() - 1]));
     let verdict = match rule.action {
         EndAction::FailJob => Verdict::Fail(match (source, rule.name.as_deref()) {

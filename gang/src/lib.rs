@@ -1,22 +1,25 @@
-//! The run-policy rules of DESIGN 5, written once for the operator and local mode: how a rank ended, which rank
-//! caused a failed generation, whether the gang restarts or the job fails (the failure rules of `rules`), how a
-//! granted restart is counted and how long the next generation waits (`restarts`), and when a gang that stopped
-//! making progress is hung (`hang`).
+//! The gang's decisions (DESIGN 5), written once for the operator and local mode and free of I/O: how a rank
+//! ended, which rank caused a failed generation, whether the gang restarts or the job fails (the failure rules of
+//! `rules`), how a granted restart is counted and how long the next generation waits (`restarts`, `settle`), and
+//! when a gang that stopped making progress is hung (`hang`). The operator turns pods and `status` into its
+//! inputs, local mode its child processes.
 
 use std::fmt;
 
-use crate::consts::exit_code;
-use crate::{EndCause, RestartPolicy, RunPolicy};
+use rdu_crds::consts::exit_code;
+use rdu_crds::{EndCause, RestartPolicy, RunPolicy};
 
 mod hang;
 mod restarts;
 mod rules;
+mod settle;
 pub use hang::{GangNow, Hang, HangCheck, ProgressWatch, UNREPORTED_RECHECK_SECONDS, check_hang};
 pub use restarts::{
     BACKOFF_BASE_SECONDS, BACKOFF_MAX_SECONDS, RESTART_LOOP_WINDOW_SECONDS, RestartDelay,
     restart_delay,
 };
-pub use rules::{CodeSet, Culprit, Restarts, Ruling, default_rules, judge};
+pub use rules::{Culprit, Restarts, Ruling, default_rules, judge};
+pub use settle::{Backoff, Next, Settlement, backoff, settle};
 
 /// How one rank of a generation ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,8 +1,9 @@
 use super::*;
-use crate::FailurePolicy;
 use EndAction::{FailJob, RestartJob, RestartJobNotCounted};
 use EndCause::{Disruption, Failure};
 use RankExit::{Code, Lost, Signal};
+use rdu_crds::FailurePolicy;
+use rdu_crds::exit_codes::CodeSet;
 
 fn culprit(rank: u32, exit: RankExit, reason: &str, cause: EndCause) -> Culprit {
     Culprit {
@@ -23,7 +24,7 @@ fn evicted(reason: &str) -> Culprit {
                 reason: None,
             },
             PodConditionMatcher {
-                type_: crate::failure_policy::DISRUPTION_TARGET.into(),
+                type_: rdu_crds::failure_policy::DISRUPTION_TARGET.into(),
                 reason: Some(reason.into()),
             },
         ],
@@ -276,7 +277,7 @@ fn every_matcher_matches_what_it_names_and_nothing_else() {
         ),
     ];
     for (what, rule, c, expected) in table {
-        assert_eq!(rule.matches(c), expected, "{what}: {rule:?} on {c:?}");
+        assert_eq!(matches(&rule, c), expected, "{what}: {rule:?} on {c:?}");
     }
 }
 
