@@ -20,7 +20,7 @@ use rdu_worker::modes::all_reduce_benchmark;
 
 use crate::error::CliError;
 use crate::launch::RankLaunch;
-use rdu_gang::{GangNow, Hang, HangCheck, ProgressWatch, RankExit, check_hang};
+use rdu_gang::{Hang, RankExit, StepWatcher};
 
 /// How to start and stop the ranks.
 #[derive(Debug, Clone)]
@@ -234,25 +234,18 @@ pub(crate) async fn run(
     Ok(outcome)
 }
 
-/// Rank 0's progress under `progressDeadlineSeconds`, on a clock of whole seconds from the gang's start.
+/// Rank 0's progress under `progressDeadlineSeconds`: `rdu_gang::StepWatcher` on a clock of whole seconds from
+/// the gang's start.
 struct HangWatch {
-    deadline: Option<u64>,
     started: Instant,
-    step: Option<u64>,
-    watch: Option<ProgressWatch>,
-    every_rank_runs: bool,
-    hung: Option<Hang>,
+    watcher: StepWatcher,
 }
 
 impl HangWatch {
     fn new(deadline: Option<Duration>) -> Self {
         Self {
-            deadline: deadline.map(|d| d.as_secs()),
             started: Instant::now(),
-            step: None,
-            watch: None,
-            every_rank_runs: true,
-            hung: None,
+            watcher: StepWatcher::new(deadline.map(|d| d.as_secs())),
         }
     }
 
@@ -262,48 +255,21 @@ impl HangWatch {
     }
 
     /// Looks again, with rank 0's newest step if one came: when to look next, none when nothing is watched any
-    /// more (a hang found is kept for `take_hang`).
+    /// more.
     fn look(&mut self, step: Option<u64>) -> Option<Instant> {
-        if step.is_some() {
-            self.step = step;
-        }
         let now = i64::try_from(self.started.elapsed().as_secs()).unwrap_or(i64::MAX);
-        let gang = GangNow {
-            generation: 0,
-            step: self.step,
-            // Rank 0's output is read here directly: what it last said is current.
-            reported_at: Some(now),
-            every_rank_runs: self.every_rank_runs,
-            now,
-        };
-        match check_hang(self.deadline, self.watch.take(), gang) {
-            HangCheck::Off => None,
-            // Not with `reported_at` now; kept watching should it ever be.
-            HangCheck::Watching { watch, recheck_in }
-            | HangCheck::Unreported {
-                watch, recheck_in, ..
-            } => {
-                self.watch = Some(watch);
-                let at = now.saturating_add(recheck_in).unsigned_abs();
-                Some(self.started + Duration::from_secs(at))
-            }
-            HangCheck::Hung(hang) => {
-                self.hung = Some(hang);
-                self.every_rank_runs = false;
-                None
-            }
-        }
+        let at = self.watcher.look(now, step)?;
+        Some(self.started + Duration::from_secs(at.unsigned_abs()))
     }
 
     /// Not every rank runs any more: nothing to watch.
     fn stop(&mut self) {
-        self.watch = None;
-        self.every_rank_runs = false;
+        self.watcher.stop();
     }
 
     /// The hang found by the last look, once.
     fn take_hang(&mut self) -> Option<Hang> {
-        self.hung.take()
+        self.watcher.take_hang()
     }
 }
 

@@ -134,9 +134,101 @@ pub fn check_hang(
     }
 }
 
+/// A watch kept in memory, for a caller that reads rank 0's steps directly (local mode reads its output; the
+/// operator keeps its watch in `status.lastProgress` instead): what it last said is current, so a step that stood
+/// still for the deadline is a hang at once. Time is whole seconds from the gang's start.
+#[derive(Debug)]
+pub struct StepWatcher {
+    deadline: Option<u64>,
+    step: Option<u64>,
+    watch: Option<ProgressWatch>,
+    every_rank_runs: bool,
+    hung: Option<Hang>,
+}
+
+impl StepWatcher {
+    /// A watcher of a gang whose every rank runs, under `progressDeadlineSeconds` `deadline`.
+    pub fn new(deadline: Option<u64>) -> Self {
+        StepWatcher {
+            deadline,
+            step: None,
+            watch: None,
+            every_rank_runs: true,
+            hung: None,
+        }
+    }
+
+    /// Looks at `now`, with rank 0's newest step if one came: when to look next (seconds from the start), none
+    /// when nothing is watched any more (a hang found is kept for [`StepWatcher::take_hang`]).
+    pub fn look(&mut self, now: i64, step: Option<u64>) -> Option<i64> {
+        if step.is_some() {
+            self.step = step;
+        }
+        let gang = GangNow {
+            generation: 0,
+            step: self.step,
+            reported_at: Some(now),
+            every_rank_runs: self.every_rank_runs,
+            now,
+        };
+        match check_hang(self.deadline, self.watch.take(), gang) {
+            HangCheck::Off => None,
+            // Not with `reported_at` now; kept watching should it ever be.
+            HangCheck::Watching { watch, recheck_in }
+            | HangCheck::Unreported {
+                watch, recheck_in, ..
+            } => {
+                self.watch = Some(watch);
+                Some(now.saturating_add(recheck_in))
+            }
+            HangCheck::Hung(hang) => {
+                self.hung = Some(hang);
+                self.every_rank_runs = false;
+                None
+            }
+        }
+    }
+
+    /// Not every rank runs any more: nothing to watch.
+    pub fn stop(&mut self) {
+        self.watch = None;
+        self.every_rank_runs = false;
+    }
+
+    /// The hang found by the last look, once.
+    pub fn take_hang(&mut self) -> Option<Hang> {
+        self.hung.take()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_watcher_finds_a_step_that_stood_still_for_the_deadline_while_every_rank_ran() {
+        // (look at, step that came) -> next look, for a deadline of 20 s
+        let mut w = StepWatcher::new(Some(20));
+        assert_eq!(w.look(0, None), Some(20));
+        assert_eq!(
+            w.look(5, Some(1)),
+            Some(25),
+            "a new step restarts the watch"
+        );
+        assert_eq!(w.look(12, Some(1)), Some(25), "the same step keeps it");
+        assert_eq!(w.look(25, None), None);
+        let hang = w.take_hang().expect("hung");
+        assert_eq!((hang.step, hang.still_seconds), (Some(1), 20));
+        assert!(w.take_hang().is_none(), "given once");
+        // A rank ended: nothing is watched, and no hang is found after.
+        let mut w = StepWatcher::new(Some(20));
+        assert_eq!(w.look(0, None), Some(20));
+        w.stop();
+        assert_eq!(w.look(40, None), None);
+        assert!(w.take_hang().is_none());
+        // No deadline: nothing is watched.
+        assert_eq!(StepWatcher::new(None).look(0, None), None);
+    }
 
     /// The gang as local mode sees it: rank 0 read directly, so its state is current.
     fn gang(generation: u32, step: Option<u64>, every_rank_runs: bool, now: i64) -> GangNow {

@@ -13,7 +13,9 @@ mod hang;
 mod restarts;
 mod rules;
 mod settle;
-pub use hang::{GangNow, Hang, HangCheck, ProgressWatch, UNREPORTED_RECHECK_SECONDS, check_hang};
+pub use hang::{
+    GangNow, Hang, HangCheck, ProgressWatch, StepWatcher, UNREPORTED_RECHECK_SECONDS, check_hang,
+};
 pub use restarts::{
     BACKOFF_BASE_SECONDS, BACKOFF_MAX_SECONDS, RESTART_LOOP_WINDOW_SECONDS, RestartDelay,
     restart_delay,
