@@ -20,7 +20,7 @@ use rdu_worker::modes::all_reduce_benchmark;
 
 use crate::error::CliError;
 use crate::launch::RankLaunch;
-use rdu_gang::{Hang, RankExit, StepWatcher};
+use rdu_gang::{GenerationEnd, Hang, RankExit, StepWatcher};
 
 /// How to start and stop the ranks.
 #[derive(Debug, Clone)]
@@ -39,19 +39,6 @@ pub(crate) struct GangOptions {
     pub job_deadline: Option<Instant>,
     /// spec.runPolicy.progressDeadlineSeconds: how long rank 0's step may stand still while every rank runs.
     pub progress_deadline: Option<Duration>,
-}
-
-/// How the generation ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct GangOutcome {
-    /// (rank, exit) in the order the ranks ended.
-    pub exits: Vec<(u32, RankExit)>,
-    /// The signal the user sent us, when we stopped because of one.
-    pub interrupted: Option<i32>,
-    /// The job's activeDeadlineSeconds passed while the ranks ran.
-    pub deadline_exceeded: bool,
-    /// The gang was stopped because rank 0's step stood still for progressDeadlineSeconds.
-    pub hung: Option<Hang>,
 }
 
 fn rank_exit(status: ExitStatus) -> RankExit {
@@ -105,7 +92,7 @@ async fn forward_lines(
 pub(crate) async fn run(
     launches: &[RankLaunch],
     opts: &GangOptions,
-) -> Result<GangOutcome, CliError> {
+) -> Result<GenerationEnd, CliError> {
     let mut sigint =
         signal(SignalKind::interrupt()).map_err(io_err("installing the SIGINT handler"))?;
     let mut sigterm =
@@ -158,12 +145,7 @@ pub(crate) async fn run(
     drop(exit_tx);
     drop(step_tx);
 
-    let mut outcome = GangOutcome {
-        exits: Vec::new(),
-        interrupted: None,
-        deadline_exceeded: false,
-        hung: None,
-    };
+    let mut outcome = GenerationEnd::default();
     // Hang detection, judged as the operator judges it (`check_hang`): rank 0's last step and the watch on it.
     let mut hang = HangWatch::new(opts.progress_deadline);
     let mut hang_at = hang.start();
@@ -277,7 +259,7 @@ fn forward(
     running: &[(u32, u32)],
     sig: i32,
     opts: &GangOptions,
-    outcome: &mut GangOutcome,
+    outcome: &mut GenerationEnd,
     kill_at: &mut Option<Instant>,
 ) {
     opts.console

@@ -11,8 +11,8 @@ use rdu_collective::RingMemory;
 use rdu_crds::consts::exit_code;
 use rdu_crds::rank_env::SuppliedValues;
 use rdu_crds::token::new_token;
-use rdu_crds::{AllReduceResult, EndCause, JobResult, RduJob, RduJobSpec, RunMode};
-use rdu_gang::{self as policy, Backoff, Culprit, Next, Restarts, Settlement};
+use rdu_crds::{AllReduceResult, JobResult, RduJob, RduJobSpec, RunMode};
+use rdu_gang::{AfterGeneration, Backoff, Next, Restarts, Settlement};
 use rdu_tiles::simulated::SimulatedNode;
 use rdu_worker::modes::all_reduce_benchmark;
 
@@ -122,78 +122,71 @@ pub(crate) async fn run(path: &Path, options: RunOptions) -> Result<i32, CliErro
         ));
         let outcome = gang::run(&launches, &opts).await?;
         node.release(&device_ids);
-        if let Some(sig) = outcome.interrupted {
-            console.note(&format!("stopped by signal {sig}"));
-            if let Some(dir) = &checkpoint_dir {
-                console.note(&where_checkpoints_went(dir, kept_checkpoints));
-            }
-            return Ok(128 + sig);
-        }
-        if outcome.deadline_exceeded {
-            console.note(&format!(
-                "job {name} failed: DeadlineExceeded (spec.runPolicy.activeDeadlineSeconds {})",
-                policy.active_deadline_seconds.unwrap_or_default()
-            ));
-            return Ok(exit_code::DEADLINE_EXCEEDED);
-        }
-        // A hang is blamed on rank 0; the ranks stopped for it are its consequence. Local mode has no cluster to
-        // disrupt it: every end is the job's own.
-        let blamed = match outcome.hung {
-            Some(hang) => Some(hang.culprit()),
-            None => policy::culprit(outcome.exits.iter().copied())
-                .map(|(rank, exit)| Culprit::from_exit(rank, exit, EndCause::Failure)),
-        };
-        let Some(culprit) = blamed else {
-            let result = read_result(&result_path)?;
-            console.finish();
-            console.note(&format!(
-                "job {name} succeeded after {generation} restart(s)"
-            ));
-            return print_result(&console, &result, tensorboard_dir.as_deref());
-        };
-        let (rank, exit) = (culprit.rank, culprit.exit);
-        let ended = match outcome.hung {
-            Some(_) => format!("rank {rank} hung"),
-            None => format!("rank {rank} ended with {exit}"),
-        };
-        // The operator's decision (`rdu_gang::settle`): the rules judge the culprit, a granted restart is counted.
-        let Settlement {
-            ruling,
-            restarts: after,
-            next,
-        } = rdu_gang::settle(&policy, restarts, &culprit);
-        restarts = after;
-        match next {
-            Next::Restart { budget } => {
-                console.note(&format!(
-                    "{ended}: rule {}: {:?}: restarting the gang: generation {} ({budget})",
-                    ruling.rule,
-                    ruling.action,
-                    generation + 1,
-                ));
-                // A loop of restarts backs off as the operator's does (`rdu_gang::backoff`).
-                let now = i64::try_from(started.elapsed().as_secs()).unwrap_or(i64::MAX);
-                let backoff = rdu_gang::backoff(&restarted_at, now, now);
-                restarted_at.push(now);
-                if let Some(Backoff {
-                    delay,
-                    left_seconds,
-                }) = backoff
-                {
-                    console.note(&delay.message(generation + 1));
-                    tokio::time::sleep(Duration::from_secs(left_seconds.unsigned_abs())).await;
+        let after = rdu_gang::after_generation(&policy, restarts, &outcome);
+        let code = after.exit_code();
+        match after {
+            AfterGeneration::Stopped { signal } => {
+                console.note(&format!("stopped by signal {signal}"));
+                if let Some(dir) = &checkpoint_dir {
+                    console.note(&where_checkpoints_went(dir, kept_checkpoints));
                 }
             }
-            Next::Fail(reason) => {
+            AfterGeneration::DeadlineExceeded => console.note(&format!(
+                "job {name} failed: DeadlineExceeded (spec.runPolicy.activeDeadlineSeconds {})",
+                policy.active_deadline_seconds.unwrap_or_default()
+            )),
+            AfterGeneration::Succeeded => {
+                let result = read_result(&result_path)?;
                 console.finish();
                 console.note(&format!(
-                    "job {name} failed: {ended} after {generation} restart(s) ({}; rule {}: {:?})",
-                    reason.as_str(),
-                    ruling.rule,
-                    ruling.action
+                    "job {name} succeeded after {generation} restart(s)"
                 ));
-                return Ok(exit.as_exit_code());
+                return print_result(&console, &result, tensorboard_dir.as_deref());
             }
+            AfterGeneration::Failed {
+                ended,
+                settlement:
+                    Settlement {
+                        ruling,
+                        restarts: after,
+                        next,
+                    },
+                ..
+            } => match next {
+                Next::Restart { budget } => {
+                    restarts = after;
+                    console.note(&format!(
+                        "{ended}: rule {}: {:?}: restarting the gang: generation {} ({budget})",
+                        ruling.rule,
+                        ruling.action,
+                        generation + 1,
+                    ));
+                    // A loop of restarts backs off as the operator's does (`rdu_gang::backoff`).
+                    let now = i64::try_from(started.elapsed().as_secs()).unwrap_or(i64::MAX);
+                    let backoff = rdu_gang::backoff(&restarted_at, now, now);
+                    restarted_at.push(now);
+                    if let Some(Backoff {
+                        delay,
+                        left_seconds,
+                    }) = backoff
+                    {
+                        console.note(&delay.message(generation + 1));
+                        tokio::time::sleep(Duration::from_secs(left_seconds.unsigned_abs())).await;
+                    }
+                }
+                Next::Fail(reason) => {
+                    console.finish();
+                    console.note(&format!(
+                        "job {name} failed: {ended} after {generation} restart(s) ({}; rule {}: {:?})",
+                        reason.as_str(),
+                        ruling.rule,
+                        ruling.action
+                    ));
+                }
+            },
+        }
+        if let Some(code) = code {
+            return Ok(code);
         }
     }
     unreachable_generation()

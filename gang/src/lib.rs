@@ -9,10 +9,12 @@ use std::fmt;
 use rdu_crds::consts::exit_code;
 use rdu_crds::{EndCause, RestartPolicy, RunPolicy};
 
+mod generation;
 mod hang;
 mod restarts;
 mod rules;
 mod settle;
+pub use generation::{AfterGeneration, GenerationEnd, after_generation};
 pub use hang::{
     GangNow, Hang, HangCheck, ProgressWatch, StepWatcher, UNREPORTED_RECHECK_SECONDS, check_hang,
 };
