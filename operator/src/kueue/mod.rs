@@ -13,6 +13,7 @@
 pub mod patches;
 pub mod plan;
 pub mod sync;
+pub mod types;
 pub mod view;
 pub mod workload;
 

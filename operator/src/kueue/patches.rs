@@ -4,7 +4,10 @@
 //! (what an apply leaves out, its manager gives up), and the resourceVersion as a precondition.
 
 use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{Value, json};
+
+use super::types::{API_VERSION, KIND, Workload, WorkloadCondition, WorkloadSpec, WorkloadStatus};
 
 /// The conditions Kueue's admission manager owns (`admissionManagedConditions`).
 const ADMISSION_CONDITIONS: [&str; 8] = [
@@ -18,49 +21,66 @@ const ADMISSION_CONDITIONS: [&str; 8] = [
     "Finished",
 ];
 
-/// Status fields the admission manager writes beside its conditions, carried over unchanged.
-const ADMISSION_FIELDS: [&str; 7] = [
+/// Status fields the admission manager writes beside its conditions and does not name in `WorkloadStatus`,
+/// carried over unchanged (with `admissionChecks`, `accumulatedPastExecutionTimeSeconds`, `admission` and
+/// `resourceRequests`, which it names).
+const ADMISSION_FIELDS: [&str; 5] = [
     "requeueState",
-    "accumulatedPastExecutionTimeSeconds",
     "schedulingStats",
     "clusterName",
     "nominatedClusterNames",
     "unhealthyNodes",
-    "admissionChecks",
 ];
 
-fn head(workload: &Value, strict: bool) -> Value {
-    let meta = &workload["metadata"];
-    let mut metadata = json!({"name": meta["name"], "namespace": meta["namespace"]});
-    if strict {
-        metadata["uid"] = meta["uid"].clone();
-        metadata["resourceVersion"] = meta["resourceVersion"].clone();
+/// The apply body's head: the Workload's name and namespace, and with `strict` its UID and resourceVersion as
+/// preconditions.
+fn head(workload: &Workload, strict: bool, status: WorkloadStatus) -> Value {
+    let meta = &workload.metadata;
+    let metadata = ObjectMeta {
+        name: meta.name.clone(),
+        namespace: meta.namespace.clone(),
+        uid: meta.uid.clone().filter(|_| strict),
+        resource_version: meta.resource_version.clone().filter(|_| strict),
+        ..ObjectMeta::default()
+    };
+    let body = Workload {
+        api_version: API_VERSION.into(),
+        kind: KIND.into(),
+        metadata,
+        spec: WorkloadSpec::default(),
+        status: Some(status),
+    };
+    let mut body = serde_json::to_value(body).expect("a Workload serializes");
+    // An apply names only what it owns: no spec.
+    if let Some(fields) = body.as_object_mut() {
+        fields.remove("spec");
     }
-    json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload", "metadata": metadata})
+    body
 }
 
 /// Sets condition `type_` in `conditions` as `apimeta.SetStatusCondition` does: the transition time changes only
 /// when the status does. Returns whether anything changed.
 fn set_condition(
-    conditions: &mut Vec<Value>,
+    conditions: &mut Vec<WorkloadCondition>,
     type_: &str,
     status: bool,
     reason: &str,
     message: &str,
-    generation: &Value,
+    generation: Option<i64>,
     now: Timestamp,
 ) -> bool {
-    let status_text = if status { "True" } else { "False" };
-    let message: String = message.chars().take(32 * 1024).collect();
-    let mut new = json!({
-        "type": type_, "status": status_text, "reason": reason, "message": message,
-        "lastTransitionTime": now.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
-        "observedGeneration": generation,
-    });
-    match conditions.iter_mut().find(|c| c["type"] == type_) {
+    let mut new = WorkloadCondition {
+        type_: type_.to_string(),
+        status: if status { "True" } else { "False" }.to_string(),
+        reason: reason.to_string(),
+        message: message.chars().take(32 * 1024).collect(),
+        last_transition_time: Some(now.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()),
+        observed_generation: generation,
+    };
+    match conditions.iter_mut().find(|c| c.type_ == type_) {
         Some(old) => {
-            if old["status"] == status_text {
-                new["lastTransitionTime"] = old["lastTransitionTime"].clone();
+            if old.status == new.status {
+                new.last_transition_time = old.last_transition_time.clone();
             }
             let changed = *old != new;
             *old = new;
@@ -75,32 +95,32 @@ fn set_condition(
 
 /// The `PodsReady` condition alone (field manager `kueue-job-controller-PodsReady`).
 pub fn pods_ready(
-    workload: &Value,
+    workload: &Workload,
     ready: bool,
     reason: &str,
     message: &str,
     now: Timestamp,
 ) -> Value {
-    let mut conditions: Vec<Value> = workload["status"]["conditions"]
-        .as_array()
+    let mut conditions: Vec<WorkloadCondition> = workload
+        .status()
+        .conditions
         .into_iter()
-        .flatten()
-        .filter(|c| c["type"] == "PodsReady")
-        .cloned()
+        .filter(|c| c.type_ == "PodsReady")
         .collect();
-    let generation = &workload["metadata"]["generation"];
     set_condition(
         &mut conditions,
         "PodsReady",
         ready,
         reason,
         message,
-        generation,
+        workload.metadata.generation,
         now,
     );
-    let mut body = head(workload, false);
-    body["status"] = json!({"conditions": conditions});
-    body
+    let status = WorkloadStatus {
+        conditions,
+        ..WorkloadStatus::default()
+    };
+    head(workload, false, status)
 }
 
 /// A change to the admission part of the status.
@@ -116,23 +136,31 @@ pub enum AdmissionChange<'a> {
 }
 
 /// The admission manager's part of the status after `change` (field manager `kueue-admission`, strict).
-pub fn admission(workload: &Value, change: AdmissionChange<'_>, now: Timestamp) -> Value {
-    let status = &workload["status"];
-    let generation = &workload["metadata"]["generation"];
-    let mut conditions: Vec<Value> = status["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|c| ADMISSION_CONDITIONS.iter().any(|t| c["type"] == *t))
-        .cloned()
-        .collect();
-    let mut out = serde_json::Map::new();
-    for field in ADMISSION_FIELDS {
-        if !status[field].is_null() {
-            out.insert(field.to_string(), status[field].clone());
-        }
-    }
-    let mut admission = status["admission"].clone();
+pub fn admission(workload: &Workload, change: AdmissionChange<'_>, now: Timestamp) -> Value {
+    let live = workload.status();
+    let generation = workload.metadata.generation;
+    let mut out = WorkloadStatus {
+        conditions: live
+            .conditions
+            .iter()
+            .filter(|c| ADMISSION_CONDITIONS.contains(&c.type_.as_str()))
+            .cloned()
+            .collect(),
+        admission: live.admission.clone(),
+        admission_checks: live.admission_checks.clone(),
+        accumulated_past_execution_time_seconds: live.accumulated_past_execution_time_seconds,
+        resource_requests: None,
+        other: ADMISSION_FIELDS
+            .iter()
+            .filter_map(|field| {
+                live.other
+                    .get(*field)
+                    .map(|v| (field.to_string(), v.clone()))
+            })
+            .filter(|(_, v)| !v.is_null())
+            .collect(),
+    };
+    let conditions = &mut out.conditions;
     match change {
         AdmissionChange::Release {
             requeued,
@@ -140,16 +168,10 @@ pub fn admission(workload: &Value, change: AdmissionChange<'_>, now: Timestamp) 
             message,
         } => {
             set_condition(
-                &mut conditions,
-                "Requeued",
-                requeued,
-                reason,
-                message,
-                generation,
-                now,
+                conditions, "Requeued", requeued, reason, message, generation, now,
             );
             set_condition(
-                &mut conditions,
+                conditions,
                 "QuotaReserved",
                 false,
                 "Pending",
@@ -157,23 +179,18 @@ pub fn admission(workload: &Value, change: AdmissionChange<'_>, now: Timestamp) 
                 generation,
                 now,
             );
-            admission = Value::Null;
+            out.admission = None;
             let admitted_since = conditions
                 .iter()
-                .find(|c| c["type"] == "Admitted" && c["status"] == "True")
-                .and_then(|c| c["lastTransitionTime"].as_str())
+                .find(|c| c.type_ == "Admitted" && c.is_true())
+                .and_then(|c| c.last_transition_time.as_deref())
                 .and_then(|t| t.parse::<Timestamp>().ok());
             if let Some(since) = admitted_since {
                 let ran = (now.as_second() - since.as_second()).max(0);
-                let before = status["accumulatedPastExecutionTimeSeconds"]
-                    .as_i64()
-                    .unwrap_or(0);
-                out.insert(
-                    "accumulatedPastExecutionTimeSeconds".into(),
-                    json!(before + ran),
-                );
+                let before = live.accumulated_past_execution_time_seconds.unwrap_or(0);
+                out.accumulated_past_execution_time_seconds = Some(before + ran);
                 set_condition(
-                    &mut conditions,
+                    conditions,
                     "Admitted",
                     false,
                     "NoReservation",
@@ -185,37 +202,23 @@ pub fn admission(workload: &Value, change: AdmissionChange<'_>, now: Timestamp) 
         }
         AdmissionChange::Finish { reason, message } => {
             set_condition(
-                &mut conditions,
-                "Finished",
-                true,
-                reason,
-                message,
-                generation,
-                now,
+                conditions, "Finished", true, reason, message, generation, now,
             );
         }
     }
-    if admission.is_null() {
-        let requests = status["resourceRequests"].clone();
-        if !requests.is_null() {
-            out.insert("resourceRequests".into(), requests);
-        }
-    } else {
-        out.insert("admission".into(), admission);
-        out.insert("resourceRequests".into(), json!([]));
-    }
-    out.insert("conditions".into(), json!(conditions));
-    let mut body = head(workload, true);
-    body["status"] = Value::Object(out);
-    body
+    out.resource_requests = match out.admission {
+        None => live.resource_requests.clone().filter(|r| !r.is_null()),
+        Some(_) => Some(json!([])),
+    };
+    head(workload, true, out)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn workload() -> Value {
-        json!({
+    fn workload() -> Workload {
+        serde_json::from_value(json!({
             "metadata": {"name": "rdujob-a-1", "namespace": "ml", "uid": "w-1", "resourceVersion": "42",
                          "generation": 1},
             "status": {
@@ -232,7 +235,18 @@ mod tests {
                 "admission": {"clusterQueue": "cq", "podSetAssignments": []},
                 "schedulingStats": {"evictions": [{"reason": "Preempted", "count": 1}]},
             }
-        })
+        }))
+        .expect("a Workload")
+    }
+
+    /// The keys of `value`, sorted.
+    fn keys(value: &Value) -> Vec<&str> {
+        let mut keys: Vec<&str> = value
+            .as_object()
+            .map(|o| o.keys().map(String::as_str).collect())
+            .unwrap_or_default();
+        keys.sort_unstable();
+        keys
     }
 
     fn condition<'a>(body: &'a Value, type_: &str) -> &'a Value {
@@ -260,6 +274,16 @@ mod tests {
             body["metadata"]["resourceVersion"], "42",
             "strict: a precondition"
         );
+        // What an apply names, its manager keeps; what it leaves out, its manager gives up.
+        assert_eq!(keys(&body), ["apiVersion", "kind", "metadata", "status"]);
+        assert_eq!(
+            keys(&body["status"]),
+            [
+                "accumulatedPastExecutionTimeSeconds",
+                "conditions",
+                "schedulingStats"
+            ]
+        );
         assert!(body["status"]["admission"].is_null());
         assert_eq!(condition(&body, "QuotaReserved")["status"], "False");
         assert_eq!(condition(&body, "QuotaReserved")["reason"], "Pending");
@@ -277,7 +301,7 @@ mod tests {
         assert_eq!(body["status"]["accumulatedPastExecutionTimeSeconds"], 120);
         assert_eq!(
             body["status"]["schedulingStats"],
-            workload()["status"]["schedulingStats"]
+            json!({"evictions": [{"reason": "Preempted", "count": 1}]})
         );
     }
 
@@ -292,6 +316,16 @@ mod tests {
             },
             now,
         );
+        assert_eq!(
+            keys(&body["status"]),
+            [
+                "admission",
+                "conditions",
+                "resourceRequests",
+                "schedulingStats"
+            ]
+        );
+        assert_eq!(body["status"]["resourceRequests"], json!([]));
         assert_eq!(body["status"]["admission"]["clusterQueue"], "cq");
         assert_eq!(condition(&body, "Finished")["status"], "True");
         assert_eq!(condition(&body, "Admitted")["status"], "True");
@@ -306,6 +340,8 @@ mod tests {
             "2026-11-25T10:00:30Z"
         );
         assert_eq!(same["status"]["conditions"].as_array().unwrap().len(), 1);
+        assert_eq!(keys(&same["status"]), ["conditions"]);
+        assert_eq!(keys(&same["metadata"]), ["name", "namespace"], "not strict");
         let flipped = pods_ready(&workload(), false, "WaitForRecovery", "m", now);
         assert_eq!(
             condition(&flipped, "PodsReady")["lastTransitionTime"],

@@ -4,11 +4,12 @@
 use jiff::Timestamp;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use rdu_crds::{RduJob, RduJobStatus};
-use serde_json::{Value, json};
+use serde_json::json;
 use tracing::info;
 
 use super::patches::{self, AdmissionChange};
 use super::plan::{self, Gate, Write};
+use super::types::Workload;
 use super::view::{PodSetAsk, WorkloadView};
 use super::{
     ADMISSION_MANAGER, POD_SET, POD_SET_LABEL, PODS_READY_MANAGER, flavor_resource, workload,
@@ -34,6 +35,13 @@ pub enum KueueError {
         #[source]
         source: kube::Error,
     },
+    /// A Workload that is not one as this operator reads them (a Kueue whose API changed).
+    #[error("cannot decode Workload {name}: {source}")]
+    DecodeWorkload {
+        name: String,
+        #[source]
+        source: serde_json::Error,
+    },
     #[error("cannot read ResourceFlavor {name}: {source}")]
     Flavor {
         name: String,
@@ -58,6 +66,7 @@ impl KueueError {
             KueueError::Flavor { .. }
                 | KueueError::PriorityClass { .. }
                 | KueueError::ReadWorkload { .. }
+                | KueueError::DecodeWorkload { .. }
         )
     }
 }
@@ -68,7 +77,7 @@ pub struct Queued {
     pub gate: Gate,
     /// What the job's `status.queue` says.
     pub status: rdu_crds::QueueStatus,
-    pub workload: Option<Value>,
+    pub workload: Option<Workload>,
     pub placement: Option<Placement>,
 }
 
@@ -106,7 +115,9 @@ pub async fn before(
             !job.spec.run_policy.suspend,
             priority,
         );
-        let object: DynamicObject = serde_json::from_value(body).expect("a Workload is an object");
+        let object: DynamicObject = serde_json::to_value(body)
+            .and_then(serde_json::from_value)
+            .map_err(decode(&name))?;
         match api.create(&PostParams::default(), &object).await {
             Ok(created) => {
                 info!(job = valid.name, namespace = valid.namespace, workload = %name, queue,
@@ -125,13 +136,16 @@ pub async fn before(
             }
         }
     }
-    let mut workload = found.map(|w| serde_json::to_value(w).expect("an object serializes"));
+    let mut workload = found
+        .map(|w| serde_json::to_value(w).and_then(serde_json::from_value::<Workload>))
+        .transpose()
+        .map_err(decode(&name))?;
     let mut view = workload.as_ref().map(WorkloadView::of);
     // The Workload must be the job's, asking what the job asks now (no generation on an admission for less).
-    let asks_now = PodSetAsk::of(&json!({
-        "count": valid.workers,
-        "template": workload::pod_set_template(rank0),
-    }));
+    let asks_now = PodSetAsk::of(&workload::pod_set(
+        valid.workers,
+        workload::pod_set_template(rank0),
+    ));
     let vetted = view
         .as_ref()
         .and_then(|v| plan::vet(v, valid.uid(), &asks_now));
@@ -175,6 +189,14 @@ pub async fn before(
         workload,
         placement,
     })
+}
+
+/// A Workload's (de)serialization failed.
+fn decode(name: &str) -> impl Fn(serde_json::Error) -> KueueError + '_ {
+    move |source| KueueError::DecodeWorkload {
+        name: name.to_string(),
+        source,
+    }
 }
 
 /// The value of PriorityClass `class`.

@@ -5,6 +5,7 @@
 use serde_json::Value;
 
 use super::POD_SET;
+use super::types::{PodSet, Workload};
 
 /// A condition's status, reason and message.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -44,99 +45,74 @@ pub struct PodSetAsk {
 }
 
 impl PodSetAsk {
-    /// The ask of pod set `pod_set` (a Workload's `spec.podSets[]` entry, or one as `workload::build` makes it).
-    pub fn of(pod_set: &Value) -> PodSetAsk {
-        let spec = &pod_set["template"]["spec"];
-        let mut requests: Vec<(String, String, String)> = ["initContainers", "containers"]
+    /// The ask of `pod_set` (a Workload's, or one as `workload::build` makes it).
+    pub fn of(pod_set: &PodSet) -> PodSetAsk {
+        let spec = pod_set.template.spec.clone().unwrap_or_default();
+        let mut requests: Vec<(String, String, String)> = spec
+            .init_containers
             .iter()
-            .flat_map(|list| spec[*list].as_array().cloned().unwrap_or_default())
+            .flatten()
+            .chain(&spec.containers)
             .flat_map(|c| {
-                let name = c["name"].as_str().unwrap_or_default().to_string();
-                c["resources"]["requests"]
-                    .as_object()
-                    .cloned()
-                    .unwrap_or_default()
+                let requests = c
+                    .resources
+                    .as_ref()
+                    .and_then(|r| r.requests.clone())
+                    .unwrap_or_default();
+                requests
                     .into_iter()
-                    .map(move |(resource, q)| {
-                        let quantity = q.as_str().map_or_else(|| q.to_string(), str::to_string);
-                        (name.clone(), resource, quantity)
-                    })
+                    .map(|(resource, quantity)| (c.name.clone(), resource, quantity.0))
             })
             .collect();
         requests.sort();
         PodSetAsk {
-            count: pod_set["count"].as_u64().unwrap_or_default(),
+            count: pod_set.count,
             requests,
         }
     }
 }
 
 impl WorkloadView {
-    pub fn of(workload: &Value) -> WorkloadView {
-        let status = &workload["status"];
+    pub fn of(workload: &Workload) -> WorkloadView {
+        let status = workload.status();
         let condition = |type_: &str| {
-            status["conditions"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .find(|c| c["type"] == type_)
-                .map(|c| Condition {
-                    status: c["status"] == "True",
-                    reason: c["reason"].as_str().unwrap_or_default().to_string(),
-                    message: c["message"].as_str().unwrap_or_default().to_string(),
-                })
+            status.condition(type_).map(|c| Condition {
+                status: c.is_true(),
+                reason: c.reason.clone(),
+                message: c.message.clone(),
+            })
         };
         let is_true = |type_: &str| condition(type_).is_some_and(|c| c.status);
-        let assignment = status["admission"]["podSetAssignments"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|a| a["name"] == POD_SET);
-        let mut flavors: Vec<String> = assignment
-            .and_then(|a| a["flavors"].as_object())
-            .into_iter()
-            .flatten()
-            .filter_map(|(_, f)| f.as_str().map(str::to_string))
+        let mut flavors: Vec<String> = status
+            .admission
+            .iter()
+            .flat_map(|a| &a.pod_set_assignments)
+            .filter(|a| a.name == POD_SET)
+            .flat_map(|a| a.flavors.values().cloned())
             .collect();
         flavors.sort();
         flavors.dedup();
-        let pod_set_updates = status["admissionChecks"]
-            .as_array()
-            .into_iter()
+        let pod_set_updates = status
+            .admission_checks
+            .iter()
             .flatten()
-            .flat_map(|c| c["podSetUpdates"].as_array().cloned().unwrap_or_default())
+            .flat_map(|c| c.pod_set_updates.iter().cloned())
             .filter(|u| u["name"] == POD_SET)
             .collect();
-        let pod_set = workload["spec"]["podSets"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|p| p["name"] == POD_SET)
-            .cloned()
-            .unwrap_or_default();
-        let controller_uid = workload["metadata"]["ownerReferences"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|o| o["controller"] == true)
-            .and_then(|o| o["uid"].as_str())
-            .map(str::to_string);
         WorkloadView {
-            controller_uid,
-            asked: PodSetAsk::of(&pod_set),
-            name: workload["metadata"]["name"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string(),
-            active: workload["spec"]["active"].as_bool().unwrap_or(true),
+            controller_uid: workload.controller_uid().map(str::to_string),
+            asked: workload
+                .pod_set(POD_SET)
+                .map(PodSetAsk::of)
+                .unwrap_or_default(),
+            name: workload.metadata.name.clone().unwrap_or_default(),
+            active: workload.spec.active.unwrap_or(true),
             quota_reserved: is_true("QuotaReserved"),
             admitted: is_true("Admitted"),
             evicted: condition("Evicted").filter(|c| c.status),
             finished: is_true("Finished"),
             pods_ready: condition("PodsReady"),
-            cluster_queue: status["admission"]["clusterQueue"]
-                .as_str()
-                .map(str::to_string),
+            cluster_queue: status.admission.as_ref().map(|a| a.cluster_queue.clone()),
             flavors,
             pod_set_updates,
         }
@@ -148,9 +124,13 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn view(workload: Value) -> WorkloadView {
+        WorkloadView::of(&serde_json::from_value(workload).expect("a Workload"))
+    }
+
     #[test]
     fn an_admitted_workload_names_its_queue_flavors_and_updates() {
-        let view = WorkloadView::of(&json!({
+        let view = view(json!({
             "metadata": {"name": "rdujob-a-12345"},
             "spec": {"active": true},
             "status": {
@@ -178,7 +158,7 @@ mod tests {
 
     #[test]
     fn an_evicted_workload_says_why() {
-        let view = WorkloadView::of(&json!({"status": {"conditions": [
+        let view = view(json!({"status": {"conditions": [
             {"type": "Evicted", "status": "True", "reason": "Preempted", "message": "preempted by b"}]}}));
         let evicted = view.evicted.expect("evicted");
         assert_eq!(

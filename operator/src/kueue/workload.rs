@@ -3,10 +3,11 @@
 //! whose template carries what decides quota and placement (the containers' resources, node selector, affinity,
 //! tolerations, priority class), and `active` false while the job is suspended.
 
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
-use serde_json::{Value, json};
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodTemplateSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use sha1::{Digest, Sha1};
 
+use super::types::{API_VERSION, KIND, PodSet, PriorityClassRef, Workload, WorkloadSpec};
 use super::{JOB_UID_LABEL, POD_SET};
 use crate::validate::ValidJob;
 
@@ -37,7 +38,7 @@ pub fn workload_name(name: &str, uid: &str) -> String {
 /// The pod template of the pod set: rank 0's pod reduced to what Kueue reads (containers' names, images and
 /// resources; node selector, affinity, tolerations, priority class), so that the env and volumes of one rank
 /// do not stand for all of them.
-pub fn pod_set_template(rank0: &Pod) -> Value {
+pub fn pod_set_template(rank0: &Pod) -> PodTemplateSpec {
     let spec = rank0.spec.clone().unwrap_or_default();
     // Requests default to limits, as the API server defaults a pod's (the template here is not defaulted).
     let slim = |c: &Container| {
@@ -67,7 +68,10 @@ pub fn pod_set_template(rank0: &Pod) -> Value {
         restart_policy: spec.restart_policy,
         ..Default::default()
     };
-    json!({"spec": spec})
+    PodTemplateSpec {
+        metadata: None,
+        spec: Some(spec),
+    }
 }
 
 /// The Workload of `job` in LocalQueue `queue`; `template` from [`pod_set_template`]; `priority` the value of the
@@ -75,36 +79,46 @@ pub fn pod_set_template(rank0: &Pod) -> Value {
 pub fn build(
     job: &ValidJob,
     queue: &str,
-    template: Value,
+    template: PodTemplateSpec,
     active: bool,
     priority: Option<i32>,
-) -> Value {
-    let mut spec = json!({
-        "queueName": queue,
-        "active": active,
-        "podSets": [{"name": POD_SET, "count": job.workers, "template": template}],
-    });
-    if let Some(class) = &job.scheduling.priority_class_name {
-        spec["priorityClassRef"] = json!({
-            "group": "scheduling.k8s.io",
-            "kind": "PriorityClass",
-            "name": class,
-        });
-    }
-    if let Some(priority) = priority {
-        spec["priority"] = json!(priority);
-    }
-    json!({
-        "apiVersion": "kueue.x-k8s.io/v1beta2",
-        "kind": "Workload",
-        "metadata": {
-            "name": workload_name(job.name, job.uid()),
-            "namespace": job.namespace,
-            "labels": {JOB_UID_LABEL: job.uid()},
-            "ownerReferences": [job.owner],
+) -> Workload {
+    Workload {
+        api_version: API_VERSION.into(),
+        kind: KIND.into(),
+        metadata: ObjectMeta {
+            name: Some(workload_name(job.name, job.uid())),
+            namespace: Some(job.namespace.to_string()),
+            labels: Some([(JOB_UID_LABEL.to_string(), job.uid().to_string())].into()),
+            owner_references: Some(vec![job.owner.clone()]),
+            ..ObjectMeta::default()
         },
-        "spec": spec,
-    })
+        spec: WorkloadSpec {
+            queue_name: Some(queue.to_string()),
+            active: Some(active),
+            pod_sets: vec![pod_set(job.workers, template)],
+            priority_class_ref: job.scheduling.priority_class_name.as_ref().map(|class| {
+                PriorityClassRef {
+                    group: "scheduling.k8s.io".into(),
+                    kind: "PriorityClass".into(),
+                    name: class.clone(),
+                }
+            }),
+            priority,
+            other: Default::default(),
+        },
+        status: None,
+    }
+}
+
+/// The pod set of `workers` ranks, each asking what `template` asks.
+pub fn pod_set(workers: u32, template: PodTemplateSpec) -> PodSet {
+    PodSet {
+        name: POD_SET.to_string(),
+        count: u64::from(workers),
+        template,
+        other: Default::default(),
+    }
 }
 
 #[cfg(test)]
@@ -131,7 +145,8 @@ mod tests {
         let valid = crate::validate::valid(&j);
         let rank0 = crate::builders::rank_pod(&valid, 0, 0, None);
         let template = pod_set_template(&rank0);
-        let worker = &template["spec"]["containers"][0];
+        let as_json = serde_json::to_value(&template).unwrap();
+        let worker = &as_json["spec"]["containers"][0];
         assert!(
             worker["env"].is_null(),
             "one rank's env does not stand for all: {worker}"
@@ -147,7 +162,7 @@ mod tests {
                 .unwrap()["rdu.dev/tile"]
                 .0
         );
-        let w = build(&valid, "lq", template, true, Some(1000));
+        let w = serde_json::to_value(build(&valid, "lq", template, true, Some(1000))).unwrap();
         assert_eq!(w["spec"]["podSets"][0]["count"], 4);
         assert_eq!(w["spec"]["podSets"][0]["name"], "main");
         assert_eq!(w["spec"]["queueName"], "lq");

@@ -252,11 +252,14 @@ fn finishing_the_workload_shows_in_the_same_status_write() {
 #[test]
 fn a_workload_stands_for_the_job_only_if_the_job_controls_it_and_asks_what_it_was_queued_for() {
     let ask = |count: u64, tiles: &str| {
-        crate::kueue::view::PodSetAsk::of(&serde_json::json!({
+        let pod_set = serde_json::from_value(serde_json::json!({
+            "name": "main",
             "count": count,
             "template": {"spec": {"containers": [{"name": "worker",
                 "resources": {"requests": {"rdu.dev/tile": tiles, "cpu": "1"}}}]}}
         }))
+        .expect("a pod set");
+        crate::kueue::view::PodSetAsk::of(&pod_set)
     };
     let ours = WorkloadView {
         controller_uid: Some("u-1".into()),
