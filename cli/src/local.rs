@@ -132,8 +132,9 @@ pub(crate) async fn run(path: &Path, options: RunOptions) -> Result<i32, CliErro
                 }
             }
             AfterGeneration::DeadlineExceeded => console.note(&format!(
-                "job {name} failed: DeadlineExceeded (spec.runPolicy.activeDeadlineSeconds {})",
-                policy.active_deadline_seconds.unwrap_or_default()
+                "job {name} failed: {}: {}",
+                rdu_gang::DEADLINE_EXCEEDED,
+                rdu_gang::deadline_message(policy.active_deadline_seconds.unwrap_or_default())
             )),
             AfterGeneration::Succeeded => {
                 let result = read_result(&result_path)?;

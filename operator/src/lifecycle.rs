@@ -15,6 +15,8 @@ use rdu_crds::{
     CleanPodPolicy, JobPhase, JobResult, RankStatus, RduJobStatus, WorkerCounts, consts,
 };
 
+use rdu_gang::Deadline;
+
 use crate::nodes::ClusterView;
 use crate::validate::ValidJob;
 
@@ -173,16 +175,11 @@ impl Look<'_> {
         if self.status.phase.is_none() {
             self.status.phase = Some(JobPhase::Pending);
         }
-        if self.deadline_passed() {
-            let limit = self
-                .job
-                .run_policy
-                .active_deadline_seconds
-                .unwrap_or_default();
+        if let Some(limit) = self.deadline_passed() {
             return self.finish(
                 JobPhase::Failed,
-                "DeadlineExceeded",
-                format!("the job ran longer than spec.runPolicy.activeDeadlineSeconds ({limit}s)"),
+                rdu_gang::DEADLINE_EXCEEDED,
+                rdu_gang::deadline_message(limit),
             );
         }
         self.delete_other_generations();
@@ -395,16 +392,19 @@ impl Look<'_> {
         self.status.ranks.clear();
     }
 
-    fn deadline_passed(&mut self) -> bool {
+    /// `activeDeadlineSeconds` from `status.startTime` (`rdu_gang::Deadline`): its limit once passed, else the
+    /// job is looked at again when it falls.
+    fn deadline_passed(&mut self) -> Option<u64> {
         let start = self.status.start_time.get_or_insert(Time(self.now)).0;
-        let Some(limit) = self.job.run_policy.active_deadline_seconds else {
-            return false;
-        };
-        let remaining = start.as_second() + limit as i64 - self.now.as_second();
-        if remaining > 0 {
-            self.requeue_in(remaining);
+        let limit = self.job.run_policy.active_deadline_seconds;
+        match Deadline::at(limit, start.as_second(), self.now.as_second()) {
+            Deadline::None => None,
+            Deadline::Left(seconds) => {
+                self.requeue_in(seconds);
+                None
+            }
+            Deadline::Passed { limit } => Some(limit),
         }
-        remaining <= 0
     }
 
     /// Pods of another generation (or a rank beyond the world size) go; at once where their node is lost.
