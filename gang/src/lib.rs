@@ -89,7 +89,14 @@ pub fn culprit(exits: impl IntoIterator<Item = (u32, RankExit)>) -> Option<(u32,
     exits
         .into_iter()
         .filter(|(_, exit)| !exit.is_success())
-        .min_by_key(|(rank, exit)| (exit.blame_order(), *rank))
+        .min_by_key(|&(rank, exit)| blame_key(rank, exit, EndCause::Failure))
+}
+
+/// Which of two ends is more surely a failed generation's cause (the lower key): the surer exit
+/// ([`RankExit::blame_order`]), then the lower rank, then a disruption over a failure (a pod deleted on a lost node
+/// was lost with its node). The operator blames its evidence by it, local mode its exits (`culprit`).
+pub fn blame_key(rank: u32, exit: RankExit, cause: EndCause) -> (u8, u32, bool) {
+    (exit.blame_order(), rank, cause == EndCause::Failure)
 }
 
 /// Why a job failed after a rank's failure.
@@ -284,6 +291,14 @@ mod tests {
         for (i, (exits, blamed)) in table.into_iter().enumerate() {
             assert_eq!(culprit(exits.iter().copied()), blamed, "row {i}");
         }
+    }
+
+    #[test]
+    fn the_surer_exit_then_the_lower_rank_then_a_disruption_is_blamed_first() {
+        use EndCause::{Disruption, Failure};
+        assert!(blame_key(3, Signal(9), Failure) < blame_key(0, Code(75), Disruption));
+        assert!(blame_key(1, Lost, Failure) < blame_key(2, Lost, Disruption));
+        assert!(blame_key(1, Lost, Disruption) < blame_key(1, Lost, Failure));
     }
 
     #[test]

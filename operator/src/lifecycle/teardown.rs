@@ -124,14 +124,9 @@ impl RankFailure {
             == (other.rank, other.exit, &other.kind, other.cause)
     }
 
-    /// Which of two ends is more surely the cause: the surer exit (`RankExit::blame_order`), then the lower rank,
-    /// then a disruption over a failure (a pod deleted on a lost node was lost with its node).
+    /// Which of two ends is more surely the cause (`rdu_gang::blame_key`, local mode's order too).
     fn blame_key(&self) -> (u8, u32, bool) {
-        (
-            self.exit.blame_order(),
-            self.rank,
-            self.cause == EndCause::Failure,
-        )
+        policy::blame_key(self.rank, self.exit, self.cause)
     }
 
     fn from_record(end: &GenerationEnd) -> Self {
