@@ -91,3 +91,23 @@ impl FailureRule {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn code_sets_hold_0_to_255_only() {
+        let mut set = CodeSet::default();
+        for code in [0, 64, 255, 256, -1] {
+            set.insert(code);
+        }
+        assert!(set.contains(0) && set.contains(64) && set.contains(255));
+        assert!(!set.contains(256) && !set.contains(-1) && !set.contains(1));
+        let others = set.other_failures();
+        assert!(!others.contains(0) && !others.contains(64) && others.contains(1));
+        assert!(CodeSet::failures().other_failures().is_empty());
+        assert!(set.intersection(others).is_empty());
+        assert!(others.is_subset(&CodeSet::failures()));
+    }
+}

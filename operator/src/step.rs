@@ -136,6 +136,14 @@ mod tests {
                 "fetch",
             ),
             (
+                KueueError::DecodeWorkload {
+                    name: "rdujob-a-1a2b3".into(),
+                    source: serde_json::from_str::<u8>("x").unwrap_err(),
+                }
+                .into(),
+                "fetch",
+            ),
+            (
                 KueueError::PriorityClass {
                     name: "high".into(),
                     source: api_error(),

@@ -3,7 +3,6 @@ use EndAction::{FailJob, RestartJob, RestartJobNotCounted};
 use EndCause::{Disruption, Failure};
 use RankExit::{Code, Lost, Signal};
 use rdu_crds::FailurePolicy;
-use rdu_crds::exit_codes::CodeSet;
 
 fn culprit(rank: u32, exit: RankExit, reason: &str, cause: EndCause) -> Culprit {
     Culprit {
@@ -560,19 +559,4 @@ fn each_action_spends_its_own_budget() {
     );
     assert!(FailureReason::MaxInfrastructureRestartsExceeded.is_spent_budget());
     assert!(!FailureReason::FailurePolicy.is_spent_budget());
-}
-
-#[test]
-fn code_sets_hold_0_to_255_only() {
-    let mut set = CodeSet::default();
-    for code in [0, 64, 255, 256, -1] {
-        set.insert(code);
-    }
-    assert!(set.contains(0) && set.contains(64) && set.contains(255));
-    assert!(!set.contains(256) && !set.contains(-1) && !set.contains(1));
-    let others = set.other_failures();
-    assert!(!others.contains(0) && !others.contains(64) && others.contains(1));
-    assert!(CodeSet::failures().other_failures().is_empty());
-    assert!(set.intersection(others).is_empty());
-    assert!(others.is_subset(&CodeSet::failures()));
 }

@@ -7,7 +7,7 @@ use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{Value, json};
 
-use super::types::{API_VERSION, KIND, Workload, WorkloadCondition, WorkloadSpec, WorkloadStatus};
+use super::types::{API_VERSION, KIND, Workload, WorkloadCondition, WorkloadStatus};
 
 /// The conditions Kueue's admission manager owns (`admissionManagedConditions`).
 const ADMISSION_CONDITIONS: [&str; 8] = [
@@ -32,9 +32,9 @@ const ADMISSION_FIELDS: [&str; 5] = [
     "unhealthyNodes",
 ];
 
-/// The apply body's head: the Workload's name and namespace, and with `strict` its UID and resourceVersion as
-/// preconditions.
-fn head(workload: &Workload, strict: bool, status: WorkloadStatus) -> Value {
+/// The apply body: the Workload's name and namespace (with `strict` its UID and resourceVersion as
+/// preconditions) and `status`; no spec, which an apply would otherwise claim.
+fn body(workload: &Workload, strict: bool, status: WorkloadStatus) -> Value {
     let meta = &workload.metadata;
     let metadata = ObjectMeta {
         name: meta.name.clone(),
@@ -43,19 +43,7 @@ fn head(workload: &Workload, strict: bool, status: WorkloadStatus) -> Value {
         resource_version: meta.resource_version.clone().filter(|_| strict),
         ..ObjectMeta::default()
     };
-    let body = Workload {
-        api_version: API_VERSION.into(),
-        kind: KIND.into(),
-        metadata,
-        spec: WorkloadSpec::default(),
-        status: Some(status),
-    };
-    let mut body = serde_json::to_value(body).expect("a Workload serializes");
-    // An apply names only what it owns: no spec.
-    if let Some(fields) = body.as_object_mut() {
-        fields.remove("spec");
-    }
-    body
+    json!({"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "status": status})
 }
 
 /// Sets condition `type_` in `conditions` as `apimeta.SetStatusCondition` does: the transition time changes only
@@ -120,7 +108,7 @@ pub fn pods_ready(
         conditions,
         ..WorkloadStatus::default()
     };
-    head(workload, false, status)
+    body(workload, false, status)
 }
 
 /// A change to the admission part of the status.
@@ -210,7 +198,7 @@ pub fn admission(workload: &Workload, change: AdmissionChange<'_>, now: Timestam
         None => live.resource_requests.clone().filter(|r| !r.is_null()),
         Some(_) => Some(json!([])),
     };
-    head(workload, true, out)
+    body(workload, true, out)
 }
 
 #[cfg(test)]

@@ -47,12 +47,12 @@ pub struct PodSetAsk {
 impl PodSetAsk {
     /// The ask of `pod_set` (a Workload's, or one as `workload::build` makes it).
     pub fn of(pod_set: &PodSet) -> PodSetAsk {
-        let spec = pod_set.template.spec.clone().unwrap_or_default();
+        let spec = pod_set.template.spec.as_ref();
         let mut requests: Vec<(String, String, String)> = spec
-            .init_containers
-            .iter()
+            .and_then(|s| s.init_containers.as_ref())
+            .into_iter()
             .flatten()
-            .chain(&spec.containers)
+            .chain(spec.into_iter().flat_map(|s| &s.containers))
             .flat_map(|c| {
                 let requests = c
                     .resources
