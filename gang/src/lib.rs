@@ -15,6 +15,7 @@ mod hang;
 mod restarts;
 mod rules;
 mod settle;
+mod turn;
 pub use deadline::{DEADLINE_EXCEEDED, Deadline, deadline_message};
 pub use generation::{AfterGeneration, GenerationEnd, after_generation};
 pub use hang::{
@@ -26,6 +27,7 @@ pub use restarts::{
 };
 pub use rules::{Culprit, Restarts, Ruling, default_rules, judge};
 pub use settle::{Backoff, Next, Settlement, backoff, settle};
+pub use turn::{Evidence, Look, RankTally, Turn, turn};
 
 /// How one rank of a generation ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -15,7 +15,7 @@ use rdu_crds::{
     CleanPodPolicy, JobPhase, JobResult, RankStatus, RduJobStatus, WorkerCounts, consts,
 };
 
-use rdu_gang::Deadline;
+use rdu_gang::{Deadline, RankTally, Turn};
 
 use crate::nodes::ClusterView;
 use crate::validate::ValidJob;
@@ -28,6 +28,7 @@ mod teardown;
 use blocked::Blocked;
 use pod_view::{PodState, PodView};
 pub(crate) use refusal::{Refusal, refuse};
+use teardown::RankFailure;
 
 /// Something the reconcile must do to the cluster.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -175,21 +176,75 @@ impl Look<'_> {
         if self.status.phase.is_none() {
             self.status.phase = Some(JobPhase::Pending);
         }
-        if let Some(limit) = self.deadline_passed() {
-            return self.finish(
+        let turn = self.look_at_generation();
+        if !matches!(turn, Turn::DeadlineExceeded { .. }) {
+            self.delete_other_generations();
+        }
+        match turn {
+            Turn::DeadlineExceeded { limit } => self.finish(
                 JobPhase::Failed,
                 rdu_gang::DEADLINE_EXCEEDED,
                 rdu_gang::deadline_message(limit),
-            );
+            ),
+            Turn::Fail {
+                culprit,
+                ruling,
+                reason,
+            } => self.fail_now(&culprit, &ruling, reason),
+            Turn::Stop { culprit, news } => self.stop_generation(&culprit, news),
+            Turn::Ended {
+                culprit,
+                news,
+                settlement,
+            } => {
+                self.stop_generation(&culprit, news);
+                if self.settle(culprit, settlement) {
+                    self.run_generation(true);
+                }
+            }
+            Turn::Succeeded => self.succeed(),
+            Turn::Create => self.run_generation(true),
+            Turn::Run => self.run_generation(false),
         }
-        self.delete_other_generations();
-        if self.handle_trouble() {
-            return;
-        }
-        if self.all_succeeded() {
-            return self.succeed();
-        }
-        let waiting_for_room = self.create_missing_ranks();
+    }
+
+    /// The gang's turn (`rdu_gang::turn`, local mode's too) from what this look sees: the deadline, the evidence
+    /// against the current generation (with rank 0's hang) and what `status.stopping` already blames, and the
+    /// ranks' states. Past the deadline nothing else is looked at.
+    fn look_at_generation(&mut self) -> Turn<RankFailure> {
+        let deadline = self.deadline();
+        let evidence = if matches!(deadline, Deadline::Passed { .. }) {
+            Vec::new()
+        } else {
+            let mut evidence = self.evidence();
+            evidence.extend(self.hang());
+            evidence
+        };
+        let live = self.live_by_rank();
+        let ranks = RankTally {
+            workers: self.job.workers,
+            started: live.iter().flatten().count() as u32,
+            succeeded: live
+                .iter()
+                .flatten()
+                .filter(|p| matches!(p.state, PodState::Succeeded { .. }))
+                .count() as u32,
+            present: self.pods.len() as u32,
+        };
+        rdu_gang::turn(rdu_gang::Look {
+            policy: self.job.run_policy,
+            restarts: self.restarts(),
+            deadline,
+            stopping: self.status.stopping.as_ref().map(RankFailure::from_record),
+            evidence,
+            ranks,
+        })
+    }
+
+    /// The current generation runs (or is being made): its missing ranks are created when `create`, and its ranks,
+    /// phase and blocked pods recorded.
+    fn run_generation(&mut self, create: bool) {
+        let waiting_for_room = create && self.create_missing_ranks();
         self.record_ranks();
         self.update_running_phase();
         if !waiting_for_room {
@@ -392,19 +447,16 @@ impl Look<'_> {
         self.status.ranks.clear();
     }
 
-    /// `activeDeadlineSeconds` from `status.startTime` (`rdu_gang::Deadline`): its limit once passed, else the
-    /// job is looked at again when it falls.
-    fn deadline_passed(&mut self) -> Option<u64> {
+    /// `activeDeadlineSeconds` from `status.startTime` (`rdu_gang::Deadline`); the job is looked at again when it
+    /// falls.
+    fn deadline(&mut self) -> Deadline {
         let start = self.status.start_time.get_or_insert(Time(self.now)).0;
         let limit = self.job.run_policy.active_deadline_seconds;
-        match Deadline::at(limit, start.as_second(), self.now.as_second()) {
-            Deadline::None => None,
-            Deadline::Left(seconds) => {
-                self.requeue_in(seconds);
-                None
-            }
-            Deadline::Passed { limit } => Some(limit),
+        let deadline = Deadline::at(limit, start.as_second(), self.now.as_second());
+        if let Deadline::Left(seconds) = deadline {
+            self.requeue_in(seconds);
         }
+        deadline
     }
 
     /// Pods of another generation (or a rank beyond the world size) go; at once where their node is lost.
@@ -412,12 +464,6 @@ impl Look<'_> {
         let generation = self.generation();
         let workers = self.job.workers;
         self.delete_pods_where(|p| p.generation != generation || p.rank >= workers);
-    }
-
-    fn all_succeeded(&self) -> bool {
-        self.live_by_rank()
-            .iter()
-            .all(|p| p.is_some_and(|p| matches!(p.state, PodState::Succeeded { .. })))
     }
 
     fn succeed(&mut self) {

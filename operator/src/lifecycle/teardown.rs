@@ -7,7 +7,9 @@
 //! (the job's own failure, or a disruption from outside it) and what else is known of the culprit go through the
 //! failure rules (`rdu_gang::judge`: the job's `failurePolicy`, then the defaults of its `restartPolicy`), whose
 //! action and budgets decide between failing the job and the next generation, counted against `backoffLimit` or
-//! against `maxInfrastructureRestarts`; the next generation is created whole, with every pod name free.
+//! against `maxInfrastructureRestarts`; the next generation is created whole, with every pod name free. Which of
+//! these a look does is `rdu_gang::turn`'s decision (local mode's too); this module gathers its evidence from
+//! pods and applies it to `status` and the pods.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use rdu_crds::consts::exit_code;
@@ -15,7 +17,6 @@ use rdu_crds::failure_policy::LostReason;
 use rdu_crds::{EndCause, GenerationEnd, JobPhase, PodConditionMatcher, RankStatus, RuleSource};
 use rdu_gang::{
     self as policy, Backoff, Culprit, FailureReason, Next, RankExit, Restarts, Ruling, Settlement,
-    Verdict,
 };
 
 use super::pod_view::{PodState, PodView};
@@ -124,12 +125,7 @@ impl RankFailure {
             == (other.rank, other.exit, &other.kind, other.cause)
     }
 
-    /// Which of two ends is more surely the cause (`rdu_gang::blame_key`, local mode's order too).
-    fn blame_key(&self) -> (u8, u32, bool) {
-        policy::blame_key(self.rank, self.exit, self.cause)
-    }
-
-    fn from_record(end: &GenerationEnd) -> Self {
+    pub(super) fn from_record(end: &GenerationEnd) -> Self {
         Self {
             rank: end.rank,
             exit: end.exit_code.map_or(RankExit::Lost, RankExit::Code),
@@ -162,6 +158,20 @@ impl RankFailure {
             disruption_restarts: None,
             time,
         }
+    }
+}
+
+impl rdu_gang::Evidence for RankFailure {
+    fn end(&self) -> (u32, RankExit, EndCause) {
+        (self.rank, self.exit, self.cause)
+    }
+
+    fn culprit(&self) -> Culprit {
+        self.as_culprit()
+    }
+
+    fn same_end(&self, other: &Self) -> bool {
+        RankFailure::same_end(self, other)
     }
 }
 
@@ -277,27 +287,12 @@ impl Look<'_> {
         self.cluster.lost.get(node).map(|loss| loss.describe(node))
     }
 
-    /// The surest of the evidence and what `status.stopping` already blames.
-    fn culprit(&self, evidence: Vec<RankFailure>) -> Option<RankFailure> {
-        let recorded = self.status.stopping.as_ref().map(RankFailure::from_record);
-        evidence
-            .into_iter()
-            .chain(recorded)
-            .filter(|f| !f.exit.is_success())
-            .min_by_key(RankFailure::blame_key)
-    }
-
     /// The restarts so far, from `status`.
-    fn restarts(&self) -> Restarts {
+    pub(super) fn restarts(&self) -> Restarts {
         Restarts {
             counted: self.status.failure_restarts,
             not_counted: self.status.disruption_restarts,
         }
-    }
-
-    /// What the failure rules make of the culprit's end, with the restarts so far.
-    fn ruling(&self, culprit: &RankFailure) -> Ruling {
-        policy::judge(self.job.run_policy, self.restarts(), &culprit.as_culprit())
     }
 
     /// `rule failurePolicy.rules[0] (oom): FailJob; failureRestarts 0, disruptionRestarts 0`: the rule, what
@@ -327,31 +322,23 @@ impl Look<'_> {
         }
     }
 
-    /// The first sign that the generation failed, or news about one that is stopping: records the culprit, fails
-    /// the job at once when nothing could change that (a permanent failure, `restartPolicy: Never`), else keeps
-    /// stopping the generation, and ends it when no pod is left. Returns whether the lifecycle is done for this
-    /// reconcile (the generation is still stopping, or the job failed).
-    pub(super) fn handle_trouble(&mut self) -> bool {
-        let mut evidence = self.evidence();
-        evidence.extend(self.hang());
-        let Some(culprit) = self.culprit(evidence) else {
-            return false;
-        };
+    /// A rule failed the job at once (`Turn::Fail`): the generation's end goes into the history and the job fails.
+    pub(super) fn fail_now(
+        &mut self,
+        culprit: &RankFailure,
+        ruling: &Ruling,
+        reason: FailureReason,
+    ) {
+        self.end_generation(culprit, ruling);
+        let message = self.fail_at_once_message(culprit, ruling);
+        self.finish(JobPhase::Failed, reason.as_str(), message);
+    }
+
+    /// The generation failed (`Turn::Stop`, or `Turn::Ended` before it is settled): the first sign of it makes the
+    /// job Restarting; `status.stopping` records the culprit when it is `news`; every pod of the generation not
+    /// yet deleted is deleted.
+    pub(super) fn stop_generation(&mut self, culprit: &RankFailure, news: bool) {
         let generation = self.generation();
-        let ruling = self.ruling(&culprit);
-        if let Verdict::Fail(reason) = ruling.verdict
-            && !reason.is_spent_budget()
-        {
-            self.end_generation(&culprit, &ruling);
-            let message = self.fail_at_once_message(&culprit, &ruling);
-            self.finish(JobPhase::Failed, reason.as_str(), message);
-            return true;
-        }
-        let news = self
-            .status
-            .stopping
-            .as_ref()
-            .is_none_or(|s| !RankFailure::from_record(s).same_end(&culprit));
         let since = self
             .status
             .stopping
@@ -376,16 +363,11 @@ impl Look<'_> {
         if news {
             self.status.stopping = Some(culprit.record(generation, since));
         }
-        self.stop_generation();
-        if !self.pods.is_empty() {
-            return true;
-        }
-        // Nothing of the generation is left: it ended.
-        self.settle(culprit)
+        self.delete_generation();
     }
 
     /// Deletes every pod of the current generation not yet deleted, at once (no grace) where its node is lost.
-    fn stop_generation(&mut self) {
+    fn delete_generation(&mut self) {
         let generation = self.generation();
         let (mut graceful, mut forced) = (Vec::new(), Vec::new());
         for pod in self.pods.iter().filter(|p| p.generation == generation) {
@@ -399,16 +381,16 @@ impl Look<'_> {
         self.force_delete(forced);
     }
 
-    /// The generation is over: restart the gang as the next one (counted or not) or fail the job, as
-    /// `rdu_gang::settle` says (local mode's decision too).
-    fn settle(&mut self, culprit: RankFailure) -> bool {
+    /// The generation is over (`Turn::Ended`): restart the gang as the next one (counted or not) or fail the job,
+    /// as the rules' `settlement` says. Returns whether the next generation starts.
+    pub(super) fn settle(&mut self, culprit: RankFailure, settlement: Settlement) -> bool {
         let policy = self.job.run_policy;
         let (limit, max_uncounted) = (policy.backoff_limit, policy.max_infrastructure_restarts);
         let Settlement {
             ruling,
             restarts,
             next,
-        } = policy::settle(policy, self.restarts(), &culprit.as_culprit());
+        } = settlement;
         match next {
             Next::Fail(reason) => {
                 self.end_generation(&culprit, &ruling);
@@ -429,7 +411,7 @@ impl Look<'_> {
                     _ => self.fail_at_once_message(&culprit, &ruling),
                 };
                 self.finish(JobPhase::Failed, reason.as_str(), message);
-                true
+                false
             }
             Next::Restart { budget: why } => {
                 self.status.failure_restarts = restarts.counted;
@@ -445,7 +427,7 @@ impl Look<'_> {
                 );
                 self.set_condition(condition::RESTARTING, true, "GangRestart", message.clone());
                 self.event(culprit.cause == EndCause::Failure, "Restarted", message);
-                false
+                true
             }
         }
     }
