@@ -77,6 +77,9 @@ pub(crate) enum CliError {
     /// The generation counter is unbounded in form but bounded by `backoffLimit` (a u32) in practice.
     #[error("the gang ran out of generation numbers")]
     OutOfGenerations,
+    /// Every rank of a generation ended and the gang's turn still said neither success nor failure.
+    #[error("generation {generation} ended with every rank gone and no verdict: {turn}")]
+    NoVerdict { generation: u32, turn: String },
     /// The job's ranks do not fit this machine (memory, open files): the message says which.
     #[error("{0}")]
     Capacity(String),
@@ -102,6 +105,7 @@ impl CliError {
             | CliError::ClusterCliMissing { .. }
             | CliError::BenchRun { .. }
             | CliError::OutOfGenerations
+            | CliError::NoVerdict { .. }
             | CliError::Token(_) => 1,
         }
     }

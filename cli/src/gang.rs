@@ -1,10 +1,12 @@
 //! Runs one generation of the gang: one process per rank (a re-exec of this binary's hidden
 //! `worker` subcommand), their output merged line by line onto stderr with `[rank N] ` prefixes,
 //! Ctrl-C/SIGTERM forwarded (a rank stops at its next step boundary and rank 0 checkpoints; one still running
-//! after `stop_grace` is killed), and every rank's exit collected in the order they ended. With
-//! `progressDeadlineSeconds`, rank 0's progress lines are watched as the operator watches `status.progress`: a step
-//! that stands still that long while every rank runs stops the gang as hung.
+//! after `stop_grace` is killed). After every rank's end, the deadline and a hang, the gang is looked at as the
+//! operator looks at pods (`rdu_gang::turn`): a failed generation is stopped, and its last turn says what follows.
+//! With `progressDeadlineSeconds`, rank 0's progress lines are watched as the operator watches `status.progress`:
+//! a step that stands still that long while every rank runs stops the gang as hung.
 
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
@@ -20,7 +22,9 @@ use rdu_worker::modes::all_reduce_benchmark;
 
 use crate::error::CliError;
 use crate::launch::RankLaunch;
-use rdu_gang::{GenerationEnd, Hang, RankExit, StepWatcher};
+use rdu_crds::failure_policy::HUNG;
+use rdu_crds::{EndCause, RunPolicy};
+use rdu_gang::{Culprit, Deadline, Hang, Look, RankExit, RankTally, Restarts, StepWatcher, Turn};
 
 /// How to start and stop the ranks.
 #[derive(Debug, Clone)]
@@ -39,6 +43,8 @@ pub(crate) struct GangOptions {
     pub job_deadline: Option<Instant>,
     /// spec.runPolicy.progressDeadlineSeconds: how long rank 0's step may stand still while every rank runs.
     pub progress_deadline: Option<Duration>,
+    /// The job's run policy: its failure rules and budgets decide each turn.
+    pub policy: RunPolicy,
 }
 
 fn rank_exit(status: ExitStatus) -> RankExit {
@@ -88,11 +94,183 @@ async fn forward_lines(
     }
 }
 
-/// Starts every rank and waits for all of them to end.
+/// How a generation of local ranks ended.
+#[derive(Debug)]
+pub(crate) enum GenerationOutcome {
+    /// The user stopped the run with this signal (forwarded to the ranks).
+    Stopped { signal: i32 },
+    /// The gang's last turn (`rdu_gang::turn`, the operator's decision too): the deadline passed, a rule failed
+    /// the job, the failed generation's end was settled, or every rank succeeded.
+    Turned(Turn<Culprit>),
+}
+
+/// What local mode has seen of a generation, looked at after every event as the operator looks at pods.
+struct Watch<'a> {
+    opts: &'a GangOptions,
+    restarts: Restarts,
+    workers: u32,
+    /// Ranks still running: (rank, pid).
+    running: Vec<(u32, u32)>,
+    /// Ranks this process told to stop (the deadline, a hang, the user's signal): their ends are the stop's
+    /// doing, not evidence (as the operator does not blame pods it deleted itself).
+    stopped: HashSet<u32>,
+    /// Failed ends of ranks nobody stopped, and rank 0's hang.
+    evidence: Vec<Culprit>,
+    succeeded: u32,
+    /// What the generation is blamed on since it started stopping.
+    stopping: Option<Culprit>,
+    deadline_passed: Option<u64>,
+    interrupted: Option<i32>,
+    /// A turn that ends the job whatever comes after (the deadline, a rule that fails at once).
+    last: Option<Turn<Culprit>>,
+    /// When the ranks still running are killed.
+    kill_at: Option<Instant>,
+}
+
+impl Watch<'_> {
+    /// The gang's turn now.
+    fn turn(&self) -> Turn<Culprit> {
+        let running = self.running.len() as u32;
+        rdu_gang::turn(Look {
+            policy: &self.opts.policy,
+            restarts: self.restarts,
+            deadline: self
+                .deadline_passed
+                .map_or(Deadline::None, |limit| Deadline::Passed { limit }),
+            stopping: self.stopping.clone(),
+            evidence: self.evidence.clone(),
+            ranks: RankTally {
+                workers: self.workers,
+                started: self.workers,
+                succeeded: self.succeeded,
+                present: running,
+            },
+        })
+    }
+
+    /// Looks at the gang after an event and applies its turn: a generation that fails gives its other ranks
+    /// `failure_grace` to notice and exit on their own (a hang or the deadline stops them at once, with
+    /// `stop_grace`); the first turn that ends the job is kept.
+    fn look(&mut self) {
+        if self.last.is_some() || self.interrupted.is_some() {
+            return;
+        }
+        match self.turn() {
+            Turn::Stop { culprit, news } if news => {
+                let first = self.stopping.is_none();
+                self.opts.console.note(&format!(
+                    "{}: stopping generation ({} rank(s) running)",
+                    describe(&culprit),
+                    self.running.len()
+                ));
+                let hung = culprit.reason == HUNG;
+                self.stopping = Some(culprit);
+                if hung {
+                    self.signal_all(libc::SIGTERM, self.opts.stop_grace);
+                } else if first {
+                    self.kill_in(self.opts.failure_grace);
+                }
+            }
+            turn @ Turn::DeadlineExceeded { .. } => {
+                self.opts.console.note(&format!(
+                    "activeDeadlineSeconds passed: stopping {} rank(s)",
+                    self.running.len()
+                ));
+                self.signal_all(libc::SIGTERM, self.opts.stop_grace);
+                self.last = Some(turn);
+            }
+            turn @ Turn::Fail { .. } => {
+                self.kill_in(self.opts.failure_grace);
+                self.last = Some(turn);
+            }
+            _ => {}
+        }
+    }
+
+    /// A rank ended.
+    fn ended(&mut self, rank: u32, exit: RankExit) {
+        self.running.retain(|(r, _)| *r != rank);
+        if exit.is_success() {
+            self.succeeded += 1;
+        } else {
+            self.opts
+                .console
+                .note(&format!("rank {rank} ended with {exit}"));
+            if !self.stopped.contains(&rank) {
+                self.evidence
+                    .push(Culprit::from_exit(rank, exit, EndCause::Failure));
+            }
+        }
+        self.look();
+    }
+
+    /// Sends `sig` to every running rank; the ones still running after `grace` are killed.
+    fn signal_all(&mut self, sig: i32, grace: Duration) {
+        for &(rank, pid) in &self.running {
+            send_signal(pid, sig);
+            self.stopped.insert(rank);
+        }
+        self.kill_in(grace);
+    }
+
+    /// Kills the ranks still running after `grace` (or sooner, when a kill was due sooner).
+    fn kill_in(&mut self, grace: Duration) {
+        let at = Instant::now() + grace;
+        self.kill_at = Some(self.kill_at.map_or(at, |k| k.min(at)));
+    }
+
+    /// Kills the ranks still running after the grace. A rank not told to stop that outlived the failure grace did
+    /// not give up on a failed peer: it is the one its peers gave up on (frozen, hung in a kernel), so its kill is
+    /// evidence, as the surest end (killed) it is blamed before the peers' retryable exits.
+    fn kill_the_rest(&mut self) {
+        for &(rank, pid) in &self.running {
+            self.opts.console.note(&format!(
+                "rank {rank} still running after the grace period: killing it"
+            ));
+            send_signal(pid, libc::SIGKILL);
+        }
+        self.kill_at = None;
+    }
+
+    /// The user's Ctrl-C or SIGTERM: forwarded to every rank (a rank stops at its next step boundary and rank 0
+    /// checkpoints); the run ends with it.
+    fn forward(&mut self, sig: i32) {
+        self.opts.console.note(&format!(
+            "signal {sig}: stopping {} rank(s)",
+            self.running.len()
+        ));
+        self.interrupted.get_or_insert(sig);
+        self.signal_all(sig, self.opts.stop_grace);
+    }
+
+    /// Every rank ended: how the generation did.
+    fn outcome(self) -> GenerationOutcome {
+        if let Some(signal) = self.interrupted {
+            return GenerationOutcome::Stopped { signal };
+        }
+        GenerationOutcome::Turned(match self.last {
+            Some(turn) => turn,
+            None => self.turn(),
+        })
+    }
+}
+
+/// How local mode tells of a rank's end: `rank 2 ended with exit code 75`, `rank 0 hung`.
+pub(crate) fn describe(culprit: &Culprit) -> String {
+    if culprit.reason == HUNG {
+        format!("rank {} hung", culprit.rank)
+    } else {
+        format!("rank {} ended with {}", culprit.rank, culprit.exit)
+    }
+}
+
+/// Starts every rank and waits for all of them to end, looking at the gang after every event as the operator
+/// does (`rdu_gang::turn`); `restarts`: the gang's restarts so far.
 pub(crate) async fn run(
     launches: &[RankLaunch],
     opts: &GangOptions,
-) -> Result<GenerationEnd, CliError> {
+    restarts: Restarts,
+) -> Result<GenerationOutcome, CliError> {
     let mut sigint =
         signal(SignalKind::interrupt()).map_err(io_err("installing the SIGINT handler"))?;
     let mut sigterm =
@@ -100,7 +278,20 @@ pub(crate) async fn run(
     let mut logs = JoinSet::new();
     let (exit_tx, mut exit_rx) = mpsc::unbounded_channel::<(u32, RankExit)>();
     let (step_tx, mut step_rx) = mpsc::unbounded_channel::<u64>();
-    let mut running: Vec<(u32, u32)> = Vec::new(); // (rank, pid)
+    let mut watch = Watch {
+        opts,
+        restarts,
+        workers: u32::try_from(launches.len()).unwrap_or(u32::MAX),
+        running: Vec::new(),
+        stopped: HashSet::new(),
+        evidence: Vec::new(),
+        succeeded: 0,
+        stopping: None,
+        deadline_passed: None,
+        interrupted: None,
+        last: None,
+        kill_at: None,
+    };
     for launch in launches {
         let mut child = Command::new(&opts.exe)
             .arg("worker")
@@ -132,7 +323,7 @@ pub(crate) async fn run(
                 step_tx.clone(),
             ));
         }
-        running.push((rank, child.id().unwrap_or_default()));
+        watch.running.push((rank, child.id().unwrap_or_default()));
         let tx = exit_tx.clone();
         tokio::spawn(async move {
             let exit = match child.wait().await {
@@ -145,60 +336,32 @@ pub(crate) async fn run(
     drop(exit_tx);
     drop(step_tx);
 
-    let mut outcome = GenerationEnd::default();
     // Hang detection, judged as the operator judges it (`check_hang`): rank 0's last step and the watch on it.
     let mut hang = HangWatch::new(opts.progress_deadline);
     let mut hang_at = hang.start();
     let far = Instant::now() + Duration::from_secs(86_400 * 365);
     let mut job_deadline = opts.job_deadline;
-    let mut kill_at: Option<Instant> = None;
-    while !running.is_empty() {
+    while !watch.running.is_empty() {
         if let Some(hung) = hang.take_hang() {
-            opts.console.note(&format!(
-                "{}: stopping {} rank(s)",
-                hung.message(),
-                running.len()
-            ));
-            for &(_, pid) in &running {
-                send_signal(pid, libc::SIGTERM);
-            }
-            outcome.hung = Some(hung);
-            let stop = Instant::now() + opts.stop_grace;
-            kill_at = Some(kill_at.map_or(stop, |k| k.min(stop)));
+            opts.console.note(&hung.message());
+            watch.evidence.push(hung.culprit());
+            watch.look();
         }
-        let deadline =
-            kill_at.unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400 * 365));
         tokio::select! {
             ended = exit_rx.recv() => {
                 let Some((rank, exit)) = ended else { break };
-                running.retain(|(r, _)| *r != rank);
                 // Not every rank runs any more: no hang to watch for.
                 hang_at = None;
                 hang.stop();
-                if !exit.is_success() {
-                    opts.console.note(&format!("rank {rank} ended with {exit}"));
-                    if kill_at.is_none() {
-                        kill_at = Some(Instant::now() + opts.failure_grace);
-                    }
-                }
-                outcome.exits.push((rank, exit));
+                watch.ended(rank, exit);
             }
-            _ = sleep_until(deadline), if kill_at.is_some() => {
-                for &(rank, pid) in &running {
-                    opts.console.note(&format!("rank {rank} still running after the grace period: killing it"));
-                    send_signal(pid, libc::SIGKILL);
-                }
-                kill_at = None;
+            _ = sleep_until(watch.kill_at.unwrap_or(far)), if watch.kill_at.is_some() => {
+                watch.kill_the_rest();
             }
             _ = sleep_until(job_deadline.unwrap_or(far)), if job_deadline.is_some() => {
-                opts.console.note(&format!("activeDeadlineSeconds passed: stopping {} rank(s)", running.len()));
-                for &(_, pid) in &running {
-                    send_signal(pid, libc::SIGTERM);
-                }
-                outcome.deadline_exceeded = true;
+                watch.deadline_passed = opts.policy.active_deadline_seconds;
                 job_deadline = None;
-                let stop = Instant::now() + opts.stop_grace;
-                kill_at = Some(kill_at.map_or(stop, |k| k.min(stop)));
+                watch.look();
             }
             Some(step) = step_rx.recv() => {
                 if hang_at.is_some() {
@@ -208,12 +371,12 @@ pub(crate) async fn run(
             _ = sleep_until(hang_at.unwrap_or(far)), if hang_at.is_some() => {
                 hang_at = hang.look(None);
             }
-            _ = sigint.recv() => forward(&running, libc::SIGINT, opts, &mut outcome, &mut kill_at),
-            _ = sigterm.recv() => forward(&running, libc::SIGTERM, opts, &mut outcome, &mut kill_at),
+            _ = sigint.recv() => watch.forward(libc::SIGINT),
+            _ = sigterm.recv() => watch.forward(libc::SIGTERM),
         }
     }
     while logs.join_next().await.is_some() {}
-    Ok(outcome)
+    Ok(watch.outcome())
 }
 
 /// Rank 0's progress under `progressDeadlineSeconds`: `rdu_gang::StepWatcher` on a clock of whole seconds from
@@ -253,23 +416,6 @@ impl HangWatch {
     fn take_hang(&mut self) -> Option<Hang> {
         self.watcher.take_hang()
     }
-}
-
-fn forward(
-    running: &[(u32, u32)],
-    sig: i32,
-    opts: &GangOptions,
-    outcome: &mut GenerationEnd,
-    kill_at: &mut Option<Instant>,
-) {
-    opts.console
-        .note(&format!("signal {sig}: stopping {} rank(s)", running.len()));
-    for &(_, pid) in running {
-        send_signal(pid, sig);
-    }
-    outcome.interrupted.get_or_insert(sig);
-    let stop = Instant::now() + opts.stop_grace;
-    *kill_at = Some(kill_at.map_or(stop, |k| k.min(stop)));
 }
 
 fn io_err(what: &'static str) -> impl Fn(std::io::Error) -> CliError {

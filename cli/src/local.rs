@@ -12,7 +12,7 @@ use rdu_crds::consts::exit_code;
 use rdu_crds::rank_env::SuppliedValues;
 use rdu_crds::token::new_token;
 use rdu_crds::{AllReduceResult, JobResult, RduJob, RduJobSpec, RunMode};
-use rdu_gang::{AfterGeneration, Backoff, Next, Restarts, Settlement};
+use rdu_gang::{Backoff, Next, Restarts, Settlement, Turn};
 use rdu_tiles::simulated::SimulatedNode;
 use rdu_worker::modes::all_reduce_benchmark;
 
@@ -21,7 +21,7 @@ use std::sync::Arc;
 use crate::capacity::{self, Machine};
 use crate::console::Console;
 use crate::error::CliError;
-use crate::gang::{self, GangOptions};
+use crate::gang::{self, GangOptions, GenerationOutcome};
 use crate::launch::{LOCALHOST, LocalContext, rank_launches};
 use crate::manifest::{self, LocalJob};
 use crate::ports::free_port;
@@ -120,23 +120,28 @@ pub(crate) async fn run(path: &Path, options: RunOptions) -> Result<i32, CliErro
             "generation {generation}: starting {} rank(s)",
             launches.len()
         ));
-        let outcome = gang::run(&launches, &opts).await?;
+        let outcome = gang::run(&launches, &opts, restarts).await?;
         node.release(&device_ids);
-        let after = rdu_gang::after_generation(&policy, restarts, &outcome);
-        let code = after.exit_code();
-        match after {
-            AfterGeneration::Stopped { signal } => {
+        let turn = match outcome {
+            GenerationOutcome::Stopped { signal } => {
                 console.note(&format!("stopped by signal {signal}"));
                 if let Some(dir) = &checkpoint_dir {
                     console.note(&where_checkpoints_went(dir, kept_checkpoints));
                 }
+                return Ok(exit_code::SIGNAL_BASE + signal);
             }
-            AfterGeneration::DeadlineExceeded => console.note(&format!(
-                "job {name} failed: {}: {}",
-                rdu_gang::DEADLINE_EXCEEDED,
-                rdu_gang::deadline_message(policy.active_deadline_seconds.unwrap_or_default())
-            )),
-            AfterGeneration::Succeeded => {
+            GenerationOutcome::Turned(turn) => turn,
+        };
+        match turn {
+            Turn::DeadlineExceeded { limit } => {
+                console.note(&format!(
+                    "job {name} failed: {}: {}",
+                    rdu_gang::DEADLINE_EXCEEDED,
+                    rdu_gang::deadline_message(limit)
+                ));
+                return Ok(exit_code::DEADLINE_EXCEEDED);
+            }
+            Turn::Succeeded => {
                 let result = read_result(&result_path)?;
                 console.finish();
                 console.note(&format!(
@@ -144,8 +149,23 @@ pub(crate) async fn run(path: &Path, options: RunOptions) -> Result<i32, CliErro
                 ));
                 return print_result(&console, &result, tensorboard_dir.as_deref());
             }
-            AfterGeneration::Failed {
-                ended,
+            Turn::Fail {
+                culprit,
+                ruling,
+                reason,
+            } => {
+                console.finish();
+                console.note(&format!(
+                    "job {name} failed: {} after {generation} restart(s) ({}; rule {}: {:?})",
+                    gang::describe(&culprit),
+                    reason.as_str(),
+                    ruling.rule,
+                    ruling.action
+                ));
+                return Ok(culprit.exit.as_exit_code());
+            }
+            Turn::Ended {
+                culprit,
                 settlement:
                     Settlement {
                         ruling,
@@ -157,7 +177,8 @@ pub(crate) async fn run(path: &Path, options: RunOptions) -> Result<i32, CliErro
                 Next::Restart { budget } => {
                     restarts = after;
                     console.note(&format!(
-                        "{ended}: rule {}: {:?}: restarting the gang: generation {} ({budget})",
+                        "{}: rule {}: {:?}: restarting the gang: generation {} ({budget})",
+                        gang::describe(&culprit),
                         ruling.rule,
                         ruling.action,
                         generation + 1,
@@ -178,16 +199,23 @@ pub(crate) async fn run(path: &Path, options: RunOptions) -> Result<i32, CliErro
                 Next::Fail(reason) => {
                     console.finish();
                     console.note(&format!(
-                        "job {name} failed: {ended} after {generation} restart(s) ({}; rule {}: {:?})",
+                        "job {name} failed: {} after {generation} restart(s) ({}; rule {}: {:?})",
+                        gang::describe(&culprit),
                         reason.as_str(),
                         ruling.rule,
                         ruling.action
                     ));
+                    return Ok(culprit.exit.as_exit_code());
                 }
             },
-        }
-        if let Some(code) = code {
-            return Ok(code);
+            // Every rank ended, none failed and not all succeeded: a rank ended that nobody blamed (its exit was
+            // the stop's doing) while no rule was broken. Nothing decides that; say so rather than loop.
+            Turn::Stop { .. } | Turn::Create | Turn::Run => {
+                return Err(CliError::NoVerdict {
+                    generation,
+                    turn: format!("{turn:?}"),
+                });
+            }
         }
     }
     unreachable_generation()
@@ -235,6 +263,7 @@ fn gang_options(
             .active_deadline_seconds
             .map(|s| tokio::time::Instant::now() + Duration::from_secs(s)),
         progress_deadline: policy.progress_deadline_seconds.map(Duration::from_secs),
+        policy: policy.clone(),
     })
 }
 

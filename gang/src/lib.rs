@@ -10,14 +10,12 @@ use rdu_crds::consts::exit_code;
 use rdu_crds::{EndCause, RestartPolicy, RunPolicy};
 
 mod deadline;
-mod generation;
 mod hang;
 mod restarts;
 mod rules;
 mod settle;
 mod turn;
 pub use deadline::{DEADLINE_EXCEEDED, Deadline, deadline_message};
-pub use generation::{AfterGeneration, GenerationEnd, after_generation};
 pub use hang::{
     GangNow, Hang, HangCheck, ProgressWatch, StepWatcher, UNREPORTED_RECHECK_SECONDS, check_hang,
 };
