@@ -12,7 +12,7 @@ use rdu_crds::consts::exit_code;
 use rdu_crds::rank_env::SuppliedValues;
 use rdu_crds::token::new_token;
 use rdu_crds::{AllReduceResult, JobResult, RduJob, RduJobSpec, RunMode};
-use rdu_gang::{Backoff, Next, Restarts, Settlement, Turn};
+use rdu_gang::{Backoff, Culprit, FailureReason, Next, Restarts, Ruling, Settlement, Turn};
 use rdu_tiles::simulated::SimulatedNode;
 use rdu_worker::modes::all_reduce_benchmark;
 
@@ -154,15 +154,9 @@ pub(crate) async fn run(path: &Path, options: RunOptions) -> Result<i32, CliErro
                 ruling,
                 reason,
             } => {
-                console.finish();
-                console.note(&format!(
-                    "job {name} failed: {} after {generation} restart(s) ({}; rule {}: {:?})",
-                    gang::describe(&culprit),
-                    reason.as_str(),
-                    ruling.rule,
-                    ruling.action
+                return Ok(failed(
+                    &console, &name, generation, &culprit, reason, &ruling,
                 ));
-                return Ok(culprit.exit.as_exit_code());
             }
             Turn::Ended {
                 culprit,
@@ -185,27 +179,20 @@ pub(crate) async fn run(path: &Path, options: RunOptions) -> Result<i32, CliErro
                     ));
                     // A loop of restarts backs off as the operator's does (`rdu_gang::backoff`).
                     let now = i64::try_from(started.elapsed().as_secs()).unwrap_or(i64::MAX);
-                    let backoff = rdu_gang::backoff(&restarted_at, now, now);
-                    restarted_at.push(now);
                     if let Some(Backoff {
                         delay,
                         left_seconds,
-                    }) = backoff
+                    }) = rdu_gang::backoff(&restarted_at, now, now)
                     {
                         console.note(&delay.message(generation + 1));
                         tokio::time::sleep(Duration::from_secs(left_seconds.unsigned_abs())).await;
                     }
+                    restarted_at.push(now);
                 }
                 Next::Fail(reason) => {
-                    console.finish();
-                    console.note(&format!(
-                        "job {name} failed: {} after {generation} restart(s) ({}; rule {}: {:?})",
-                        gang::describe(&culprit),
-                        reason.as_str(),
-                        ruling.rule,
-                        ruling.action
+                    return Ok(failed(
+                        &console, &name, generation, &culprit, reason, &ruling,
                     ));
-                    return Ok(culprit.exit.as_exit_code());
                 }
             },
             // Every rank ended, none failed and not all succeeded: a rank ended that nobody blamed (its exit was
@@ -219,6 +206,26 @@ pub(crate) async fn run(path: &Path, options: RunOptions) -> Result<i32, CliErro
         }
     }
     unreachable_generation()
+}
+
+/// Says the job failed, blamed on `culprit` by `ruling` for `reason`; returns the run's exit code, the culprit's.
+fn failed(
+    console: &Console,
+    name: &str,
+    generation: u32,
+    culprit: &Culprit,
+    reason: FailureReason,
+    ruling: &Ruling,
+) -> i32 {
+    console.finish();
+    console.note(&format!(
+        "job {name} failed: {} after {generation} restart(s) ({}; rule {}: {:?})",
+        gang::describe(culprit),
+        reason.as_str(),
+        ruling.rule,
+        ruling.action
+    ));
+    culprit.exit.as_exit_code()
 }
 
 /// Where checkpoints go: `--checkpoint-dir` (created), else the scratch directory; none when the job has no
