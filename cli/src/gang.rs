@@ -125,9 +125,36 @@ struct Watch<'a> {
     last: Option<Turn<Culprit>>,
     /// When the ranks still running are killed.
     kill_at: Option<Instant>,
+    /// Signals decided and not yet sent: (pid, signal). The loop sends them; a test reads them.
+    signals: Vec<(u32, i32)>,
 }
 
-impl Watch<'_> {
+impl<'a> Watch<'a> {
+    fn new(opts: &'a GangOptions, restarts: Restarts, workers: u32) -> Self {
+        Watch {
+            opts,
+            restarts,
+            workers,
+            running: Vec::new(),
+            stopped: HashSet::new(),
+            evidence: Vec::new(),
+            succeeded: 0,
+            stopping: None,
+            deadline_passed: None,
+            interrupted: None,
+            last: None,
+            kill_at: None,
+            signals: Vec::new(),
+        }
+    }
+
+    /// Sends the signals decided since the last call.
+    fn send_signals(&mut self) {
+        for (pid, sig) in self.signals.drain(..) {
+            send_signal(pid, sig);
+        }
+    }
+
     /// The gang's turn now.
     fn turn(&self) -> Turn<Culprit> {
         let running = self.running.len() as u32;
@@ -207,7 +234,7 @@ impl Watch<'_> {
     /// Sends `sig` to every running rank; the ones still running after `grace` are killed.
     fn signal_all(&mut self, sig: i32, grace: Duration) {
         for &(rank, pid) in &self.running {
-            send_signal(pid, sig);
+            self.signals.push((pid, sig));
             self.stopped.insert(rank);
         }
         self.kill_in(grace);
@@ -227,7 +254,7 @@ impl Watch<'_> {
             self.opts.console.note(&format!(
                 "rank {rank} still running after the grace period: killing it"
             ));
-            send_signal(pid, libc::SIGKILL);
+            self.signals.push((pid, libc::SIGKILL));
         }
         self.kill_at = None;
     }
@@ -278,20 +305,8 @@ pub(crate) async fn run(
     let mut logs = JoinSet::new();
     let (exit_tx, mut exit_rx) = mpsc::unbounded_channel::<(u32, RankExit)>();
     let (step_tx, mut step_rx) = mpsc::unbounded_channel::<u64>();
-    let mut watch = Watch {
-        opts,
-        restarts,
-        workers: u32::try_from(launches.len()).unwrap_or(u32::MAX),
-        running: Vec::new(),
-        stopped: HashSet::new(),
-        evidence: Vec::new(),
-        succeeded: 0,
-        stopping: None,
-        deadline_passed: None,
-        interrupted: None,
-        last: None,
-        kill_at: None,
-    };
+    let workers = u32::try_from(launches.len()).unwrap_or(u32::MAX);
+    let mut watch = Watch::new(opts, restarts, workers);
     for launch in launches {
         let mut child = Command::new(&opts.exe)
             .arg("worker")
@@ -346,6 +361,7 @@ pub(crate) async fn run(
             opts.console.note(&hung.message());
             watch.evidence.push(hung.culprit());
             watch.look();
+            watch.send_signals();
         }
         tokio::select! {
             ended = exit_rx.recv() => {
@@ -374,6 +390,7 @@ pub(crate) async fn run(
             _ = sigint.recv() => watch.forward(libc::SIGINT),
             _ = sigterm.recv() => watch.forward(libc::SIGTERM),
         }
+        watch.send_signals();
     }
     while logs.join_next().await.is_some() {}
     Ok(watch.outcome())
@@ -422,5 +439,143 @@ fn io_err(what: &'static str) -> impl Fn(std::io::Error) -> CliError {
     move |source| CliError::Io {
         what: what.into(),
         source,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::console::Console;
+    use rdu_gang::Next;
+    use rdu_gang::scenarios::{self, Scenario, Want};
+    use std::sync::Arc;
+
+    fn options(policy: RunPolicy) -> GangOptions {
+        GangOptions {
+            console: Arc::new(Console::new(false)),
+            exe: PathBuf::new(),
+            cwd: PathBuf::new(),
+            failure_grace: Duration::from_secs(5),
+            stop_grace: Duration::from_secs(10),
+            job_deadline: None,
+            progress_deadline: None,
+            policy,
+        }
+    }
+
+    /// A watch over `workers` ranks that run; their pids are never signalled (the test reads `signals`).
+    fn watching(opts: &GangOptions, restarts: Restarts, workers: u32) -> Watch<'_> {
+        let mut watch = Watch::new(opts, restarts, workers);
+        watch.running = (0..workers).map(|rank| (rank, 4_000_000 + rank)).collect();
+        watch
+    }
+
+    fn want(turn: Turn<Culprit>, before: Restarts) -> Want {
+        match turn {
+            Turn::Succeeded => Want::Succeeded,
+            Turn::Fail {
+                culprit, reason, ..
+            } => Want::Fail {
+                rank: culprit.rank,
+                reason,
+            },
+            Turn::Ended {
+                culprit,
+                settlement,
+                ..
+            } => match settlement.next {
+                Next::Restart { .. } => Want::Restart {
+                    rank: culprit.rank,
+                    counted: settlement.restarts.counted > before.counted,
+                },
+                Next::Fail(reason) => Want::Fail {
+                    rank: culprit.rank,
+                    reason,
+                },
+            },
+            other => panic!("no outcome: {other:?}"),
+        }
+    }
+
+    /// Plays `s` on the watch: the listed ends one at a time; the ranks not listed give up on their peers (75)
+    /// within the failure grace.
+    fn play(s: &Scenario) -> Want {
+        let opts = options(s.policy.clone());
+        let mut watch = watching(&opts, s.restarts, s.workers);
+        for &(rank, code) in &s.ends {
+            watch.ended(rank, RankExit::Code(code));
+        }
+        let left: Vec<u32> = watch.running.iter().map(|(rank, _)| *rank).collect();
+        assert!(
+            left.is_empty() || watch.kill_at.is_some(),
+            "{}: the others were given no grace",
+            s.name
+        );
+        for rank in left {
+            watch.ended(rank, RankExit::Code(75));
+        }
+        assert!(watch.signals.is_empty(), "{}: {:?}", s.name, watch.signals);
+        match watch.outcome() {
+            GenerationOutcome::Turned(turn) => want(turn, s.restarts),
+            other => panic!("{}: {other:?}", s.name),
+        }
+    }
+
+    #[test]
+    fn the_gangs_cases_come_out_on_processes_as_on_pods() {
+        for s in scenarios::all() {
+            assert_eq!(play(&s), s.want, "{}", s.name);
+        }
+    }
+
+    #[test]
+    fn a_rank_stopped_for_a_hang_is_no_evidence_against_rank_0() {
+        let opts = options(RunPolicy::default());
+        let mut watch = watching(&opts, Restarts::default(), 3);
+        let hang = Hang {
+            step: Some(4),
+            still_seconds: 30,
+            deadline_seconds: 30,
+        };
+        watch.evidence.push(hang.culprit());
+        watch.look();
+        let terms: Vec<i32> = watch.signals.iter().map(|(_, sig)| *sig).collect();
+        assert_eq!(terms, vec![libc::SIGTERM; 3]);
+        // Rank 2 dies badly on the way down: it was told to stop, so the hang stays the cause.
+        watch.ended(2, RankExit::Code(1));
+        watch.ended(1, RankExit::Code(143));
+        watch.ended(0, RankExit::Code(143));
+        assert_eq!(
+            match watch.outcome() {
+                GenerationOutcome::Turned(turn) => want(turn, Restarts::default()),
+                other => panic!("{other:?}"),
+            },
+            Want::Restart {
+                rank: 0,
+                counted: true
+            }
+        );
+    }
+
+    #[test]
+    fn a_rank_that_outlived_the_failure_grace_is_blamed_for_its_kill() {
+        let opts = options(RunPolicy::default());
+        let mut watch = watching(&opts, Restarts::default(), 3);
+        watch.ended(2, RankExit::Code(75));
+        watch.ended(0, RankExit::Code(75));
+        assert!(watch.kill_at.is_some());
+        watch.kill_the_rest();
+        assert_eq!(watch.signals, vec![(4_000_001, libc::SIGKILL)]);
+        watch.ended(1, RankExit::Signal(9));
+        assert_eq!(
+            match watch.outcome() {
+                GenerationOutcome::Turned(turn) => want(turn, Restarts::default()),
+                other => panic!("{other:?}"),
+            },
+            Want::Restart {
+                rank: 1,
+                counted: true
+            }
+        );
     }
 }

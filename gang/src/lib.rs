@@ -13,6 +13,8 @@ mod deadline;
 mod hang;
 mod restarts;
 mod rules;
+#[cfg(any(test, feature = "scenarios"))]
+pub mod scenarios;
 mod settle;
 mod turn;
 pub use deadline::{DEADLINE_EXCEEDED, Deadline, deadline_message};

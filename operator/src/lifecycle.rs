@@ -693,6 +693,8 @@ mod hang_tests;
 #[cfg(test)]
 mod rules_tests;
 #[cfg(test)]
+mod scenario_tests;
+#[cfg(test)]
 mod teardown_tests;
 #[cfg(test)]
 mod tests;
