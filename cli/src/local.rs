@@ -52,86 +52,163 @@ pub(crate) struct RunOptions {
 
 /// Runs the job in `path` to its end; returns the process exit code.
 pub(crate) async fn run(path: &Path, options: RunOptions) -> Result<i32, CliError> {
-    let LocalJob { mut job, dir } = manifest::load(path, options.workers, options.mode)?;
-    check_capacity(&job, &dir, options.workers.is_some())?;
-    let console = Arc::new(Console::new(options.verbose));
-    let name = job.metadata.name.clone().unwrap_or_default();
-    if job.metadata.uid.is_none() {
-        job.metadata.uid = Some(format!("local-{}", &new_token()?[..16]));
-    }
-    let scratch = tempfile::Builder::new()
-        .prefix(&format!("rdujob-{name}-"))
-        .tempdir()
-        .map_err(|source| CliError::Io {
-            what: "creating a scratch directory".into(),
-            source,
-        })?;
-    let kept_checkpoints = options.checkpoint_dir.is_some();
-    let checkpoint_dir = checkpoint_dir(&job, options.checkpoint_dir, scratch.path())?;
-    // TensorBoard's files must outlive the run: the scratch directory is then kept.
-    let tensorboard_dir = job
-        .spec
-        .tensorboard
-        .as_ref()
-        .map(|_| scratch.path().join("tensorboard"));
-    let scratch = Scratch::new(scratch, tensorboard_dir.is_some());
-    let node_name = hostname();
-    let policy = job.spec.run_policy.clone();
-    let opts = gang_options(&job, console.clone(), dir)?;
-    for line in header(&job, scratch.path()) {
-        console.note(&line);
-    }
-    if job
-        .spec
-        .checkpoint
-        .as_ref()
-        .is_some_and(|c| c.volume_claim_template.is_some())
-    {
-        console.note(
-            "spec.checkpoint.volumeClaimTemplate is for clusters; locally checkpoints go to the scratch \
-             directory, which survives gang restarts",
-        );
-    }
-    let mut node = simulated_node(&job)?;
+    let mut run = LocalRun::prepare(path, options)?;
     let mut restarts = Restarts::default();
     // When each restart happened, in seconds from the start, for the backoff.
     let started = std::time::Instant::now();
     let mut restarted_at: Vec<i64> = Vec::new();
     for generation in 0u32.. {
-        let result_path = scratch.path().join(format!("result-{generation}.json"));
-        let (tiles, device_ids) = allocate(&mut node, &job)?;
+        match run.generation(generation, restarts).await? {
+            Then::Exit(code) => return Ok(code),
+            Then::Restart(after) => {
+                restarts = after;
+                // A loop of restarts backs off as the operator's does (`rdu_gang::backoff`).
+                let now = i64::try_from(started.elapsed().as_secs()).unwrap_or(i64::MAX);
+                if let Some(Backoff {
+                    delay,
+                    left_seconds,
+                }) = rdu_gang::backoff(&restarted_at, now, now)
+                {
+                    run.console.note(&delay.message(generation + 1));
+                    tokio::time::sleep(Duration::from_secs(left_seconds.unsigned_abs())).await;
+                }
+                restarted_at.push(now);
+            }
+        }
+    }
+    unreachable_generation()
+}
+
+/// What follows a generation in local mode.
+enum Then {
+    /// The run ends with this exit code.
+    Exit(i32),
+    /// The gang restarts, with these restarts counted.
+    Restart(Restarts),
+}
+
+/// A local run: the job, where its files go, and the simulated node its ranks take tiles from.
+struct LocalRun {
+    job: RduJob,
+    name: String,
+    console: Arc<Console>,
+    scratch: Scratch,
+    checkpoint_dir: Option<PathBuf>,
+    /// The checkpoints outlive the run (`--checkpoint-dir`).
+    kept_checkpoints: bool,
+    tensorboard_dir: Option<PathBuf>,
+    node_name: String,
+    node: SimulatedNode,
+    opts: GangOptions,
+}
+
+impl LocalRun {
+    /// Loads and checks the job, makes its scratch directory and prints the run's header.
+    fn prepare(path: &Path, options: RunOptions) -> Result<Self, CliError> {
+        let LocalJob { mut job, dir } = manifest::load(path, options.workers, options.mode)?;
+        check_capacity(&job, &dir, options.workers.is_some())?;
+        let console = Arc::new(Console::new(options.verbose));
+        let name = job.metadata.name.clone().unwrap_or_default();
+        if job.metadata.uid.is_none() {
+            job.metadata.uid = Some(format!("local-{}", &new_token()?[..16]));
+        }
+        let scratch = tempfile::Builder::new()
+            .prefix(&format!("rdujob-{name}-"))
+            .tempdir()
+            .map_err(|source| CliError::Io {
+                what: "creating a scratch directory".into(),
+                source,
+            })?;
+        let kept_checkpoints = options.checkpoint_dir.is_some();
+        let checkpoint_dir = checkpoint_dir(&job, options.checkpoint_dir, scratch.path())?;
+        // TensorBoard's files must outlive the run: the scratch directory is then kept.
+        let tensorboard_dir = job
+            .spec
+            .tensorboard
+            .as_ref()
+            .map(|_| scratch.path().join("tensorboard"));
+        let scratch = Scratch::new(scratch, tensorboard_dir.is_some());
+        let opts = gang_options(&job, console.clone(), dir)?;
+        for line in header(&job, scratch.path()) {
+            console.note(&line);
+        }
+        if job
+            .spec
+            .checkpoint
+            .as_ref()
+            .is_some_and(|c| c.volume_claim_template.is_some())
+        {
+            console.note(
+                "spec.checkpoint.volumeClaimTemplate is for clusters; locally checkpoints go to the scratch \
+                 directory, which survives gang restarts",
+            );
+        }
+        let node = simulated_node(&job)?;
+        Ok(LocalRun {
+            job,
+            name,
+            console,
+            scratch,
+            checkpoint_dir,
+            kept_checkpoints,
+            tensorboard_dir,
+            node_name: hostname(),
+            node,
+            opts,
+        })
+    }
+
+    /// Runs generation `generation` of the gang to its end, after `restarts`, and says what follows.
+    async fn generation(&mut self, generation: u32, restarts: Restarts) -> Result<Then, CliError> {
+        let result_path = self
+            .scratch
+            .path()
+            .join(format!("result-{generation}.json"));
+        let (tiles, device_ids) = allocate(&mut self.node, &self.job)?;
         let ctx = LocalContext {
             // A token per generation, as on a cluster: a rank of an earlier generation cannot join this one.
             supplied: SuppliedValues {
                 token: new_token()?,
-                node_name: node_name.clone(),
+                node_name: self.node_name.clone(),
                 pod_ip: LOCALHOST.into(),
             },
             master_port: free_port()?,
             tiles: &tiles,
             result_path: &result_path,
-            checkpoint_dir: checkpoint_dir.as_deref(),
-            tensorboard_dir: tensorboard_dir.as_deref(),
+            checkpoint_dir: self.checkpoint_dir.as_deref(),
+            tensorboard_dir: self.tensorboard_dir.as_deref(),
             // Hang detection reads rank 0's progress lines, also with -v.
-            progress_lines: !console.verbose() || policy.progress_deadline_seconds.is_some(),
+            progress_lines: !self.console.verbose()
+                || self.opts.policy.progress_deadline_seconds.is_some(),
         };
-        let launches = rank_launches(&job, generation, &ctx);
-        console.note(&format!(
+        let launches = rank_launches(&self.job, generation, &ctx);
+        self.console.note(&format!(
             "generation {generation}: starting {} rank(s)",
             launches.len()
         ));
-        let outcome = gang::run(&launches, &opts, restarts).await?;
-        node.release(&device_ids);
-        let turn = match outcome {
+        let outcome = gang::run(&launches, &self.opts, restarts).await;
+        self.node.release(&device_ids);
+        match outcome? {
             GenerationOutcome::Stopped { signal } => {
-                console.note(&format!("stopped by signal {signal}"));
-                if let Some(dir) = &checkpoint_dir {
-                    console.note(&where_checkpoints_went(dir, kept_checkpoints));
+                self.console.note(&format!("stopped by signal {signal}"));
+                if let Some(dir) = &self.checkpoint_dir {
+                    self.console
+                        .note(&where_checkpoints_went(dir, self.kept_checkpoints));
                 }
-                return Ok(exit_code::SIGNAL_BASE + signal);
+                Ok(Then::Exit(exit_code::SIGNAL_BASE + signal))
             }
-            GenerationOutcome::Turned(turn) => turn,
-        };
+            GenerationOutcome::Turned(turn) => self.after(generation, turn, &result_path),
+        }
+    }
+
+    /// What follows the generation's last turn: the job's end (with its result, or why it failed) or a restart.
+    fn after(
+        &self,
+        generation: u32,
+        turn: Turn<Culprit>,
+        result_path: &Path,
+    ) -> Result<Then, CliError> {
+        let (console, name) = (&self.console, &self.name);
         match turn {
             Turn::DeadlineExceeded { limit } => {
                 console.note(&format!(
@@ -139,37 +216,34 @@ pub(crate) async fn run(path: &Path, options: RunOptions) -> Result<i32, CliErro
                     rdu_gang::DEADLINE_EXCEEDED,
                     rdu_gang::deadline_message(limit)
                 ));
-                return Ok(exit_code::DEADLINE_EXCEEDED);
+                Ok(Then::Exit(exit_code::DEADLINE_EXCEEDED))
             }
             Turn::Succeeded => {
-                let result = read_result(&result_path)?;
+                let result = read_result(result_path)?;
                 console.finish();
                 console.note(&format!(
                     "job {name} succeeded after {generation} restart(s)"
                 ));
-                return print_result(&console, &result, tensorboard_dir.as_deref());
+                print_result(console, &result, self.tensorboard_dir.as_deref()).map(Then::Exit)
             }
             Turn::Fail {
                 culprit,
                 ruling,
                 reason,
-            } => {
-                return Ok(failed(
-                    &console, &name, generation, &culprit, reason, &ruling,
-                ));
-            }
+            } => Ok(Then::Exit(failed(
+                console, name, generation, &culprit, reason, &ruling,
+            ))),
             Turn::Ended {
                 culprit,
                 settlement:
                     Settlement {
                         ruling,
-                        restarts: after,
+                        restarts,
                         next,
                     },
                 ..
-            } => match next {
+            } => Ok(match next {
                 Next::Restart { budget } => {
-                    restarts = after;
                     console.note(&format!(
                         "{}: rule {}: {:?}: restarting the gang: generation {} ({budget})",
                         gang::describe(&culprit),
@@ -177,35 +251,20 @@ pub(crate) async fn run(path: &Path, options: RunOptions) -> Result<i32, CliErro
                         ruling.action,
                         generation + 1,
                     ));
-                    // A loop of restarts backs off as the operator's does (`rdu_gang::backoff`).
-                    let now = i64::try_from(started.elapsed().as_secs()).unwrap_or(i64::MAX);
-                    if let Some(Backoff {
-                        delay,
-                        left_seconds,
-                    }) = rdu_gang::backoff(&restarted_at, now, now)
-                    {
-                        console.note(&delay.message(generation + 1));
-                        tokio::time::sleep(Duration::from_secs(left_seconds.unsigned_abs())).await;
-                    }
-                    restarted_at.push(now);
+                    Then::Restart(restarts)
                 }
                 Next::Fail(reason) => {
-                    return Ok(failed(
-                        &console, &name, generation, &culprit, reason, &ruling,
-                    ));
+                    Then::Exit(failed(console, name, generation, &culprit, reason, &ruling))
                 }
-            },
+            }),
             // Every rank ended, none failed and not all succeeded: a rank ended that nobody blamed (its exit was
             // the stop's doing) while no rule was broken. Nothing decides that; say so rather than loop.
-            Turn::Stop { .. } | Turn::Create | Turn::Run => {
-                return Err(CliError::NoVerdict {
-                    generation,
-                    turn: format!("{turn:?}"),
-                });
-            }
+            Turn::Stop { .. } | Turn::Create | Turn::Run => Err(CliError::NoVerdict {
+                generation,
+                turn: format!("{turn:?}"),
+            }),
         }
     }
-    unreachable_generation()
 }
 
 /// Says the job failed, blamed on `culprit` by `ruling` for `reason`; returns the run's exit code, the culprit's.
