@@ -56,10 +56,15 @@ fn rank_exit(status: ExitStatus) -> RankExit {
     }
 }
 
+/// Sends `sig` to process `pid`. Pid 0 (a child whose id was not known) or one past `pid_t` is skipped: kill(2)
+/// would read it as this process's group, or a group.
 fn send_signal(pid: u32, sig: i32) {
+    let Ok(pid @ 1..) = libc::pid_t::try_from(pid) else {
+        return;
+    };
     // SAFETY: kill(2) with a pid we spawned and have not reaped; no memory is touched.
     unsafe {
-        libc::kill(pid as libc::pid_t, sig);
+        libc::kill(pid, sig);
     }
 }
 
@@ -92,6 +97,54 @@ async fn forward_lines(
             }
         }
     }
+}
+
+/// Starts `launch`'s rank: its output forwarded by tasks in `logs` (rank 0's steps to `steps`), its exit sent to
+/// `exits` once it ends. Returns its pid.
+fn spawn_rank(
+    launch: &RankLaunch,
+    opts: &GangOptions,
+    logs: &mut JoinSet<()>,
+    exits: &mpsc::UnboundedSender<(u32, RankExit)>,
+    steps: &mpsc::UnboundedSender<u64>,
+) -> Result<u32, CliError> {
+    let rank = launch.rank;
+    let mut child = Command::new(&opts.exe)
+        .arg("worker")
+        .current_dir(&opts.cwd)
+        .envs(launch.env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|source| CliError::Spawn { rank, source })?;
+    if let Some(out) = child.stdout.take() {
+        logs.spawn(forward_lines(
+            rank,
+            out,
+            opts.console.clone(),
+            steps.clone(),
+        ));
+    }
+    if let Some(err) = child.stderr.take() {
+        logs.spawn(forward_lines(
+            rank,
+            err,
+            opts.console.clone(),
+            steps.clone(),
+        ));
+    }
+    let pid = child.id().unwrap_or_default();
+    let exits = exits.clone();
+    tokio::spawn(async move {
+        let exit = match child.wait().await {
+            Ok(status) => rank_exit(status),
+            Err(_) => RankExit::Code(1),
+        };
+        let _ = exits.send((rank, exit));
+    });
+    Ok(pid)
 }
 
 /// How a generation of local ranks ended.
@@ -308,45 +361,8 @@ pub(crate) async fn run(
     let workers = u32::try_from(launches.len()).unwrap_or(u32::MAX);
     let mut watch = Watch::new(opts, restarts, workers);
     for launch in launches {
-        let mut child = Command::new(&opts.exe)
-            .arg("worker")
-            .current_dir(&opts.cwd)
-            .envs(launch.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|source| CliError::Spawn {
-                rank: launch.rank,
-                source,
-            })?;
-        let rank = launch.rank;
-        if let Some(out) = child.stdout.take() {
-            logs.spawn(forward_lines(
-                rank,
-                out,
-                opts.console.clone(),
-                step_tx.clone(),
-            ));
-        }
-        if let Some(err) = child.stderr.take() {
-            logs.spawn(forward_lines(
-                rank,
-                err,
-                opts.console.clone(),
-                step_tx.clone(),
-            ));
-        }
-        watch.running.push((rank, child.id().unwrap_or_default()));
-        let tx = exit_tx.clone();
-        tokio::spawn(async move {
-            let exit = match child.wait().await {
-                Ok(status) => rank_exit(status),
-                Err(_) => RankExit::Code(1),
-            };
-            let _ = tx.send((rank, exit));
-        });
+        let pid = spawn_rank(launch, opts, &mut logs, &exit_tx, &step_tx)?;
+        watch.running.push((launch.rank, pid));
     }
     drop(exit_tx);
     drop(step_tx);
