@@ -111,21 +111,9 @@ impl CliError {
     }
 }
 
-/// `error` and its causes as one line, `outer: inner: innermost` (as anyhow's `{:#}`), the way `rdujob` prints a
-/// failure. A cause whose text the line already ends with is not repeated: some errors of other crates put
-/// their source's text in their own message too.
-pub(crate) fn chain(error: &dyn std::error::Error) -> String {
-    let mut line = error.to_string();
-    let mut cause = error.source();
-    while let Some(inner) = cause {
-        let text = inner.to_string();
-        if !line.ends_with(&text) {
-            line.push_str(": ");
-            line.push_str(&text);
-        }
-        cause = inner.source();
-    }
-    line
+/// `error` and its causes as one line, the way `rdujob` prints a failure (`rdu_error_chain`).
+pub(crate) fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    rdu_error_chain::chain(error)
 }
 
 #[cfg(test)]

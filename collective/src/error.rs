@@ -21,7 +21,7 @@ pub enum CollectiveError {
     #[error("invalid argument {field}: {reason}")]
     InvalidArgument { field: &'static str, reason: String },
     /// A listening socket could not be opened.
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}")]
     Bind {
         addr: String,
         #[source]
@@ -173,7 +173,11 @@ mod tests {
         use std::error::Error;
         let refused = std::io::Error::new(std::io::ErrorKind::AddrInUse, "in use");
         let bind = CollectiveError::bind("127.0.0.1:1", refused);
-        assert_eq!(bind.to_string(), "cannot listen on 127.0.0.1:1: in use");
+        assert_eq!(bind.to_string(), "cannot listen on 127.0.0.1:1");
+        assert_eq!(
+            rdu_error_chain::chain(&bind),
+            "cannot listen on 127.0.0.1:1: in use"
+        );
         let source = bind.source().expect("the io error");
         assert_eq!(source.to_string(), "in use");
         let cloned = bind.clone();

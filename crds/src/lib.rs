@@ -45,7 +45,7 @@ pub fn job_namespace(job: &RduJob) -> &str {
 /// Errors reading an RduJob manifest.
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
-    #[error("the file is not a valid RduJob manifest: {0}")]
+    #[error("the file is not a valid RduJob manifest")]
     Yaml(#[from] serde_yaml_ng::Error),
     #[error("kind is {found:?}, expected RduJob (apiVersion rdu.dev/v1alpha1)")]
     WrongKind { found: String },

@@ -20,11 +20,11 @@ pub enum ClusterError {
     Tool(#[from] ToolError),
     #[error("kubectl {args}: {stderr}")]
     Kubectl { args: String, stderr: String },
-    #[error("kube API: {0}")]
+    #[error("kube API")]
     Kube(#[from] kube::Error),
     #[error(transparent)]
     Timeout(#[from] PollError),
-    #[error("io: {0}")]
+    #[error("io")]
     Io(#[from] std::io::Error),
 }
 

@@ -23,13 +23,13 @@ const ADMIN_GROUP: &str = "system:masters";
 /// Errors starting the control plane.
 #[derive(Debug, thiserror::Error)]
 pub enum ControlPlaneError {
-    #[error("temporary directory or process: {0}")]
+    #[error("temporary directory or process")]
     Io(#[from] std::io::Error),
     #[error(transparent)]
     Pki(#[from] PkiError),
     #[error(transparent)]
     Client(#[from] kubeconfig::ClientError),
-    #[error("{0}")]
+    #[error(transparent)]
     NotReady(#[from] PollError),
     #[error(transparent)]
     Token(#[from] rdu_crds::token::TokenError),
@@ -238,7 +238,12 @@ impl ControlPlane {
             .ok_or_else(|| bad("no certificate-authority-data".into()))?;
         let ca = base64::engine::general_purpose::STANDARD
             .decode(ca.trim())
-            .map_err(|e| bad(format!("certificate-authority-data: {e}")))?;
+            .map_err(|e| {
+                bad(format!(
+                    "certificate-authority-data: {}",
+                    rdu_error_chain::Chain(&e)
+                ))
+            })?;
         let dir = tempfile::Builder::new().prefix("rdu-e2e-").tempdir()?;
         let ca_cert = dir.path().join("ca.crt");
         std::fs::write(&ca_cert, ca)?;

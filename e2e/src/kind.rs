@@ -20,7 +20,7 @@ static LIVE: Mutex<Vec<(Engine, String)>> = Mutex::new(Vec::new());
 /// Errors of kind and the container engine.
 #[derive(Debug, thiserror::Error)]
 pub enum KindError {
-    #[error("cannot run {program}: {source}")]
+    #[error("cannot run {program}")]
     Spawn {
         program: String,
         #[source]
@@ -30,7 +30,7 @@ pub enum KindError {
     Failed { command: String, stderr: String },
     #[error("{0}")]
     Missing(String),
-    #[error("io: {0}")]
+    #[error("io")]
     Io(#[from] std::io::Error),
 }
 
@@ -293,7 +293,7 @@ impl Kind {
                 &lines,
             ],
         )
-        .unwrap_or_else(|e| format!("({e})"))
+        .unwrap_or_else(|e| format!("({})", rdu_error_chain::Chain(&e)))
     }
 
     fn address(&self, node: &str) -> Result<String, KindError> {

@@ -17,12 +17,12 @@ pub fn render(server: &str, ca_cert: &Path, user: &str, token: &str, namespace: 
 /// Errors making a client from a kubeconfig file.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("kubeconfig {path}: {source}")]
+    #[error("kubeconfig {path}")]
     Kubeconfig {
         path: String,
         source: kube::config::KubeconfigError,
     },
-    #[error("kube client: {0}")]
+    #[error("kube client")]
     Client(#[from] kube::Error),
 }
 

@@ -165,7 +165,7 @@ pub async fn start(
     let up = poll_until(
         "Kueue's manager ready",
         Duration::from_secs(120),
-        || async { ready(health).map_err(|e| format!("{e}")) },
+        || async { ready(health).map_err(|e| rdu_error_chain::chain(&e)) },
     )
     .await;
     if let Err(e) = up {
@@ -234,7 +234,7 @@ pub async fn workload_of(
     let job = Api::<rdu_crds::RduJob>::namespaced(client.clone(), namespace)
         .get(name)
         .await
-        .map_err(|e| format!("get rdujob {name}: {e}"))?;
+        .map_err(|e| format!("get rdujob {name}: {}", rdu_error_chain::Chain(&e)))?;
     let uid = job.metadata.uid.unwrap_or_default();
     let resource = ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("kueue.x-k8s.io", "v1beta2", "Workload"),

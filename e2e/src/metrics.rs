@@ -9,7 +9,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// Errors reading an HTTP endpoint.
 #[derive(Debug, thiserror::Error)]
 pub enum MetricsError {
-    #[error("GET http://{addr}{path}: {source}")]
+    #[error("GET http://{addr}{path}")]
     Io {
         addr: SocketAddr,
         path: String,
@@ -21,9 +21,9 @@ pub enum MetricsError {
         path: String,
         head: String,
     },
-    #[error("GET /metrics from the API server: {0}")]
+    #[error("GET /metrics from the API server")]
     Kube(#[from] kube::Error),
-    #[error("GET /metrics from the API server: {0}")]
+    #[error("GET /metrics from the API server")]
     Request(#[from] http::Error),
 }
 

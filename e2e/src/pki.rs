@@ -7,7 +7,7 @@ use std::process::Command;
 /// Errors generating the PKI.
 #[derive(Debug, thiserror::Error)]
 pub enum PkiError {
-    #[error("cannot run openssl (install it, e.g. `apt-get install openssl`): {0}")]
+    #[error("cannot run openssl (install it, e.g. `apt-get install openssl`)")]
     Spawn(#[from] std::io::Error),
     #[error("openssl {step} failed: {stderr}")]
     Failed { step: &'static str, stderr: String },

@@ -116,7 +116,11 @@ impl Managed {
                 self.log_tail(40)
             )),
             Ok(None) => None,
-            Err(e) => Some(format!("{} cannot be waited on: {e}", self.name)),
+            Err(e) => Some(format!(
+                "{} cannot be waited on: {}",
+                self.name,
+                rdu_error_chain::Chain(&e)
+            )),
         }
     }
 

@@ -92,19 +92,26 @@ impl Testbed {
             shared: shared.path().to_path_buf(),
             logs: logs.path().to_path_buf(),
         };
-        let kind = Kind::create(&kind_spec, work.path())
-            .unwrap_or_else(|e| panic!("kind cluster {}: {e}", spec.name));
+        let kind = Kind::create(&kind_spec, work.path()).unwrap_or_else(|e| {
+            panic!("kind cluster {}: {}", spec.name, rdu_error_chain::Chain(&e))
+        });
         let tag = chart_app_version();
         for image in IMAGES {
             kind.load_image(&format!("{image}:{tag}"), work.path())
-                .unwrap_or_else(|e| panic!("loading {image}:{tag}: {e}"));
+                .unwrap_or_else(|e| {
+                    panic!("loading {image}:{tag}: {}", rdu_error_chain::Chain(&e))
+                });
         }
         let plane = ControlPlane::attach(kind.kubeconfig.clone()).expect("kind's API server");
         // No dynamic provisioner: a claim binds the PersistentVolume its test made (on `shared_dir`, or a node's
         // disk), as on a cluster whose storage an administrator provides; kind's default StorageClass would
         // provision a volume of its own instead.
-        kubectl(&plane, &["delete", "storageclass", "--all"], None)
-            .unwrap_or_else(|e| panic!("removing kind's StorageClass: {e}"));
+        kubectl(&plane, &["delete", "storageclass", "--all"], None).unwrap_or_else(|e| {
+            panic!(
+                "removing kind's StorageClass: {}",
+                rdu_error_chain::Chain(&e)
+            )
+        });
         let client = plane.admin_client().await.expect("client");
         let nodes = kind
             .workers
@@ -165,25 +172,32 @@ impl Testbed {
         for set in sets {
             args.extend(["--set", set.as_str()]);
         }
-        run_ok(&helm_binary(), &args, None).unwrap_or_else(|e| panic!("helm install: {e}"));
+        run_ok(&helm_binary(), &args, None)
+            .unwrap_or_else(|e| panic!("helm install: {}", rdu_error_chain::Chain(&e)));
     }
 
     /// `kubectl args…` as the admin; panics with diagnostics when it fails.
     pub fn kubectl(&self, args: &[&str]) -> String {
-        kubectl(&self.plane, args, None).unwrap_or_else(|e| panic!("{e}\n{}", self.diagnose()))
+        kubectl(&self.plane, args, None)
+            .unwrap_or_else(|e| panic!("{}\n{}", rdu_error_chain::Chain(&e), self.diagnose()))
     }
 
     /// `kubectl apply -f -` of `yaml`.
     pub fn apply(&self, yaml: &str) {
         kubectl(&self.plane, &["apply", "-f", "-"], Some(yaml))
-            .unwrap_or_else(|e| panic!("{e}\n{}", self.diagnose()));
+            .unwrap_or_else(|e| panic!("{}\n{}", rdu_error_chain::Chain(&e), self.diagnose()));
     }
 
     /// What a person would look at when something is stuck.
     pub fn diagnose(&self) -> String {
         let run = |args: &[&str]| {
-            kubectl(&self.plane, args, None)
-                .unwrap_or_else(|e| format!("(kubectl {}: {e})", args.join(" ")))
+            kubectl(&self.plane, args, None).unwrap_or_else(|e| {
+                format!(
+                    "(kubectl {}: {})",
+                    args.join(" "),
+                    rdu_error_chain::Chain(&e)
+                )
+            })
         };
         let operator_logs = run(&[
             "logs",
@@ -228,7 +242,7 @@ impl Testbed {
         check: impl AsyncFn() -> Result<T, String>,
     ) -> T {
         let outcome = poll_until(what, timeout, check).await;
-        outcome.unwrap_or_else(|e| panic!("{e}\n{}", self.diagnose()))
+        outcome.unwrap_or_else(|e| panic!("{}\n{}", rdu_error_chain::Chain(&e), self.diagnose()))
     }
 
     /// An object as JSON, or what went wrong.
@@ -243,7 +257,7 @@ impl Testbed {
         let object = api
             .get(name)
             .await
-            .map_err(|e| format!("get {name}: {e}"))?;
+            .map_err(|e| format!("get {name}: {}", rdu_error_chain::Chain(&e)))?;
         serde_json::to_value(object).map_err(|e| e.to_string())
     }
 
@@ -273,7 +287,7 @@ impl Testbed {
         Api::<Pod>::namespaced(self.client.clone(), namespace)
             .logs(pod, &LogParams::default())
             .await
-            .map_err(|e| format!("logs of {pod}: {e}"))
+            .map_err(|e| format!("logs of {pod}: {}", rdu_error_chain::Chain(&e)))
     }
 
     /// Waits until RduJob `name` runs again after a gang restart (its generation 1 or later).
@@ -472,7 +486,7 @@ impl Testbed {
         let name = self.node(index).name.clone();
         self.kind
             .kill(&name)
-            .unwrap_or_else(|e| panic!("crash of {name}: {e}"));
+            .unwrap_or_else(|e| panic!("crash of {name}: {}", rdu_error_chain::Chain(&e)));
     }
 
     /// Boots a crashed node `index` again on the same disk and waits until it posts a Ready heartbeat.
@@ -481,7 +495,7 @@ impl Testbed {
         let booted = std::time::SystemTime::now();
         self.kind
             .start(&name)
-            .unwrap_or_else(|e| panic!("reboot of {name}: {e}"));
+            .unwrap_or_else(|e| panic!("reboot of {name}: {}", rdu_error_chain::Chain(&e)));
         self.wait_ready_heartbeat_after(&name, booted, Duration::from_secs(300))
             .await;
     }
@@ -491,7 +505,7 @@ impl Testbed {
         let name = &self.node(index).name;
         self.kind
             .set_connected(name, up)
-            .unwrap_or_else(|e| panic!("link of {name}: {e}"));
+            .unwrap_or_else(|e| panic!("link of {name}: {}", rdu_error_chain::Chain(&e)));
     }
 
     /// Restarts node `index`'s kubelet (`systemctl restart kubelet` in the node).
@@ -499,7 +513,9 @@ impl Testbed {
         let name = &self.node(index).name;
         self.kind
             .exec(name, &["systemctl", "restart", "kubelet"])
-            .unwrap_or_else(|e| panic!("kubelet restart on {name}: {e}"));
+            .unwrap_or_else(|e| {
+                panic!("kubelet restart on {name}: {}", rdu_error_chain::Chain(&e))
+            });
     }
 
     /// SIGKILLs the process of container `container_id` (`containerd://…`, as pod status names it) on node
@@ -514,7 +530,12 @@ impl Testbed {
                 name,
                 &["ctr", "-n", "k8s.io", "task", "kill", "-s", "SIGKILL", id],
             )
-            .unwrap_or_else(|e| panic!("kill of container {id} on {name}: {e}"));
+            .unwrap_or_else(|e| {
+                panic!(
+                    "kill of container {id} on {name}: {}",
+                    rdu_error_chain::Chain(&e)
+                )
+            });
     }
 
     /// The packets kube-proxy's `KUBE-FORWARD` chain dropped as conntrack-INVALID on node `index` (connections

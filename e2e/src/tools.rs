@@ -13,7 +13,7 @@ pub const OPERATOR_ENV: &str = "RDU_OPERATOR_BIN";
 /// Errors running a tool.
 #[derive(Debug, thiserror::Error)]
 pub enum ToolError {
-    #[error("cannot run {tool}: {source}")]
+    #[error("cannot run {tool}")]
     Spawn {
         tool: String,
         source: std::io::Error,

@@ -273,7 +273,7 @@ async fn a_tenants_large_look_alike_pods_cost_the_operator_no_memory_and_other_j
         attack_pods
             .create(&PostParams::default(), &pod)
             .await
-            .unwrap_or_else(|e| panic!("look-alike {i}: {e}"));
+            .unwrap_or_else(|e| panic!("look-alike {i}: {}", rdu_error_chain::Chain(&e)));
     }
 
     // The victim's ranks end after the attack's pods in the one pod watch, so by its Succeeded the operator has

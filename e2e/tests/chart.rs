@@ -428,7 +428,7 @@ async fn the_rendered_chart_is_accepted_by_the_api_server() {
             &["apply", "--server-side", "--dry-run=server", "-f", "-"],
             Some(&rendered),
         )
-        .unwrap_or_else(|e| panic!("{extra:?}: refused: {e}"));
+        .unwrap_or_else(|e| panic!("{extra:?}: refused: {}", rdu_error_chain::Chain(&e)));
         assert!(
             out.contains("deployment.apps/rdu-rdu-operator serverside-applied (server dry run)"),
             "{out}"
@@ -682,7 +682,13 @@ async fn an_operator_watching_one_namespace_runs_its_jobs_with_a_role_there() {
         },
     )
     .await
-    .unwrap_or_else(|e| panic!("{e}\n{}", plane.log_tail("rdu-operator", 40)));
+    .unwrap_or_else(|e| {
+        panic!(
+            "{}\n{}",
+            rdu_error_chain::Chain(&e),
+            plane.log_tail("rdu-operator", 40)
+        )
+    });
     let log = plane.log_tail("rdu-operator", 400);
     assert!(!log.contains("forbidden"), "the Role is enough:\n{log}");
     let elsewhere = pods("elsewhere").list(&selector).await.expect("list");

@@ -92,10 +92,13 @@ async fn the_checkpoint_claim_is_owned_by_the_job_mounted_by_rank_0_and_outlives
 
     let name = checkpoint_claim_name("ckpt");
     assert_eq!(name, "ckpt-checkpoints");
-    let claim = claims
-        .get(&name)
-        .await
-        .unwrap_or_else(|e| panic!("no claim {name}: {e}\n{}", operator_log(&plane)));
+    let claim = claims.get(&name).await.unwrap_or_else(|e| {
+        panic!(
+            "no claim {name}: {}\n{}",
+            rdu_error_chain::Chain(&e),
+            operator_log(&plane)
+        )
+    });
     let job_uid = jobs.get("ckpt").await.expect("job").metadata.uid;
     let owners = claim.metadata.owner_references.clone().unwrap_or_default();
     assert_eq!(owners.len(), 1, "{owners:?}");
@@ -158,7 +161,7 @@ async fn the_checkpoint_claim_is_owned_by_the_job_mounted_by_rank_0_and_outlives
         }
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap_or_else(|e| panic!("{}", rdu_error_chain::Chain(&e)));
 }
 
 #[tokio::test]

@@ -311,7 +311,13 @@ async fn crd_installs_examples_apply_and_bad_specs_are_refused_with_the_cel_mess
             ],
             None,
         )
-        .unwrap_or_else(|e| panic!("{} refused: {e}", example.display()));
+        .unwrap_or_else(|e| {
+            panic!(
+                "{} refused: {}",
+                example.display(),
+                rdu_error_chain::Chain(&e)
+            )
+        });
         assert!(out.contains("created"), "{}: {out}", example.display());
     }
 

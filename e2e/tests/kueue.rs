@@ -124,7 +124,7 @@ impl Bed {
     async fn wait<T>(&self, what: &str, check: impl AsyncFnMut() -> Result<T, String>) -> T {
         poll_until(what, TIMEOUT, check)
             .await
-            .unwrap_or_else(|e| panic!("{e}\n{}", self.logs()))
+            .unwrap_or_else(|e| panic!("{}\n{}", rdu_error_chain::Chain(&e), self.logs()))
     }
 
     /// Waits for all `workers` pods of `name`, then reports them running, or ended with exit code `code`.
@@ -639,7 +639,7 @@ fn set_tiles_per_worker(plane: &ControlPlane, name: &str, tiles: u32) {
         ],
         None,
     )
-    .unwrap_or_else(|e| panic!("tilesPerWorker {tiles}: {e}"));
+    .unwrap_or_else(|e| panic!("tilesPerWorker {tiles}: {}", rdu_error_chain::Chain(&e)));
 }
 
 /// No job runs outside or beyond its queue (issue 34, item 4): with `--kueue-default-queue` (the chart's

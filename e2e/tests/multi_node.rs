@@ -48,7 +48,7 @@ async fn one_job_spans_three_nodes_and_survives_their_faults() {
     // (`kueue.manageJobsWithoutQueueName=false`: this suite's other jobs have no LocalQueue).
     let _kueue = kueue::start(&mut bed.plane, &kueue_dir, None)
         .await
-        .unwrap_or_else(|e| panic!("Kueue starts: {e}"));
+        .unwrap_or_else(|e| panic!("Kueue starts: {}", rdu_error_chain::Chain(&e)));
     let mut summary = serde_json::Map::new();
     summary.insert("bench".into(), json!("multi_node"));
     summary.insert("nodes".into(), json!(NODES));
@@ -236,8 +236,12 @@ pub(crate) fn run_local(job: &Value, env: &[(&str, &str)]) -> Value {
         String::from_utf8_lossy(&out.stderr)
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(stdout.lines().last().unwrap_or_default())
-        .unwrap_or_else(|e| panic!("rdujob's last line is not its result ({e}): {stdout}"))
+    serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap_or_else(|e| {
+        panic!(
+            "rdujob's last line is not its result ({}): {stdout}",
+            rdu_error_chain::Chain(&e)
+        )
+    })
 }
 
 /// A ReadWriteMany PersistentVolume for job `job`'s checkpoint claim, on `<shared>/<job>`, a directory every

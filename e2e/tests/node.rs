@@ -370,8 +370,8 @@ impl Cluster {
                         .request_text(request)
                         .await
                         .map_err(|e| e.to_string())?;
-                    let status: rdu_tiles::tilestat::NodeStatus =
-                        serde_json::from_str(&text).map_err(|e| format!("{e}: {text}"))?;
+                    let status: rdu_tiles::tilestat::NodeStatus = serde_json::from_str(&text)
+                        .map_err(|e| format!("{}: {text}", rdu_error_chain::Chain(&e)))?;
                     if status.tiles_allocated == workers {
                         Ok(status)
                     } else {
@@ -488,7 +488,7 @@ impl Cluster {
             Err(format!("phase {}", status["phase"]))
         })
         .await;
-        job.unwrap_or_else(|e| panic!("{e}\n{}", self.diagnose()))
+        job.unwrap_or_else(|e| panic!("{}\n{}", rdu_error_chain::Chain(&e), self.diagnose()))
     }
 
     /// The device plugin's ready pod (not being deleted).

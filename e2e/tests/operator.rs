@@ -59,7 +59,7 @@ where
         }
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap_or_else(|e| panic!("{}", rdu_error_chain::Chain(&e)));
 }
 
 /// The control plane with the garbage collector and the PodGroup CRD (installed before the operator starts, so
@@ -232,7 +232,7 @@ async fn the_operator_runs_the_job_lifecycle_under_the_charts_rbac() {
         }
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap_or_else(|e| panic!("{}", rdu_error_chain::Chain(&e)));
 
     // activeDeadlineSeconds -> Failed.
     kit::apply(&plane, &job("late", 2, json!({"activeDeadlineSeconds": 2}))).expect("apply");
@@ -254,7 +254,7 @@ async fn the_operator_runs_the_job_lifecycle_under_the_charts_rbac() {
         }
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap_or_else(|e| panic!("{}", rdu_error_chain::Chain(&e)));
     assert!(plane.dead_process().is_none(), "{:?}", plane.dead_process());
 }
 

@@ -31,7 +31,7 @@ async fn patch_status(pods: &Api<Pod>, name: &str, status: Value) {
         &Patch::Merge(&json!({ "status": status })),
     )
     .await
-    .unwrap_or_else(|e| panic!("status of {name}: {e}"));
+    .unwrap_or_else(|e| panic!("status of {name}: {}", rdu_error_chain::Chain(&e)));
 }
 
 fn worker_status(ready: bool, state: Value) -> Value {

@@ -61,7 +61,13 @@ async fn default_jobs_are_admitted_under_the_restricted_pod_security_level() {
         }
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", operator_log(&plane)));
+    .unwrap_or_else(|e| {
+        panic!(
+            "{}\noperator log:\n{}",
+            rdu_error_chain::Chain(&e),
+            operator_log(&plane)
+        )
+    });
     assert!(pods_of(&pods, "loose").await.is_empty());
 
     // Default jobs: every pod admitted, rank 0 with its progress token, a checkpoint claim and TensorBoard.

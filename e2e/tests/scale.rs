@@ -71,7 +71,13 @@ async fn wait_ready(plane: &rdu_e2e::ControlPlane, operator: SocketAddr) {
         }
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", kit::operator_log(plane)));
+    .unwrap_or_else(|e| {
+        panic!(
+            "{}\noperator log:\n{}",
+            rdu_error_chain::Chain(&e),
+            kit::operator_log(plane)
+        )
+    });
 }
 
 /// Waits until the operator's reconcile counter has not moved for [`QUIET`]; returns it.
@@ -89,7 +95,7 @@ async fn wait_quiet(operator: SocketAddr) -> f64 {
         }
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}"))
+    .unwrap_or_else(|e| panic!("{}", rdu_error_chain::Chain(&e)))
 }
 
 /// Requests for pods of `verbs` counted by the API server.
@@ -156,7 +162,13 @@ async fn a_job_of_4096_ranks_is_created_and_one_pods_change_touches_no_other_pod
         }
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", kit::operator_log(&plane)));
+    .unwrap_or_else(|e| {
+        panic!(
+            "{}\noperator log:\n{}",
+            rdu_error_chain::Chain(&e),
+            kit::operator_log(&plane)
+        )
+    });
     let apply_to_all_pods = applied.elapsed().as_secs_f64();
     // The chart's device-plugin policy matches pod updates only: creating the pods evaluated none of its match
     // conditions (each evaluation converts the pod, about a tenth of the API server's CPU per create).

@@ -103,7 +103,13 @@ async fn an_oversized_job_is_refused_by_the_api_and_one_above_the_operators_limi
         }
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", kit::operator_log(&plane)));
+    .unwrap_or_else(|e| {
+        panic!(
+            "{}\noperator log:\n{}",
+            rdu_error_chain::Chain(&e),
+            kit::operator_log(&plane)
+        )
+    });
 }
 
 /// `VmRSS` and `VmHWM` (the peak) of a process, in KiB.
@@ -143,7 +149,13 @@ async fn a_large_job_is_created_without_the_operators_memory_passing_its_bound()
         }
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", kit::operator_log(&plane)));
+    .unwrap_or_else(|e| {
+        panic!(
+            "{}\noperator log:\n{}",
+            rdu_error_chain::Chain(&e),
+            kit::operator_log(&plane)
+        )
+    });
     let (idle, _) = memory_kib(pid);
 
     let start = Instant::now();
@@ -164,7 +176,13 @@ async fn a_large_job_is_created_without_the_operators_memory_passing_its_bound()
         },
     )
     .await
-    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", kit::operator_log(&plane)));
+    .unwrap_or_else(|e| {
+        panic!(
+            "{}\noperator log:\n{}",
+            rdu_error_chain::Chain(&e),
+            kit::operator_log(&plane)
+        )
+    });
     let seconds = start.elapsed().as_secs_f64();
     // Let the watch bring every pod into the cache and the job's status follow.
     let jobs: Api<RduJob> = Api::namespaced(plane.admin_client().await.expect("client"), JOBS);
@@ -301,7 +319,7 @@ async fn foreign_objects_named_like_a_jobs_children_are_left_untouched_and_the_j
         }
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap_or_else(|e| panic!("{}", rdu_error_chain::Chain(&e)));
     kit::apply(&plane, &job("imp", 2)).expect("apply again");
     let new_uid = jobs.get("imp").await.expect("imp").uid().expect("uid");
     assert_ne!(old_uid, new_uid);
@@ -327,7 +345,13 @@ async fn foreign_objects_named_like_a_jobs_children_are_left_untouched_and_the_j
         }
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", kit::operator_log(&plane)));
+    .unwrap_or_else(|e| {
+        panic!(
+            "{}\noperator log:\n{}",
+            rdu_error_chain::Chain(&e),
+            kit::operator_log(&plane)
+        )
+    });
     let status = wait_status(&plane, &jobs, "imp", "not failed", |s| {
         s["phase"] == "Pending"
     })

@@ -20,7 +20,7 @@ pub use rdu_crds::consts::WORKER_CONTAINER;
 pub enum ClusterError {
     #[error("cannot read the kubeconfig: {0}")]
     Kubeconfig(String),
-    #[error("cannot reach the cluster: {0}")]
+    #[error("cannot reach the cluster")]
     Client(#[from] kube::Error),
     #[error("no RduJob {name} in namespace {namespace} (kubectl get rdujobs -n {namespace})")]
     NoJob { namespace: String, name: String },

@@ -24,7 +24,7 @@ const LEADER_LABEL_MANAGER: &str = "rdu-operator-leader-label";
 /// Why the lease could not be taken or kept.
 #[derive(Debug, thiserror::Error)]
 pub enum LeaseError {
-    #[error("Lease API call failed: {0}")]
+    #[error("Lease API call failed")]
     Kube(#[from] kube::Error),
     #[error("lost the lease {name} to {holder:?}")]
     Lost {
@@ -213,7 +213,7 @@ impl OwnPod {
     pub async fn label_until_done(&self) {
         let mut delay = Duration::from_millis(500);
         while let Err(error) = self.mark_leading(true).await {
-            tracing::warn!(%error, "could not label this replica's pod as the leader's; retrying");
+            tracing::warn!(error = %rdu_error_chain::Chain(&error), "could not label this replica's pod as the leader's; retrying");
             tokio::time::sleep(delay).await;
             delay = (delay * 2).min(Duration::from_secs(10));
         }
@@ -224,7 +224,7 @@ impl OwnPod {
     /// starts).
     pub async fn unlabel(&self) {
         if let Err(error) = self.mark_leading(false).await {
-            tracing::warn!(%error, "could not take the leader label off this replica's pod");
+            tracing::warn!(error = %rdu_error_chain::Chain(&error), "could not take the leader label off this replica's pod");
         }
     }
 }

@@ -191,7 +191,7 @@ async fn serve_endpoints(args: &Args, caches: &Caches) -> anyhow::Result<()> {
     let routes = rdu_operator::health::router(caches.health.clone());
     tokio::spawn(async move {
         if let Err(e) = serve(listener, routes, HEALTH_LIMITS).await {
-            error!(error = %e, "metrics server stopped");
+            error!(error = %rdu_error_chain::Chain(&e), "metrics server stopped");
         }
     });
     if args.progress_url.is_some() {
@@ -202,7 +202,7 @@ async fn serve_endpoints(args: &Args, caches: &Caches) -> anyhow::Result<()> {
             rdu_operator::progress::router(caches.progress.clone(), caches.metrics.clone());
         tokio::spawn(async move {
             if let Err(e) = serve(listener, routes, PROGRESS_LIMITS).await {
-                error!(error = %e, "progress server stopped");
+                error!(error = %rdu_error_chain::Chain(&e), "progress server stopped");
             }
         });
     }
@@ -269,7 +269,7 @@ impl Leadership {
             Ok(()) => {
                 info!("shut down; releasing the lease");
                 if let Err(e) = self.elector.release().await {
-                    error!(error = %e, "could not release the lease; it expires on its own");
+                    error!(error = %rdu_error_chain::Chain(&e), "could not release the lease; it expires on its own");
                 }
                 Ok(())
             }
@@ -374,7 +374,9 @@ async fn run_controller(
                 Err(kube::runtime::controller::Error::ObjectNotFound(obj)) => {
                     tracing::debug!(job = %obj.name, "job gone before its reconcile")
                 }
-                Err(error) => warn!(%error, "reconcile loop error"),
+                Err(error) => {
+                    warn!(error = %rdu_error_chain::Chain(&error), "reconcile loop error")
+                }
                 Ok(_) => {}
             }
         })
@@ -419,7 +421,7 @@ async fn pod_group_crd_installed(client: &Client) -> anyhow::Result<bool> {
     match crds.get_opt("podgroups.scheduling.x-k8s.io").await {
         Ok(found) => Ok(found.is_some()),
         Err(e) => {
-            warn!(error = %e, "cannot read CRDs; gang scheduling with PodGroups is off");
+            warn!(error = %rdu_error_chain::Chain(&e), "cannot read CRDs; gang scheduling with PodGroups is off");
             Ok(false)
         }
     }

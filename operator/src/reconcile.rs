@@ -65,7 +65,7 @@ pub async fn reconcile(job: Arc<RduJob>, ctx: Arc<Context>) -> Result<Requeue, R
 
 /// Retry a failed reconcile with a bounded backoff.
 pub fn error_policy(job: Arc<RduJob>, error: &ReconcileError, _ctx: Arc<Context>) -> Requeue {
-    warn!(job = %job.name_any(), namespace = ?job.namespace(), step = error.step().as_str(), %error,
+    warn!(job = %job.name_any(), namespace = ?job.namespace(), step = error.step().as_str(), error = %rdu_error_chain::Chain(error),
           "reconcile failed");
     Requeue::requeue(Duration::from_secs(5))
 }
@@ -313,7 +313,7 @@ async fn publish_events(
         };
         if let Err(error) = ctx.recorder.publish(&event, &reference).await {
             // An event that cannot be written must not stop the job's lifecycle.
-            warn!(job = %job.name_any(), %error, reason = e.reason, "could not publish event");
+            warn!(job = %job.name_any(), error = %rdu_error_chain::Chain(&error), reason = e.reason, "could not publish event");
         }
     }
     Ok(())

@@ -63,7 +63,7 @@ pub async fn serve(
             Err(e) if is_connection_error(&e) => continue,
             Err(e) => {
                 // Out of file descriptors and the like: wait for some to be released, as axum::serve does.
-                tracing::warn!(error = %e, "cannot accept a connection");
+                tracing::warn!(error = %rdu_error_chain::Chain(&e), "cannot accept a connection");
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
             }
@@ -85,7 +85,7 @@ pub async fn serve(
             let served: Result<Result<(), hyper::Error>, _> =
                 tokio::time::timeout(limits.connection_deadline, connection).await;
             if let Ok(Err(e)) = served {
-                tracing::trace!(error = %e, "connection ended with an error");
+                tracing::trace!(error = %rdu_error_chain::Chain(&e), "connection ended with an error");
             }
         });
     }

@@ -31,19 +31,19 @@ impl Step {
 /// Why one reconcile failed (it is retried with backoff): one variant per step, with what it was doing.
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
-    #[error("cannot read {what}: {source}")]
+    #[error("cannot read {what}")]
     Fetch { what: String, source: kube::Error },
-    #[error("cannot make the job's token: {0}")]
+    #[error("cannot make the job's token")]
     Token(#[from] rdu_crds::token::TokenError),
-    #[error("cannot create pod {pod}: {source}")]
+    #[error("cannot create pod {pod}")]
     CreatePods { pod: String, source: kube::Error },
-    #[error("cannot delete pod {pod}: {source}")]
+    #[error("cannot delete pod {pod}")]
     DeletePods { pod: String, source: kube::Error },
-    #[error("cannot apply {what}: {source}")]
+    #[error("cannot apply {what}")]
     SharedChildren { what: String, source: kube::Error },
-    #[error("cannot delete the job after ttlSecondsAfterFinished: {source}")]
+    #[error("cannot delete the job after ttlSecondsAfterFinished")]
     DeleteJob { source: kube::Error },
-    #[error("cannot write the job's status: {source}")]
+    #[error("cannot write the job's status")]
     Status { source: kube::Error },
     #[error(transparent)]
     Kueue(#[from] crate::kueue::sync::KueueError),
@@ -174,8 +174,10 @@ mod tests {
             pod: "ml/a-worker-3".into(),
             source: api_error(),
         };
-        let text = error.to_string();
-        assert!(text.contains("cannot create pod ml/a-worker-3"), "{text}");
+        // The message says what was being done; its cause is the source, shown by the chain.
+        assert!(!error.to_string().contains("forbidden"), "{error}");
+        let text = rdu_error_chain::chain(&error);
+        assert!(text.contains("cannot create pod ml/a-worker-3: "), "{text}");
         assert!(text.contains("forbidden"), "{text}");
         assert!(std::error::Error::source(&error).is_some());
     }

@@ -47,7 +47,7 @@ pub fn pod_watch(
                 // The controller is gone only at shutdown.
                 let _ = tx.unbounded_send(Ok(pod));
             }
-            Err(error) => warn!(%error, "pod watch failed; retrying with backoff"),
+            Err(error) => warn!(error = %rdu_error_chain::Chain(&error), "pod watch failed; retrying with backoff"),
         }
         std::future::ready(())
     }));
@@ -100,7 +100,7 @@ pub fn node_watch(
                     let _ = tx.unbounded_send(Ok(node));
                 }
             }
-            Err(error) => warn!(%error, "node watch failed; retrying with backoff"),
+            Err(error) => warn!(error = %rdu_error_chain::Chain(&error), "node watch failed; retrying with backoff"),
         }
         std::future::ready(())
     }));

@@ -16,7 +16,7 @@ pub const FIELD_MANAGER: &str = "rdu-device-plugin";
 /// Errors writing an annotation.
 #[derive(Debug, thiserror::Error)]
 pub enum AnnotateError {
-    #[error("annotating pod {pod}: {source}")]
+    #[error("annotating pod {pod}")]
     Patch {
         pod: String,
         #[source]

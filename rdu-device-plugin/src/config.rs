@@ -16,17 +16,17 @@ pub const DEFAULT_STATUS_ADDR: &str = "0.0.0.0:9464";
 /// Errors in the configuration; each names the flag or field.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read --config {path}: {source}")]
+    #[error("cannot read --config {path}")]
     Read {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("--config {path} is not valid: {source}")]
+    #[error("--config {path} is not valid")]
     Parse {
         path: PathBuf,
         source: serde_yaml_ng::Error,
     },
-    #[error("invalid topology (rdusPerNode / tilesPerRdu): {0}")]
+    #[error("invalid topology (rdusPerNode / tilesPerRdu)")]
     Topology(#[from] TopologyError),
     #[error(
         "--status-addr / statusAddr `{value}` is not HOST:PORT (e.g. 0.0.0.0:9464, or `off`): {source}"
@@ -293,7 +293,8 @@ mod tests {
             ..Flags::default()
         };
         let err = PluginConfig::resolve(&flags).unwrap_err();
-        assert!(err.to_string().contains("rdusPerNodes"), "{err}");
+        let text = rdu_error_chain::chain(&err);
+        assert!(text.contains("rdusPerNodes"), "{text}");
         let flags = Flags {
             tiles_per_rdu: Some(0),
             ..Flags::default()

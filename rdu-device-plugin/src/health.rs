@@ -23,12 +23,12 @@ pub enum HealthError {
         "--health-file {path} has no parent directory to watch; give a path like /var/run/rdu/health"
     )]
     NoParent { path: PathBuf },
-    #[error("cannot create {path}, the directory of --health-file: {source}")]
+    #[error("cannot create {path}, the directory of --health-file")]
     CreateDir {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("cannot watch the directory of --health-file {path}: {source}")]
+    #[error("cannot watch the directory of --health-file {path}")]
     Watch {
         path: PathBuf,
         source: notify::Error,
@@ -66,7 +66,7 @@ pub fn apply_health_file(node: &TileNode, path: &Path) -> bool {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(e) => {
-            tracing::warn!(path = %path.display(), error = %e, "cannot read health file; health unchanged");
+            tracing::warn!(path = %path.display(), error = %rdu_error_chain::Chain(&e), "cannot read health file; health unchanged");
             return false;
         }
     };

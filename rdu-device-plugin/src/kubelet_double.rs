@@ -26,7 +26,7 @@ use tonic::{Request, Response, Status};
 /// Errors of the double.
 #[derive(Debug, thiserror::Error)]
 pub enum KubeletDoubleError {
-    #[error("cannot listen on {path}: {source}")]
+    #[error("cannot listen on {path}")]
     Listen {
         path: PathBuf,
         source: std::io::Error,

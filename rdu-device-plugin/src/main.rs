@@ -41,7 +41,7 @@ async fn main() -> anyhow::Result<()> {
         && !parent.as_os_str().is_empty()
         && let Err(e) = std::fs::create_dir_all(parent)
     {
-        tracing::warn!(dir = %parent.display(), error = %e, "cannot create the checkpoint directory");
+        tracing::warn!(dir = %parent.display(), error = %rdu_error_chain::Chain(&e), "cannot create the checkpoint directory");
     }
     let node = Arc::new(
         TileNode::new(

@@ -172,7 +172,7 @@ impl DirectoryChanges {
                     }
                 })
                 .inspect_err(|e| {
-                    tracing::warn!(error = %e, "cannot watch the device plugin directory; checking it periodically");
+                    tracing::warn!(error = %rdu_error_chain::Chain(e), "cannot watch the device plugin directory; checking it periodically");
                 })
                 .ok()
             })
@@ -180,7 +180,7 @@ impl DirectoryChanges {
         if let Some(w) = watcher.as_mut()
             && let Err(e) = w.watch(dir, RecursiveMode::NonRecursive)
         {
-            tracing::warn!(error = %e, "cannot watch the device plugin directory; checking it periodically");
+            tracing::warn!(error = %rdu_error_chain::Chain(&e), "cannot watch the device plugin directory; checking it periodically");
         }
         DirectoryChanges {
             events,
@@ -263,7 +263,7 @@ impl Registration<'_> {
                             return Ended::Done(Some(kubelet_id));
                         }
                         Err(e) => {
-                            tracing::warn!(error = %e, retry_in = ?delay, "registration failed");
+                            tracing::warn!(error = %rdu_error_chain::Chain(&e), retry_in = ?delay, "registration failed");
                             refused_by = Some((kubelet_id, tokio::time::Instant::now() + delay));
                             delay = (delay * 2).min(timing.max_retry);
                         }
@@ -362,7 +362,7 @@ impl Served {
                 })
                 .await;
             if let Err(e) = result {
-                tracing::error!(error = %e, "device plugin server failed");
+                tracing::error!(error = %rdu_error_chain::Chain(&e), "device plugin server failed");
             }
         });
         Ok(Served {

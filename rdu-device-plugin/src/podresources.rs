@@ -115,14 +115,16 @@ pub fn spawn_pod_resources_poller(
                     if let Some(publisher) = publisher.as_mut()
                         && let Err(e) = publisher.publish(&pods).await
                     {
-                        tracing::warn!(error = %e, "cannot publish a pod's tiles; retrying at the next poll");
+                        tracing::warn!(error = %rdu_error_chain::Chain(&e), "cannot publish a pod's tiles; retrying at the next poll");
                     }
                 }
                 Err(e) if !warned => {
                     warned = true;
-                    tracing::warn!(socket = %socket.display(), error = %e, "cannot read pod resources; pod and rank unknown");
+                    tracing::warn!(socket = %socket.display(), error = %rdu_error_chain::Chain(&e), "cannot read pod resources; pod and rank unknown");
                 }
-                Err(e) => tracing::debug!(error = %e, "pod resources still unavailable"),
+                Err(e) => {
+                    tracing::debug!(error = %rdu_error_chain::Chain(&e), "pod resources still unavailable")
+                }
             }
         }
     })

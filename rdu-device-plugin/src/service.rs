@@ -80,11 +80,11 @@ pub fn to_response(devices: &[DeviceHealth]) -> ListAndWatchResponse {
 pub fn to_status(error: NodeError) -> Status {
     match &error {
         NodeError::UnknownDevice(_) | NodeError::EmptyRequest | NodeError::BadSize(_) => {
-            Status::invalid_argument(error.to_string())
+            Status::invalid_argument(rdu_error_chain::chain(&error))
         }
-        NodeError::Unhealthy { .. } => Status::failed_precondition(error.to_string()),
-        NodeError::Packing(_) => Status::resource_exhausted(error.to_string()),
-        NodeError::SavedAllocations(_) => Status::internal(error.to_string()),
+        NodeError::Unhealthy { .. } => Status::failed_precondition(rdu_error_chain::chain(&error)),
+        NodeError::Packing(_) => Status::resource_exhausted(rdu_error_chain::chain(&error)),
+        NodeError::SavedAllocations(_) => Status::internal(rdu_error_chain::chain(&error)),
     }
 }
 
@@ -157,7 +157,7 @@ impl<B: DeviceBackend> DevicePlugin for DevicePluginService<B> {
             .map(|c| c.devices_ids)
             .collect();
         let allocations = self.backend.allocate(&containers).map_err(|e| {
-            tracing::warn!(devices = ?containers, error = %e, "Allocate refused");
+            tracing::warn!(devices = ?containers, error = %rdu_error_chain::Chain(&e), "Allocate refused");
             to_status(e)
         })?;
         tracing::info!(devices = ?containers, "allocated");

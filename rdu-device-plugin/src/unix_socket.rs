@@ -12,7 +12,7 @@ pub const DIAL_TIMEOUT: Duration = Duration::from_secs(5);
 /// Errors dialing a unix socket.
 #[derive(Debug, thiserror::Error)]
 pub enum TransportError {
-    #[error("cannot connect to unix socket {path}: {source}")]
+    #[error("cannot connect to unix socket {path}")]
     Connect {
         path: PathBuf,
         source: tonic::transport::Error,

@@ -14,7 +14,7 @@ pub const FILE_VERSION: u32 = 1;
 /// Errors reading or writing the checkpoint.
 #[derive(Debug, thiserror::Error)]
 pub enum SavedAllocationsError {
-    #[error("cannot read checkpoint {path}: {source}")]
+    #[error("cannot read checkpoint {path}")]
     Read {
         path: PathBuf,
         source: std::io::Error,
@@ -164,7 +164,7 @@ impl SavedAllocationsWriter {
             .name("rdu-checkpoint".into())
             .spawn(move || write_loop(&path, &worker))
             .inspect_err(
-                |e| tracing::warn!(error = %e, "no checkpoint writer thread; checkpoints disabled"),
+                |e| tracing::warn!(error = %rdu_error_chain::Chain(e), "no checkpoint writer thread; checkpoints disabled"),
             )
             .ok();
         SavedAllocationsWriter { shared, thread }
@@ -217,7 +217,7 @@ fn write_loop(path: &Path, shared: &Shared) {
         state.writing = true;
         drop(state);
         if let Err(e) = save(path, &snapshot()) {
-            tracing::warn!(error = %e, "allocation state not checkpointed");
+            tracing::warn!(error = %rdu_error_chain::Chain(&e), "allocation state not checkpointed");
         }
         lock(shared).writing = false;
         shared.1.notify_all();

@@ -125,7 +125,9 @@ impl TileTable {
                             });
                         }
                     }
-                    Err(e) => tracing::warn!(error = %e, "checkpoint entry skipped"),
+                    Err(e) => {
+                        tracing::warn!(error = %rdu_error_chain::Chain(&e), "checkpoint entry skipped")
+                    }
                 }
             }
         }

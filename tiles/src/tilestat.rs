@@ -27,7 +27,7 @@ pub enum TileStatError {
     Timeout { url: String },
     #[error("GET {url} answered HTTP {status}")]
     Status { url: String, status: StatusCode },
-    #[error("GET {url} returned a body that is not a tile status document: {source}")]
+    #[error("GET {url} returned a body that is not a tile status document")]
     Decode {
         url: String,
         #[source]

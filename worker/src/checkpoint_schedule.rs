@@ -89,7 +89,7 @@ impl Checkpointing {
             WayOut::SavedAlready => {
                 tracing::info!(
                     step,
-                    cause = %error,
+                    cause = %rdu_error_chain::Chain(error),
                     "the last completed step is checkpointed already"
                 );
                 return;
@@ -107,10 +107,12 @@ impl Checkpointing {
             Ok(path) => tracing::info!(
                 step,
                 path = %path.display(),
-                cause = %error,
+                cause = %rdu_error_chain::Chain(error),
                 "checkpoint of the last completed step saved on the way out"
             ),
-            Err(e) => tracing::warn!(step, error = %e, "cannot save a checkpoint on the way out"),
+            Err(e) => {
+                tracing::warn!(step, error = %rdu_error_chain::Chain(&e), "cannot save a checkpoint on the way out")
+            }
         }
     }
 

@@ -16,11 +16,15 @@ pub enum WorkerError {
     #[error(transparent)]
     Data(#[from] DataError),
     /// Rendezvous or a collective failed.
-    #[error("collective failed: {0}")]
+    #[error("collective failed")]
     Collective(#[from] CollectiveError),
     /// The result or a PEF could not be written.
-    #[error("cannot write {path}: {reason}")]
-    Write { path: String, reason: String },
+    #[error("cannot write {path}")]
+    Write {
+        path: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// The run was slower than `spec.training.minThroughput` (the seeds' `--min-throughput`): permanent.
     #[error(
         "throughput {measured:.1} samples/s is below spec.training.minThroughput {required:.1} samples/s"

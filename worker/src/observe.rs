@@ -26,7 +26,7 @@ impl Observers {
                     observers.push(writer);
                 }
                 Err(e) => {
-                    tracing::warn!(dir = %dir.display(), error = %e, "cannot create a TensorBoard event file; training goes on without it")
+                    tracing::warn!(dir = %dir.display(), error = %rdu_error_chain::Chain(&e), "cannot create a TensorBoard event file; training goes on without it")
                 }
             }
         }
@@ -39,7 +39,7 @@ impl Observers {
             match ProgressReporter::start(target) {
                 Ok(reporter) => observers.push(reporter),
                 Err(e) => {
-                    tracing::warn!(error = %e, "cannot start the progress reporter; training goes on without it")
+                    tracing::warn!(error = %rdu_error_chain::Chain(&e), "cannot start the progress reporter; training goes on without it")
                 }
             }
         }

@@ -111,7 +111,7 @@ pub fn compile_file(file: &Path, out: &Path) -> i32 {
             0
         }
         Err(e) => {
-            tracing::error!(error = %e, "compile failed");
+            tracing::error!(error = %rdu_error_chain::Chain(&e), "compile failed");
             e.exit_code()
         }
     }
@@ -119,12 +119,12 @@ pub fn compile_file(file: &Path, out: &Path) -> i32 {
 
 /// Writes `pef` as JSON.
 pub fn write(path: &Path, pef: &Pef) -> Result<(), WorkerError> {
-    let err = |reason: String| WorkerError::Write {
+    let err = |source: Box<dyn std::error::Error + Send + Sync>| WorkerError::Write {
         path: path.display().to_string(),
-        reason,
+        source,
     };
-    let json = serde_json::to_string_pretty(pef).map_err(|e| err(e.to_string()))?;
-    std::fs::write(path, json + "\n").map_err(|e| err(e.to_string()))
+    let json = serde_json::to_string_pretty(pef).map_err(|e| err(e.into()))?;
+    std::fs::write(path, json + "\n").map_err(|e| err(e.into()))
 }
 
 /// Reads a PEF and checks its version and checksum.

@@ -80,7 +80,7 @@ impl ProgressReporter {
                     .build()
                 {
                     Ok(runtime) => runtime.block_on(send_reports(target, receiver)),
-                    Err(e) => tracing::warn!(error = %e, "cannot start the progress reporter"),
+                    Err(e) => tracing::warn!(error = %rdu_error_chain::Chain(&e), "cannot start the progress reporter"),
                 }
                 let _ = done_tx.send(());
             })?;
@@ -155,7 +155,7 @@ async fn send_reports(target: ReportTarget, mut latest: watch::Receiver<Option<T
         }) {
             Ok(body) => body,
             Err(e) => {
-                tracing::warn!(error = %e, "cannot encode a progress report");
+                tracing::warn!(error = %rdu_error_chain::Chain(&e), "cannot encode a progress report");
                 continue;
             }
         };

@@ -8,12 +8,12 @@ use crate::error::WorkerError;
 
 /// Writes `result` as one JSON line to `path` (the termination log, or a file for local mode).
 pub(crate) fn write_result(path: &Path, result: &JobResult) -> Result<(), WorkerError> {
-    let write_err = |reason: String| WorkerError::Write {
+    let write_err = |source: Box<dyn std::error::Error + Send + Sync>| WorkerError::Write {
         path: path.display().to_string(),
-        reason,
+        source,
     };
-    let json = serde_json::to_string(result).map_err(|e| write_err(e.to_string()))?;
-    std::fs::write(path, json + "\n").map_err(|e| write_err(e.to_string()))
+    let json = serde_json::to_string(result).map_err(|e| write_err(e.into()))?;
+    std::fs::write(path, json + "\n").map_err(|e| write_err(e.into()))
 }
 
 #[cfg(test)]

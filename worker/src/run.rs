@@ -29,7 +29,7 @@ pub fn run_stoppable(get: impl Fn(&str) -> Option<String>, stop: &StopRequest) -
     let env = match WorkerEnv::from_vars(get) {
         Ok(env) => env,
         Err(e) => {
-            tracing::error!(error = %e, exit_code = e.exit_code(), "cannot start");
+            tracing::error!(error = %rdu_error_chain::Chain(&e), exit_code = e.exit_code(), "cannot start");
             return e.exit_code();
         }
     };
@@ -52,7 +52,7 @@ pub fn run_stoppable(get: impl Fn(&str) -> Option<String>, stop: &StopRequest) -
     {
         Ok(rt) => rt,
         Err(e) => {
-            tracing::error!(error = %e, "cannot start the async runtime");
+            tracing::error!(error = %rdu_error_chain::Chain(&e), "cannot start the async runtime");
             return exit_code::RETRYABLE;
         }
     };
@@ -71,14 +71,14 @@ pub fn run_stoppable(get: impl Fn(&str) -> Option<String>, stop: &StopRequest) -
         }
         Err(e) => {
             if let WorkerError::Stopped { .. } = e {
-                tracing::warn!(reason = %e, exit_code = e.exit_code(), "rank stopped");
+                tracing::warn!(reason = %rdu_error_chain::Chain(&e), exit_code = e.exit_code(), "rank stopped");
             } else {
-                tracing::error!(error = %e, exit_code = e.exit_code(), "rank failed");
+                tracing::error!(error = %rdu_error_chain::Chain(&e), exit_code = e.exit_code(), "rank failed");
             }
             // In a pod the reason goes to the termination message too, where the operator reads it into the job's
             // Failed condition (a successful rank 0 writes its result there instead).
             if env.result_path() == Path::new(TERMINATION_LOG_PATH) {
-                let _ = std::fs::write(env.result_path(), e.to_string());
+                let _ = std::fs::write(env.result_path(), rdu_error_chain::chain(&e));
             }
             e.exit_code()
         }

@@ -128,9 +128,9 @@ async fn leave(
             // A bad spec or bad data is every rank's: the peers fail permanently too, even one
             // that had not yet received what would have shown it the same failure.
             if matches!(e, WorkerError::Config { .. } | WorkerError::Data(_)) {
-                comm.abort_permanently(&e.to_string()).await;
+                comm.abort_permanently(&rdu_error_chain::chain(&e)).await;
             } else {
-                comm.abort(&e.to_string()).await;
+                comm.abort(&rdu_error_chain::chain(&e)).await;
             }
             Err(e)
         }

@@ -84,7 +84,7 @@ impl StopRequest {
         match SignalListener::start(self.clone()) {
             Ok(listener) => Some(listener),
             Err(e) => {
-                tracing::warn!(error = %e, "cannot handle SIGTERM; a signal kills this rank without a checkpoint");
+                tracing::warn!(error = %rdu_error_chain::Chain(&e), "cannot handle SIGTERM; a signal kills this rank without a checkpoint");
                 None
             }
         }

@@ -47,7 +47,7 @@ pub(crate) type AbortClient = CollectiveClient<
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum NoticeError {
     /// The rank answered with an error, or could not be reached.
-    #[error("rank {rank} refused the abort: {source}")]
+    #[error("rank {rank} refused the abort")]
     Refused {
         rank: u32,
         #[source]
@@ -140,7 +140,7 @@ impl AbortTree {
                 break;
             };
             if let Err(error) = outcome {
-                tracing::debug!(rank = self.me, generation = self.generation, origin, %error, "taking over a child of the abort tree");
+                tracing::debug!(rank = self.me, generation = self.generation, origin, error = %rdu_error_chain::Chain(&error), "taking over a child of the abort tree");
                 failed.insert(rank);
             }
         }

@@ -257,7 +257,7 @@ impl Communicator {
                 match RingMaker::start(ring_bytes) {
                     Ok(maker) => Some(maker),
                     Err(error) => {
-                        tracing::warn!(%error, "no socket to hand out shared-memory rings; frames go on TCP");
+                        tracing::warn!(error = %rdu_error_chain::Chain(&error), "no socket to hand out shared-memory rings; frames go on TCP");
                         None
                     }
                 }
@@ -310,7 +310,7 @@ impl Communicator {
         tokio::spawn(
             async move {
                 if let Err(e) = server.await {
-                    tracing::warn!(error = %e, "{name} server stopped");
+                    tracing::warn!(error = %rdu_error_chain::Chain(&e), "{name} server stopped");
                 }
             }
             .instrument(self.span.clone()),

@@ -333,9 +333,9 @@ impl Communicator {
         if let Err(error) = &result {
             let first = self.fail.fail(error.clone());
             let from_peer = matches!(error, CollectiveError::AbortedByPeer { .. });
-            tracing::warn!(parent: &self.span, op, op_id, %error, "collective failed");
+            tracing::warn!(parent: &self.span, op, op_id, error = %rdu_error_chain::Chain(error), "collective failed");
             if first && !from_peer {
-                self.tell_peers_to_abort(&error.to_string(), !error.is_retryable())
+                self.tell_peers_to_abort(&rdu_error_chain::chain(error), !error.is_retryable())
                     .await;
             }
             return Err(self.fail.current().unwrap_or_else(|| error.clone()));

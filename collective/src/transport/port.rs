@@ -83,7 +83,7 @@ impl DataPort {
         match tokio::time::timeout(self.handshake_timeout, shm::take(&offer)).await {
             Ok(Ok(ring)) => Some(ring),
             Ok(Err(error)) => {
-                tracing::debug!(%error, "offered ring not taken; frames stay on TCP");
+                tracing::debug!(error = %rdu_error_chain::Chain(&error), "offered ring not taken; frames stay on TCP");
                 None
             }
             Err(_) => {
@@ -148,7 +148,7 @@ pub(crate) fn demux(
                     }
                     Err(error) => {
                         // Typically out of file descriptors: give closing sockets a moment.
-                        tracing::warn!(%error, "accept failed");
+                        tracing::warn!(error = %rdu_error_chain::Chain(&error), "accept failed");
                         tokio::time::sleep(Duration::from_millis(20)).await;
                     }
                 }
@@ -168,7 +168,9 @@ async fn route(stream: TcpStream, port: Arc<DataPort>, grpc: mpsc::Sender<io::Re
         Ok(Ok(_)) => {
             let _ = grpc.send(Ok(stream)).await;
         }
-        Ok(Err(error)) => tracing::debug!(%error, "connection failed before its first byte"),
+        Ok(Err(error)) => {
+            tracing::debug!(error = %rdu_error_chain::Chain(&error), "connection failed before its first byte")
+        }
         Err(_) => tracing::debug!("connection silent within the timeout; closed"),
     }
 }

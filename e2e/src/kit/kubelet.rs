@@ -52,7 +52,7 @@ async fn report(pods: &Api<Pod>, name: &str, phase: &str, state: Value) {
                                "image": WORKER_IMAGE, "imageID": "", "state": state}]}});
     pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
-        .unwrap_or_else(|e| panic!("status of {name}: {e}"));
+        .unwrap_or_else(|e| panic!("status of {name}: {}", rdu_error_chain::Chain(&e)));
 }
 
 /// A token of `pod`'s ServiceAccount for `audience`, bound to the pod (its name and UID) by the TokenRequest API,
@@ -85,6 +85,6 @@ pub async fn pod_token(client: &kube::Client, pod: &Pod, audience: &str) -> Stri
             .map_err(|e| e.to_string())
     })
     .await
-    .unwrap_or_else(|e| panic!("TokenRequest: {e}"));
+    .unwrap_or_else(|e| panic!("TokenRequest: {}", rdu_error_chain::Chain(&e)));
     answer.status.expect("token status").token
 }

@@ -12,7 +12,7 @@ use crate::tools::{helm_template, workspace_root};
 /// The control plane's binaries, or a panic naming what is missing. Only `#[ignore]`d tests call it: run
 /// explicitly (`bash e2e/control-plane/run.sh`, or `cargo test -- --ignored`), a test must not pass by skipping.
 pub fn require_assets(test: &str) -> Assets {
-    Assets::from_env().unwrap_or_else(|e| panic!("{test}: {e}"))
+    Assets::from_env().unwrap_or_else(|e| panic!("{test}: {}", rdu_error_chain::Chain(&e)))
 }
 
 /// The operator flag that turns on progress reports, at the URL of the chart's progress Service.
@@ -103,17 +103,23 @@ impl PlaneBuilder {
         let test = &self.test;
         let plane = ControlPlane::start(&assets, self.components)
             .await
-            .unwrap_or_else(|e| panic!("{test}: control plane: {e}"));
+            .unwrap_or_else(|e| panic!("{test}: control plane: {}", rdu_error_chain::Chain(&e)));
         install_crd(&plane)
             .await
-            .unwrap_or_else(|e| panic!("{test}: CRD: {e}"));
+            .unwrap_or_else(|e| panic!("{test}: CRD: {}", rdu_error_chain::Chain(&e)));
         for namespace in &self.namespaces {
             create_namespace(&plane, namespace)
                 .await
-                .unwrap_or_else(|e| panic!("{test}: namespace {namespace}: {e}"));
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "{test}: namespace {namespace}: {}",
+                        rdu_error_chain::Chain(&e)
+                    )
+                });
         }
         if self.pod_group_crd {
-            install_pod_group_crd(&plane).unwrap_or_else(|e| panic!("{test}: PodGroup CRD: {e}"));
+            install_pod_group_crd(&plane)
+                .unwrap_or_else(|e| panic!("{test}: PodGroup CRD: {}", rdu_error_chain::Chain(&e)));
         }
         plane
     }
@@ -126,13 +132,13 @@ impl PlaneBuilder {
         let plane = self.with_system_namespace().start().await;
         let values: Vec<&str> = values.iter().map(String::as_str).collect();
         let rendered = helm_template(CHART_RELEASE, SYSTEM_NAMESPACE, &values)
-            .unwrap_or_else(|e| panic!("{test}: helm template: {e}"));
+            .unwrap_or_else(|e| panic!("{test}: helm template: {}", rdu_error_chain::Chain(&e)));
         kubectl(
             &plane,
             &["apply", "--server-side", "-f", "-"],
             Some(&rendered),
         )
-        .unwrap_or_else(|e| panic!("{test}: the chart applies: {e}"));
+        .unwrap_or_else(|e| panic!("{test}: the chart applies: {}", rdu_error_chain::Chain(&e)));
         plane
     }
 
@@ -146,7 +152,12 @@ impl PlaneBuilder {
         let values: Vec<&str> = values.iter().map(String::as_str).collect();
         let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
         let addrs = start_operator_as_chart(&mut plane, SYSTEM_NAMESPACE, &values, &flags)
-            .unwrap_or_else(|e| panic!("{test}: the operator starts: {e}"));
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{test}: the operator starts: {}",
+                    rdu_error_chain::Chain(&e)
+                )
+            });
         (plane, addrs)
     }
 

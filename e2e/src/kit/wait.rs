@@ -23,7 +23,13 @@ pub fn operator_log(plane: &ControlPlane) -> String {
 
 /// The value of a wait, or a panic with the wait's error and the operator's log.
 pub fn or_operator_log<T>(plane: &ControlPlane, waited: Result<T, PollError>) -> T {
-    waited.unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", operator_log(plane)))
+    waited.unwrap_or_else(|e| {
+        panic!(
+            "{}\noperator log:\n{}",
+            rdu_error_chain::Chain(&e),
+            operator_log(plane)
+        )
+    })
 }
 
 /// The job's status as JSON (null when it has none).

@@ -22,7 +22,7 @@ impl Testbed {
         let node = self.control_plane_node();
         self.kind
             .exec(&node, args)
-            .unwrap_or_else(|e| panic!("{args:?} on {node}: {e}"))
+            .unwrap_or_else(|e| panic!("{args:?} on {node}: {}", rdu_error_chain::Chain(&e)))
     }
 
     /// Takes the API server away (its static pod's manifest out of the kubelet's directory) or puts it back.
@@ -101,6 +101,7 @@ impl Testbed {
         for set in sets {
             args.extend(["--set", set.as_str()]);
         }
-        run_ok(&helm_binary(), &args, None).unwrap_or_else(|e| panic!("helm upgrade: {e}"));
+        run_ok(&helm_binary(), &args, None)
+            .unwrap_or_else(|e| panic!("helm upgrade: {}", rdu_error_chain::Chain(&e)));
     }
 }

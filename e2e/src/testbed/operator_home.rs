@@ -29,7 +29,7 @@ impl Testbed {
         let lease = Api::<Lease>::namespaced(self.client.clone(), SYSTEM_NAMESPACE)
             .get_opt(LEASE)
             .await
-            .map_err(|e| format!("get lease {LEASE}: {e}"))?;
+            .map_err(|e| format!("get lease {LEASE}: {}", rdu_error_chain::Chain(&e)))?;
         Ok(lease.and_then(|l| l.spec.and_then(|s| s.holder_identity)))
     }
 

@@ -101,7 +101,13 @@ impl Faults {
                 &Patch::Merge(json!({"metadata": {"finalizers": finalizers}})),
             )
             .await
-            .unwrap_or_else(|e| panic!("finalizer of {}: {e}", pod.name_any()));
+            .unwrap_or_else(|e| {
+                panic!(
+                    "finalizer of {}: {}",
+                    pod.name_any(),
+                    rdu_error_chain::Chain(&e)
+                )
+            });
         }
         pods.len()
     }

@@ -21,14 +21,14 @@ use crate::validate::ValidJob;
 /// A Kueue API call that failed.
 #[derive(Debug, thiserror::Error)]
 pub enum KueueError {
-    #[error("cannot read Workload {name}: {source}")]
+    #[error("cannot read Workload {name}")]
     ReadWorkload {
         name: String,
         #[source]
         source: kube::Error,
     },
     /// A create or a write (`action`: what the write was).
-    #[error("cannot {action} Workload {name}: {source}")]
+    #[error("cannot {action} Workload {name}")]
     WriteWorkload {
         action: &'static str,
         name: String,
@@ -36,13 +36,13 @@ pub enum KueueError {
         source: kube::Error,
     },
     /// A Workload that is not one as this operator reads them (a Kueue whose API changed).
-    #[error("cannot decode Workload {name}: {source}")]
+    #[error("cannot decode Workload {name}")]
     DecodeWorkload {
         name: String,
         #[source]
         source: serde_json::Error,
     },
-    #[error("cannot read ResourceFlavor {name}: {source}")]
+    #[error("cannot read ResourceFlavor {name}")]
     Flavor {
         name: String,
         #[source]

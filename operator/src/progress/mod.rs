@@ -66,7 +66,7 @@ pub enum Refusal {
     },
     #[error("the report is not valid JSON of a ProgressReport: {0}")]
     Malformed(String),
-    #[error("{0}")]
+    #[error(transparent)]
     Inconsistent(#[from] ReportError),
     #[error("the report is for generation {got}, the job is at generation {current}")]
     StaleGeneration { got: u32, current: u32 },

@@ -35,7 +35,7 @@ pub async fn write_progress(service: Arc<ProgressService>, client: kube::Client)
                     tracing::debug!(job = %format!("{}/{}", job.namespace, job.name), "job gone before its progress was written")
                 }
                 Err(error) => {
-                    tracing::warn!(job = %format!("{}/{}", job.namespace, job.name), %error, "cannot write status.progress")
+                    tracing::warn!(job = %format!("{}/{}", job.namespace, job.name), error = %rdu_error_chain::Chain(&error), "cannot write status.progress")
                 }
             }
         }

@@ -139,7 +139,7 @@ pub(super) fn remove_staged(dir: &Path, prefix: &str) -> Result<(), CheckpointEr
                     tracing::info!(name, "deleted a checkpoint file that was never completed")
                 }
                 Err(e) => {
-                    tracing::warn!(name, error = %e, "cannot delete a staged checkpoint file")
+                    tracing::warn!(name, error = %rdu_error_chain::Chain(&e), "cannot delete a staged checkpoint file")
                 }
             }
         }

@@ -54,7 +54,7 @@ pub enum CheckpointError {
         #[source]
         source: serde_json::Error,
     },
-    #[error("cannot {action} {path}: {source}")]
+    #[error("cannot {action} {path}")]
     Io {
         action: &'static str,
         path: String,

@@ -153,7 +153,7 @@ impl CheckpointStore {
         for name in &doomed {
             let path = self.dir.join(name);
             if let Err(e) = std::fs::remove_file(&path) {
-                tracing::warn!(path = %path.display(), error = %e, "cannot delete an old checkpoint");
+                tracing::warn!(path = %path.display(), error = %rdu_error_chain::Chain(&e), "cannot delete an old checkpoint");
             }
         }
         if !doomed.is_empty() {
@@ -174,7 +174,7 @@ pub fn read_lineage(
     }
     // A reader needs no lock to be safe (renames are atomic): on a read-only volume it goes without.
     let _lock = files::lock(dir, LockKind::Shared, lock_wait)
-        .inspect_err(|e| tracing::debug!(error = %e, "reading checkpoints without the lock"))
+        .inspect_err(|e| tracing::debug!(error = %rdu_error_chain::Chain(e), "reading checkpoints without the lock"))
         .ok();
     let found = fence::read(dir)?;
     Ok(choose(dir, found.as_ref(), params)?.map(|(_, c)| c))
@@ -192,7 +192,7 @@ fn choose(
         let read = match files::read_bounded(&path, format::max_len(params)) {
             Ok(bytes) => bytes.and_then(|b| format::decode(&b)),
             Err(e) => {
-                tracing::warn!(error = %e, "skipping a checkpoint that cannot be read");
+                tracing::warn!(error = %rdu_error_chain::Chain(&e), "skipping a checkpoint that cannot be read");
                 None
             }
         };

@@ -17,7 +17,7 @@ const SPLIT_STREAM: u64 = 0x5EED_5917;
 /// Bad data: the file, the line or record when known, and what is wrong.
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
-    #[error("{file}: cannot read: {source}")]
+    #[error("{file}: cannot read")]
     Missing {
         file: String,
         #[source]

@@ -89,7 +89,7 @@ impl TensorBoardWriter {
     }
 
     fn give_up(&mut self, e: std::io::Error) {
-        tracing::warn!(path = %self.path.display(), error = %e, "cannot write TensorBoard events; no more will be written");
+        tracing::warn!(path = %self.path.display(), error = %rdu_error_chain::Chain(&e), "cannot write TensorBoard events; no more will be written");
         self.out = None;
     }
 }

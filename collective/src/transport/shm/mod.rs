@@ -89,7 +89,7 @@ impl RingMaker {
         let made = match Segment::create(RING_BYTES, Some(reservation)) {
             Ok(made) => made,
             Err(error) => {
-                tracing::debug!(peer, %error, "no ring to offer; frames stay on TCP");
+                tracing::debug!(peer, error = %rdu_error_chain::Chain(&error), "no ring to offer; frames stay on TCP");
                 return None;
             }
         };

@@ -43,9 +43,9 @@ const ASK_TIMEOUT: Duration = Duration::from_secs(5);
 /// Why a descriptor could not be fetched.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum PassError {
-    #[error("cannot reach the sender's ring socket: {0}")]
+    #[error("cannot reach the sender's ring socket")]
     Connect(#[source] io::Error),
-    #[error("asking the sender's ring socket failed: {0}")]
+    #[error("asking the sender's ring socket failed")]
     Io(#[source] io::Error),
     #[error("the ring socket is served by user {0}, not this rank's user")]
     OtherUser(u32),
@@ -146,7 +146,7 @@ async fn serve(listener: UnixListener, offered: Arc<Mutex<HashMap<Nonce, OwnedFd
         tokio::spawn(async move {
             let _permit = permit;
             if let Err(error) = answer(stream, &offered).await {
-                tracing::debug!(%error, "ring descriptor request refused");
+                tracing::debug!(error = %rdu_error_chain::Chain(&error), "ring descriptor request refused");
             }
         });
     }

@@ -46,7 +46,7 @@ pub(crate) type Nonce = [u8; 16];
 /// Why a segment could not be created or attached.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum SegmentError {
-    #[error("cannot {what} a ring segment: {source}")]
+    #[error("cannot {what} a ring segment")]
     Io {
         what: &'static str,
         #[source]
@@ -54,7 +54,7 @@ pub(crate) enum SegmentError {
     },
     #[error("the descriptor offered is not a ring segment: {0}")]
     NotTheSegment(String),
-    #[error("no randomness for a segment nonce: {0}")]
+    #[error("no randomness for a segment nonce")]
     Random(#[source] getrandom::Error),
 }
 
