@@ -16,7 +16,7 @@ use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use rdu_crds::RduJob;
 use rdu_e2e::cluster::{SYSTEM_NAMESPACE, kubectl, start_operator_as_chart};
 use rdu_e2e::control_plane::ControlPlane;
-use rdu_e2e::kit::{self, WORKER_IMAGE, report_running, report_terminated};
+use rdu_e2e::kit::{self, JobFixture, report_running, report_terminated};
 use rdu_e2e::kueue;
 use rdu_e2e::poll::poll_until;
 use serde_json::{Value, json};
@@ -73,17 +73,14 @@ fn job(name: &str, workers: u32, priority: &str) -> String {
 
 /// [`job`] with `backoffLimit: backoff_limit`.
 fn job_allowing(name: &str, workers: u32, priority: &str, backoff_limit: u32) -> String {
-    json!({
-        "apiVersion": "rdu.dev/v1alpha1", "kind": "RduJob",
-        "metadata": {"name": name, "namespace": JOBS, "labels": {"kueue.x-k8s.io/queue-name": "team"}},
-        "spec": {
-            "workers": workers, "tilesPerWorker": 1, "image": WORKER_IMAGE,
-            "model": {"name": "ffn-logreg"}, "data": {"source": "synthetic"},
-            "training": {"steps": 10, "batchSize": 8, "learningRate": 0.1},
-            "runPolicy": {"backoffLimit": backoff_limit, "schedulingPolicy": {"priorityClassName": priority}},
-        }
-    })
-    .to_string()
+    JobFixture::new(JOBS, name)
+        .label("kueue.x-k8s.io/queue-name", "team")
+        .workers(workers)
+        .model(json!({"name": "ffn-logreg"}))
+        .data(json!({"source": "synthetic"}))
+        .training(json!({"steps": 10, "batchSize": 8, "learningRate": 0.1}))
+        .run_policy(json!({"backoffLimit": backoff_limit, "schedulingPolicy": {"priorityClassName": priority}}))
+        .manifest()
 }
 
 struct Bed {

@@ -13,6 +13,7 @@ pub const WORKER_IMAGE: &str = "rdu-worker:0.1.0";
 pub struct JobFixture {
     namespace: String,
     name: String,
+    labels: Map<String, Value>,
     spec: Map<String, Value>,
 }
 
@@ -31,8 +32,15 @@ impl JobFixture {
         Self {
             namespace: namespace.to_string(),
             name: name.to_string(),
+            labels: Map::new(),
             spec,
         }
+    }
+
+    /// A label on the job (`kueue.x-k8s.io/queue-name` queues it).
+    pub fn label(mut self, key: &str, value: &str) -> Self {
+        self.labels.insert(key.to_string(), json!(value));
+        self
     }
 
     /// `spec.workers`.
@@ -102,7 +110,7 @@ impl JobFixture {
     pub fn value(&self) -> Value {
         json!({
             "apiVersion": "rdu.dev/v1alpha1", "kind": "RduJob",
-            "metadata": {"name": self.name, "namespace": self.namespace},
+            "metadata": {"name": self.name, "namespace": self.namespace, "labels": self.labels},
             "spec": self.spec,
         })
     }
