@@ -90,7 +90,7 @@ impl Look<'_> {
             // The generation stops now: no window until the next one runs (`last_progress` stays cleared).
             HangCheck::Hung(hang) => {
                 let pod = self.current_rank(0)?;
-                let mut hung = RankFailure::lost(0, LostReason::Hung, None, pod.node.clone());
+                let mut hung = RankFailure::lost(0, LostReason::Hung, None).on(pod.node.clone());
                 hung.message = hang.message();
                 Some(hung)
             }

@@ -44,14 +44,14 @@ pub(super) struct RankFailure {
 }
 
 impl RankFailure {
-    /// `reason` explains the end (the worker's termination message, the node's loss…).
+    /// `reason` explains the end (the worker's termination message, the node's loss…); the node is the pod's
+    /// (`seen_on`) or the one recorded (`on`).
     pub(super) fn new(
         rank: u32,
         exit: RankExit,
         kind: &str,
         reason: &str,
         cause: EndCause,
-        node: Option<String>,
     ) -> Self {
         let message = match exit {
             RankExit::Code(code) => format!("rank {rank} exited with code {code} ({reason})"),
@@ -66,35 +66,30 @@ impl RankFailure {
             kind: kind.to_string(),
             message,
             cause,
-            node,
+            node: None,
             container_reason: None,
             pod_conditions: Vec::new(),
         }
     }
 
+    /// On node `node` (where the rank's pod, now gone, was seen).
+    pub(super) fn on(mut self, node: Option<String>) -> Self {
+        self.node = node;
+        self
+    }
+
     /// A rank gone without an exit code, for `reason`; `detail` says more (the node's loss…).
-    pub(super) fn lost(
-        rank: u32,
-        reason: LostReason,
-        detail: Option<&str>,
-        node: Option<String>,
-    ) -> Self {
+    pub(super) fn lost(rank: u32, reason: LostReason, detail: Option<&str>) -> Self {
         let text = match detail {
             Some(detail) => format!("{}: {detail}", reason.as_str()),
             None => reason.as_str().to_string(),
         };
-        Self::new(
-            rank,
-            RankExit::Lost,
-            reason.as_str(),
-            &text,
-            reason.cause(),
-            node,
-        )
+        Self::new(rank, RankExit::Lost, reason.as_str(), &text, reason.cause())
     }
 
-    /// With what `pod` says of the end: its container's reason and its true conditions.
+    /// With what `pod` says of the end: its node, its container's reason and its true conditions.
     fn seen_on(mut self, pod: &PodView) -> Self {
+        self.node = pod.node.clone();
         self.container_reason = match &pod.state {
             PodState::Failed(f) => f.container_reason.clone(),
             _ => None,
@@ -210,19 +205,15 @@ impl Look<'_> {
                     if stopping_since.is_some() {
                         return None;
                     }
-                    let node = seen.node.clone();
-                    return Some(match self.lost(seen.node.as_deref()) {
-                        Some(loss) => {
-                            RankFailure::lost(rank, LostReason::NodeLost, Some(&loss), node)
-                        }
-                        None => RankFailure::lost(rank, LostReason::PodVanished, None, node),
-                    });
+                    let lost = match self.lost(seen.node.as_deref()) {
+                        Some(loss) => RankFailure::lost(rank, LostReason::NodeLost, Some(&loss)),
+                        None => RankFailure::lost(rank, LostReason::PodVanished, None),
+                    };
+                    return Some(lost.on(seen.node.clone()));
                 };
-                let node = pod.node.clone();
                 if let Some(loss) = self.lost(pod.node.as_deref()) {
                     return Some(
-                        RankFailure::lost(rank, LostReason::NodeLost, Some(&loss), node)
-                            .seen_on(pod),
+                        RankFailure::lost(rank, LostReason::NodeLost, Some(&loss)).seen_on(pod),
                     );
                 }
                 if let Some(kind) = &pod.disruption {
@@ -233,7 +224,6 @@ impl Look<'_> {
                             kind,
                             &format!("{kind}: the cluster took its pod away"),
                             EndCause::Disruption,
-                            node,
                         )
                         .seen_on(pod),
                     );
@@ -258,7 +248,6 @@ impl Look<'_> {
                                 rank,
                                 LostReason::PodDeleted,
                                 Some("it stopped on SIGTERM"),
-                                node,
                             )
                             .seen_on(pod),
                         );
@@ -270,13 +259,11 @@ impl Look<'_> {
                         EndCause::Failure
                     };
                     return Some(
-                        RankFailure::new(rank, f.exit, &f.kind, &f.reason, cause, node)
-                            .seen_on(pod),
+                        RankFailure::new(rank, f.exit, &f.kind, &f.reason, cause).seen_on(pod),
                     );
                 }
-                (pod.terminating && stopping_since.is_none() && seen_before(rank).is_some()).then(
-                    || RankFailure::lost(rank, LostReason::PodDeleted, None, node).seen_on(pod),
-                )
+                (pod.terminating && stopping_since.is_none() && seen_before(rank).is_some())
+                    .then(|| RankFailure::lost(rank, LostReason::PodDeleted, None).seen_on(pod))
             })
             .collect()
     }
