@@ -1,4 +1,4 @@
-//! Step 4 of the pipeline: carry out the decided actions. Children are created, never forced over what exists: an
+//! Step 4 of the pipeline: carry out the decided changes. Children are created, never forced over what exists: an
 //! existing object of a child's name is read and judged (`crate::ownership`). The job's own is kept (the Service,
 //! NetworkPolicy and PodGroup re-applied to match the job, pinned to the version that was judged, so the write
 //! cannot land on anything else); one going away (an earlier job's, or one being deleted) is waited for; anyone
@@ -19,7 +19,7 @@ use tracing::info;
 
 use crate::builders;
 use crate::context::{Context, FIELD_MANAGER};
-use crate::lifecycle::Action;
+use crate::lifecycle::Change;
 use crate::ownership::{ChildConflict, JobIdentity, Ownership, ownership};
 use crate::slow_start::{MAX_IN_FLIGHT, slow_start};
 use crate::step::ReconcileError;
@@ -42,16 +42,16 @@ impl From<ReconcileError> for Stop {
     }
 }
 
-/// Carries out `actions` in order; stops at the first that cannot be done. Pod writes are recorded in the
+/// Carries out `changes` in order; stops at the first that cannot be done. Pod writes are recorded in the
 /// expectations under the job's uid (what the reconcile's `job_key` is for a valid job).
 pub(crate) async fn apply(
     job: &ValidJob<'_>,
     ctx: &Context,
-    actions: &[Action],
+    changes: &[Change],
 ) -> Result<(), Stop> {
-    for action in actions {
+    for action in changes {
         match action {
-            Action::CreatePods { generation, ranks } => {
+            Change::CreatePods { generation, ranks } => {
                 ensure_shared_children(job, ctx).await?;
                 ensure_generation_token(job, ctx, *generation).await?;
                 create_pods(job, ctx, *generation, ranks).await?;
@@ -63,7 +63,7 @@ pub(crate) async fn apply(
                     "created rank pods"
                 );
             }
-            Action::DeletePods { names } => {
+            Change::DeletePods { names } => {
                 delete_pods(job, ctx, names, Grace::Default).await?;
                 info!(
                     job = job.name,
@@ -72,7 +72,7 @@ pub(crate) async fn apply(
                     "deleted pods"
                 );
             }
-            Action::ForceDeletePods { names } => {
+            Change::ForceDeletePods { names } => {
                 delete_pods(job, ctx, names, Grace::None).await?;
                 info!(
                     job = job.name,
@@ -81,7 +81,7 @@ pub(crate) async fn apply(
                     "deleted pods on lost nodes at once (no kubelet can confirm them)"
                 );
             }
-            Action::DeleteJob => {
+            Change::DeleteJob => {
                 let jobs: Api<RduJob> = Api::namespaced(ctx.client.clone(), job.namespace);
                 // This job, not one of the same name applied since.
                 let params = DeleteParams::background().preconditions(Preconditions {

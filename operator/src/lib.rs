@@ -27,7 +27,7 @@ pub mod validate;
 pub mod watches;
 
 pub use context::{Context, FIELD_MANAGER, Settings};
-pub use lifecycle::{Action, Decision, JobEvent, decide};
+pub use lifecycle::{Change, Decision, JobEvent, decide};
 pub use reconcile::{error_policy, reconcile};
 pub use step::{ReconcileError, Step};
 pub use validate::{Limits, ValidJob, ValidationErrors, validate};

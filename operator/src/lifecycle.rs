@@ -1,5 +1,5 @@
 //! The job lifecycle of DESIGN 5 as a pure function: (the validated job, observed pods, what is known of the nodes,
-//! now) -> (actions, new status, events).
+//! now) -> (changes, new status, events).
 //!
 //! Nothing here talks to the API server. Status is derived only from what was observed: a rank counts as
 //! created once its pod was seen, as vanished once a pod seen before is gone or being deleted by someone else.
@@ -32,7 +32,7 @@ use teardown::RankFailure;
 
 /// Something the reconcile must do to the cluster.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Action {
+pub enum Change {
     /// Ensure the Service, Secret (and PodGroup) exist, and create the pods of these ranks at this generation.
     CreatePods { generation: u32, ranks: Vec<u32> },
     /// Delete these pods (by name).
@@ -55,7 +55,7 @@ pub struct JobEvent {
 /// What the reconcile must do and the status it must write.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Decision {
-    pub actions: Vec<Action>,
+    pub changes: Vec<Change>,
     pub status: RduJobStatus,
     pub events: Vec<JobEvent>,
     /// When a timer (deadline, TTL) needs the job looked at again.
@@ -114,7 +114,7 @@ pub fn decide<'a>(
         hold,
         now,
         status: job.status.cloned().unwrap_or_default(),
-        actions: Vec::new(),
+        changes: Vec::new(),
         events: Vec::new(),
         requeue_after: None,
     };
@@ -123,7 +123,7 @@ pub fn decide<'a>(
     look.status.workers = look.counts();
     look.status.ready = Some(format!("{}/{}", look.status.workers.ready, job.workers));
     Decision {
-        actions: look.actions,
+        changes: look.changes,
         status: look.status,
         events: look.events,
         requeue_after: look.requeue_after,
@@ -139,7 +139,7 @@ struct Look<'a> {
     hold: Option<&'a Hold>,
     now: Timestamp,
     status: RduJobStatus,
-    actions: Vec<Action>,
+    changes: Vec<Change>,
     events: Vec<JobEvent>,
     requeue_after: Option<Duration>,
 }
@@ -354,7 +354,7 @@ impl Look<'_> {
 
     fn delete(&mut self, names: Vec<String>) {
         if !names.is_empty() {
-            self.actions.push(Action::DeletePods { names });
+            self.changes.push(Change::DeletePods { names });
         }
     }
 
@@ -399,7 +399,7 @@ impl Look<'_> {
             .map_or(self.now, |t| t.0);
         let remaining = finished.as_second() + ttl as i64 - self.now.as_second();
         if remaining <= 0 {
-            self.actions.push(Action::DeleteJob);
+            self.changes.push(Change::DeleteJob);
             self.event(
                 false,
                 "Deleted",
@@ -579,7 +579,7 @@ impl Look<'_> {
         let occupied = |rank: u32| taken.contains(consts::pod_name(self.job.name, rank).as_str());
         let ranks: Vec<u32> = (0..self.job.workers).filter(|r| !occupied(*r)).collect();
         if !ranks.is_empty() {
-            self.actions.push(Action::CreatePods { generation, ranks });
+            self.changes.push(Change::CreatePods { generation, ranks });
         }
         false
     }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::controller::Action as Requeue;
+use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
@@ -22,7 +22,7 @@ use crate::builders;
 use crate::context::{Context, FIELD_MANAGER};
 use crate::expectations::Cached;
 use crate::kueue::{self, plan::Gate};
-use crate::lifecycle::{Action, Decision, Hold, JobEvent, Refusal, decide, refuse};
+use crate::lifecycle::{Change, Decision, Hold, JobEvent, Refusal, decide, refuse};
 use crate::ownership::controlled_by;
 use crate::step::ReconcileError;
 use crate::validate::ValidJob;
@@ -50,7 +50,7 @@ enum Fetch {
 }
 
 /// One reconcile of one job.
-pub async fn reconcile(job: Arc<RduJob>, ctx: Arc<Context>) -> Result<Requeue, ReconcileError> {
+pub async fn reconcile(job: Arc<RduJob>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
     let started = Instant::now();
     ctx.metrics.reconciles.inc();
     let result = run_pipeline(&job, &ctx).await;
@@ -64,10 +64,10 @@ pub async fn reconcile(job: Arc<RduJob>, ctx: Arc<Context>) -> Result<Requeue, R
 }
 
 /// Retry a failed reconcile with a bounded backoff.
-pub fn error_policy(job: Arc<RduJob>, error: &ReconcileError, _ctx: Arc<Context>) -> Requeue {
+pub fn error_policy(job: Arc<RduJob>, error: &ReconcileError, _ctx: Arc<Context>) -> Action {
     warn!(job = %job.name_any(), namespace = ?job.namespace(), step = error.step().as_str(), error = %rdu_error_chain::Chain(error),
           "reconcile failed");
-    Requeue::requeue(Duration::from_secs(5))
+    Action::requeue(Duration::from_secs(5))
 }
 
 /// The key of a job's pod expectations: its uid (a job deleted and created again under the same name is another
@@ -82,27 +82,27 @@ pub fn job_key(job: &RduJob) -> String {
     })
 }
 
-async fn run_pipeline(job: &RduJob, ctx: &Context) -> Result<Requeue, ReconcileError> {
+async fn run_pipeline(job: &RduJob, ctx: &Context) -> Result<Action, ReconcileError> {
     if job.metadata.deletion_timestamp.is_some() {
         ctx.expectations.forget(&job_key(job));
         ctx.status_writes.forget(&job_key(job));
-        return Ok(Requeue::await_change());
+        return Ok(Action::await_change());
     }
     if !ctx.caches.is_synced() {
         debug!(job = %job.name_any(), "the caches are still listing; waiting");
-        return Ok(Requeue::requeue(WAIT_FOR_STATUS));
+        return Ok(Action::requeue(WAIT_FOR_STATUS));
     }
     let pods = match fetch(job, ctx) {
         Fetch::Current(pods) => pods,
         Fetch::Behind(behind) => {
             debug!(job = %job.name_any(), created = behind.created, deleted = behind.deleted,
                    "the pod cache is behind this job's own writes; waiting for the watch");
-            return Ok(Requeue::requeue(behind.expires_in));
+            return Ok(Action::requeue(behind.expires_in));
         }
         Fetch::StaleJob { cached, seen } => {
             debug!(job = %job.name_any(), cached, seen,
                    "the job cache is behind this operator's status write; waiting for the watch");
-            return Ok(Requeue::requeue(WAIT_FOR_STATUS));
+            return Ok(Action::requeue(WAIT_FOR_STATUS));
         }
     };
     let now = Timestamp::now();
@@ -120,7 +120,7 @@ async fn run_pipeline(job: &RduJob, ctx: &Context) -> Result<Requeue, ReconcileE
             let pod_refs = pods.iter().map(|p| p.as_ref());
             let mut decision = decide(&valid, pod_refs, &cluster, now, hold.as_ref());
             decision.status.queue = queued.as_ref().map(|q| q.status.clone());
-            match apply(&valid, ctx, &decision.actions).await {
+            match apply(&valid, ctx, &decision.changes).await {
                 Ok(()) => {
                     if let Some(queued) = &queued {
                         let status = &decision.status;
@@ -151,7 +151,7 @@ async fn run_pipeline(job: &RduJob, ctx: &Context) -> Result<Requeue, ReconcileE
         .into_iter()
         .flatten()
         .min();
-    Ok(Requeue::requeue(after.unwrap_or(RESYNC)))
+    Ok(Action::requeue(after.unwrap_or(RESYNC)))
 }
 
 /// Step 2b, for a job queued in Kueue (`--kueue` and the queue label, or `--kueue-default-queue`): its Workload
@@ -258,7 +258,7 @@ async fn write_status(
     ctx: &Context,
     decision: &Decision,
 ) -> Result<(), ReconcileError> {
-    if decision.actions.contains(&Action::DeleteJob) {
+    if decision.changes.contains(&Change::DeleteJob) {
         return publish_events(job, ctx, &decision.events).await;
     }
     if job.status.as_ref() != Some(&decision.status) {

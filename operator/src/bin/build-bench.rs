@@ -61,7 +61,7 @@ fn build_and_diff(raw: &RduJob, observed: &[Pod]) -> anyhow::Result<usize> {
         jiff::Timestamp::now(),
         None,
     );
-    Ok(changed + decision.actions.len())
+    Ok(changed + decision.changes.len())
 }
 
 fn observed_pods(raw: &RduJob) -> anyhow::Result<Vec<Pod>> {

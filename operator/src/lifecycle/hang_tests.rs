@@ -85,8 +85,8 @@ fn a_step_that_stands_still_for_the_deadline_stops_the_gang_as_hung() {
         c.message
     );
     assert_eq!(
-        d.actions,
-        vec![Action::DeletePods {
+        d.changes,
+        vec![Change::DeletePods {
             names: names(&[0, 1])
         }]
     );
@@ -108,8 +108,8 @@ fn a_step_that_stands_still_for_the_deadline_stops_the_gang_as_hung() {
     // Gone: by default a hang is the job's own failure, counted against backoffLimit.
     let d = decide(&after(j, &d), &[], at(102));
     assert_eq!(
-        d.actions,
-        vec![Action::CreatePods {
+        d.changes,
+        vec![Change::CreatePods {
             generation: 1,
             ranks: vec![0, 1]
         }]
@@ -204,9 +204,9 @@ fn missing_reports_never_restart_the_gang_and_say_so_until_reports_come_back() {
     let d = decide(&j, &running(), at(60));
     assert_eq!(d.status.phase, Some(JobPhase::Running));
     assert!(
-        d.status.stopping.is_none() && d.actions.is_empty(),
+        d.status.stopping.is_none() && d.changes.is_empty(),
         "{:?}",
-        d.actions
+        d.changes
     );
     assert_eq!(d.requeue_after, Some(Duration::from_secs(5)));
     let c = condition(&d, condition::PROGRESS_UNREPORTED).expect("unreported");
@@ -234,7 +234,7 @@ fn missing_reports_never_restart_the_gang_and_say_so_until_reports_come_back() {
     let j = reported_at(after(j, &d), Some(11), 66);
     let d = decide(&j, &running(), at(66));
     assert_eq!(d.status.phase, Some(JobPhase::Running));
-    assert!(d.actions.is_empty(), "{:?}", d.actions);
+    assert!(d.changes.is_empty(), "{:?}", d.changes);
     let c = d
         .status
         .conditions

@@ -55,7 +55,7 @@ pub(crate) fn refuse(
         });
     }
     Decision {
-        actions: Vec::new(),
+        changes: Vec::new(),
         status,
         events,
         requeue_after: None,
@@ -160,7 +160,7 @@ mod tests {
         let job = job("mnist", Some("ml"), 4);
         for case in cases {
             let d = refuse(&job, case.before.clone(), case.refusal, "msg", at(9));
-            assert!(d.actions.is_empty(), "{}", case.name);
+            assert!(d.changes.is_empty(), "{}", case.name);
             assert_eq!(d.requeue_after, None, "{}", case.name);
             assert_eq!(d.status.phase, Some(case.phase), "{}", case.name);
             assert_eq!(d.status.conditions, case.conditions, "{}", case.name);

@@ -20,7 +20,7 @@ use rdu_gang::{
 };
 
 use super::pod_view::{PodState, PodView};
-use super::{Action, Look, condition};
+use super::{Change, Look, condition};
 
 /// The signal the kubelet stops a container with; a worker it stops exits 128 + it (DESIGN 4.6).
 const SIGTERM: i32 = 15;
@@ -477,7 +477,7 @@ impl Look<'_> {
     /// Pods to delete with no grace period: their node is lost, no kubelet will confirm a graceful deletion.
     pub(super) fn force_delete(&mut self, names: Vec<String>) {
         if !names.is_empty() {
-            self.actions.push(Action::ForceDeletePods { names });
+            self.changes.push(Change::ForceDeletePods { names });
         }
     }
 }

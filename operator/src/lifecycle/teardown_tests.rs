@@ -36,8 +36,8 @@ fn a_crashed_node_found_after_its_peers_timed_out_is_blamed_and_not_counted() {
     let stopping = d.status.stopping.clone().expect("stopping");
     assert_eq!((stopping.rank, stopping.cause), (2, EndCause::Failure));
     assert_eq!(
-        d.actions,
-        vec![Action::DeletePods {
+        d.changes,
+        vec![Change::DeletePods {
             names: names(&[0, 1, 2, 3])
         }]
     );
@@ -49,9 +49,9 @@ fn a_crashed_node_found_after_its_peers_timed_out_is_blamed_and_not_counted() {
     ];
     let d = decide(&j, &pods(&stuck), at(40));
     assert!(
-        d.actions.is_empty(),
+        d.changes.is_empty(),
         "nothing to do but wait: {:?}",
-        d.actions
+        d.changes
     );
     assert_eq!(d.status.phase, Some(JobPhase::Restarting));
     let j = after(j, &d);
@@ -66,8 +66,8 @@ fn a_crashed_node_found_after_its_peers_timed_out_is_blamed_and_not_counted() {
     };
     let d = decide_with(&j, &pods(&stuck), &cluster, at(50));
     assert_eq!(
-        d.actions,
-        vec![Action::ForceDeletePods {
+        d.changes,
+        vec![Change::ForceDeletePods {
             names: names(&[0, 1])
         }]
     );
@@ -87,8 +87,8 @@ fn a_crashed_node_found_after_its_peers_timed_out_is_blamed_and_not_counted() {
     // Gone: the next generation starts whole, and backoffLimit 0 was not spent.
     let d = decide_with(&after(j, &d), &[], &cluster, at(51));
     assert_eq!(
-        d.actions,
-        vec![Action::CreatePods {
+        d.changes,
+        vec![Change::CreatePods {
             generation: 1,
             ranks: vec![0, 1, 2, 3]
         }]
@@ -183,8 +183,8 @@ fn a_drained_rank_is_a_disruption_and_its_peers_are_stopped() {
         (1, EndCause::Disruption, "EvictionByEvictionAPI")
     );
     assert_eq!(
-        d.actions,
-        vec![Action::DeletePods {
+        d.changes,
+        vec![Change::DeletePods {
             names: names(&[0, 2])
         }]
     );
@@ -211,13 +211,13 @@ fn an_out_of_service_node_is_lost_at_once_and_old_generations_there_are_forced_o
     observed.push(leftover);
     let d = decide_with(&j, &observed, &cluster, at(3));
     assert_eq!(
-        d.actions,
+        d.changes,
         vec![
-            Action::ForceDeletePods {
+            Change::ForceDeletePods {
                 names: vec!["mnist-worker-1-old".into()]
             },
-            Action::DeletePods { names: names(&[0]) },
-            Action::ForceDeletePods { names: names(&[1]) },
+            Change::DeletePods { names: names(&[0]) },
+            Change::ForceDeletePods { names: names(&[1]) },
         ]
     );
     assert!(
@@ -251,9 +251,9 @@ fn a_gang_without_room_waits_whole_and_starts_when_room_returns() {
     let j = with_status(job("mnist", None, 4), JobPhase::Restarting, 1, &[]);
     let d = decide_with(&j, &[], &room(&[("node-2", 2), ("node-3", 0)]), at(0));
     assert!(
-        d.actions.is_empty(),
+        d.changes.is_empty(),
         "no half-started gang: {:?}",
-        d.actions
+        d.changes
     );
     let blocked = condition(&d, condition::PODS_BLOCKED).expect("blocked");
     assert_eq!(blocked.reason, condition::INSUFFICIENT_CAPACITY);
@@ -279,8 +279,8 @@ fn a_gang_without_room_waits_whole_and_starts_when_room_returns() {
     let j = after(j, &d);
     let d = decide_with(&j, &[], &room(&[("node-1", 4), ("node-2", 2)]), at(9));
     assert_eq!(
-        d.actions,
-        vec![Action::CreatePods {
+        d.changes,
+        vec![Change::CreatePods {
             generation: 1,
             ranks: vec![0, 1, 2, 3]
         }]
@@ -392,8 +392,8 @@ fn a_gang_that_keeps_failing_backs_off_from_its_second_restart() {
         ];
         let d = decide(&j, &pods(&failed), at(now));
         assert_eq!(
-            d.actions,
-            vec![Action::DeletePods {
+            d.changes,
+            vec![Change::DeletePods {
                 names: names(&[0, 1])
             }],
             "generation {generation}"
@@ -404,14 +404,14 @@ fn a_gang_that_keeps_failing_backs_off_from_its_second_restart() {
         let d = decide(&j, &[], at(now + 1));
         if wait == 0 {
             assert_eq!(
-                d.actions,
-                vec![Action::CreatePods {
+                d.changes,
+                vec![Change::CreatePods {
                     generation: generation + 1,
                     ranks: vec![0, 1]
                 }]
             );
         } else {
-            assert!(d.actions.is_empty(), "{:?}", d.actions);
+            assert!(d.changes.is_empty(), "{:?}", d.changes);
             let c = condition(&d, condition::RESTARTING).expect("restarting");
             assert_eq!(c.reason, "BackOff");
             assert!(
@@ -429,11 +429,11 @@ fn a_gang_that_keeps_failing_backs_off_from_its_second_restart() {
             );
             j = after(j, &d);
             let early = decide(&j, &[], at(now + i64::try_from(wait).expect("wait") - 1));
-            assert!(early.actions.is_empty(), "not before the backoff ends");
+            assert!(early.changes.is_empty(), "not before the backoff ends");
             let d = decide(&j, &[], at(now + i64::try_from(wait).expect("wait")));
             assert_eq!(
-                d.actions,
-                vec![Action::CreatePods {
+                d.changes,
+                vec![Change::CreatePods {
                     generation: generation + 1,
                     ranks: vec![0, 1]
                 }]

@@ -1,4 +1,4 @@
-//! Table of (observed pods -> actions, status) cases, one per lifecycle rule.
+//! Table of (observed pods -> changes, status) cases, one per lifecycle rule.
 
 use super::*;
 use crate::nodes::Loss;
@@ -233,8 +233,8 @@ pub(super) fn names(ranks: &[u32]) -> Vec<String> {
 fn new_job_creates_every_rank_and_is_pending() {
     let d = decide(&job("mnist", None, 3), &[], at(0));
     assert_eq!(
-        d.actions,
-        vec![Action::CreatePods {
+        d.changes,
+        vec![Change::CreatePods {
             generation: 0,
             ranks: vec![0, 1, 2]
         }]
@@ -249,8 +249,8 @@ fn only_missing_ranks_are_created_and_created_condition_waits_for_all() {
     let j = with_status(job("mnist", None, 3), JobPhase::Pending, 0, &[]);
     let d = decide(&j, &pods(&[p(0, 0, "Pending")]), at(1));
     assert_eq!(
-        d.actions,
-        vec![Action::CreatePods {
+        d.changes,
+        vec![Change::CreatePods {
             generation: 0,
             ranks: vec![1, 2]
         }]
@@ -258,7 +258,7 @@ fn only_missing_ranks_are_created_and_created_condition_waits_for_all() {
     assert!(condition(&d, condition::CREATED).is_none());
     let all = pods(&[p(0, 0, "Pending"), p(1, 0, "Pending"), p(2, 0, "Pending")]);
     let d = decide(&j, &all, at(1));
-    assert!(d.actions.is_empty());
+    assert!(d.changes.is_empty());
     assert!(condition(&d, condition::CREATED).is_some());
     assert_eq!(d.events[0].reason, "Created");
     assert_eq!(d.status.ranks.len(), 3);
@@ -321,7 +321,7 @@ fn every_rank_exiting_zero_succeeds_with_rank0_result() {
     );
     assert!(condition(&d, condition::SUCCEEDED).is_some());
     // cleanPodPolicy Running (the default) keeps finished pods.
-    assert!(d.actions.is_empty());
+    assert!(d.changes.is_empty());
 }
 
 #[test]
@@ -356,8 +356,8 @@ fn exit_75_restarts_the_gang_with_next_generation() {
     );
     // The generation is stopped first: every pod of it deleted, the culprit recorded.
     assert_eq!(
-        d.actions,
-        vec![Action::DeletePods {
+        d.changes,
+        vec![Change::DeletePods {
             names: names(&[0, 1, 2])
         }]
     );
@@ -384,8 +384,8 @@ fn exit_75_restarts_the_gang_with_next_generation() {
     let j = after(j, &d);
     let d = decide(&j, &[], at(6));
     assert_eq!(
-        d.actions,
-        vec![Action::CreatePods {
+        d.changes,
+        vec![Change::CreatePods {
             generation: 1,
             ranks: vec![0, 1, 2]
         }]
@@ -423,12 +423,12 @@ fn new_generation_waits_for_old_pods_then_recreates() {
         ]),
         at(6),
     );
-    assert!(d.actions.is_empty(), "{:?}", d.actions);
+    assert!(d.changes.is_empty(), "{:?}", d.changes);
     // Old pods gone: the new generation is created.
     let d = decide(&j, &[], at(7));
     assert_eq!(
-        d.actions,
-        vec![Action::CreatePods {
+        d.changes,
+        vec![Change::CreatePods {
             generation: 1,
             ranks: vec![0, 1]
         }]
@@ -444,14 +444,14 @@ fn new_generation_waits_for_old_pods_then_recreates() {
 fn stale_pods_of_an_old_generation_are_deleted() {
     let j = with_status(job("mnist", None, 2), JobPhase::Running, 2, &[0]);
     let d = decide(&j, &pods(&[p(0, 2, "Running"), p(1, 1, "Running")]), at(3));
-    assert_eq!(d.actions, vec![Action::DeletePods { names: names(&[1]) }]);
+    assert_eq!(d.changes, vec![Change::DeletePods { names: names(&[1]) }]);
 }
 
 #[test]
 fn a_vanished_pod_is_a_retryable_failure() {
     let j = with_status(job("mnist", None, 2), JobPhase::Running, 0, &[0, 1]);
     let d = decide(&j, &pods(&[p(0, 0, "Running")]), at(3));
-    assert_eq!(d.actions, vec![Action::DeletePods { names: names(&[0]) }]);
+    assert_eq!(d.changes, vec![Change::DeletePods { names: names(&[0]) }]);
     assert!(
         condition(&d, condition::RESTARTING)
             .expect("c")
@@ -474,7 +474,7 @@ fn a_pod_deleted_by_someone_else_is_a_retryable_failure() {
         d.status.stopping.as_ref().map(|s| s.reason.as_str()),
         Some("PodDeleted")
     );
-    assert_eq!(d.actions, vec![Action::DeletePods { names: names(&[1]) }]);
+    assert_eq!(d.changes, vec![Change::DeletePods { names: names(&[1]) }]);
 }
 
 #[test]
@@ -520,7 +520,7 @@ fn permanent_exit_code_fails_under_exit_code_policy() {
         c.message
     );
     // cleanPodPolicy Running deletes the still-running rank 0.
-    assert_eq!(d.actions, vec![Action::DeletePods { names: names(&[0]) }]);
+    assert_eq!(d.changes, vec![Change::DeletePods { names: names(&[0]) }]);
 }
 
 #[test]
@@ -581,7 +581,7 @@ fn deadline_fails_the_job_and_requeues_before_it() {
         condition(&d, condition::FAILED).expect("c").reason,
         "DeadlineExceeded"
     );
-    assert_eq!(d.actions, vec![Action::DeletePods { names: names(&[0]) }]);
+    assert_eq!(d.changes, vec![Change::DeletePods { names: names(&[0]) }]);
 }
 
 #[test]
@@ -590,17 +590,17 @@ fn clean_pod_policy_all_and_none() {
     let finished = pods(&[p(0, 0, "Succeeded").exit(0), p(1, 0, "Running")]);
     j.spec.run_policy.clean_pod_policy = CleanPodPolicy::All;
     assert_eq!(
-        decide(&j, &finished, at(1)).actions,
-        vec![Action::DeletePods {
+        decide(&j, &finished, at(1)).changes,
+        vec![Change::DeletePods {
             names: names(&[0, 1])
         }]
     );
     j.spec.run_policy.clean_pod_policy = CleanPodPolicy::None;
-    assert!(decide(&j, &finished, at(1)).actions.is_empty());
+    assert!(decide(&j, &finished, at(1)).changes.is_empty());
     j.spec.run_policy.clean_pod_policy = CleanPodPolicy::Running;
     assert_eq!(
-        decide(&j, &finished, at(1)).actions,
-        vec![Action::DeletePods { names: names(&[1]) }]
+        decide(&j, &finished, at(1)).changes,
+        vec![Change::DeletePods { names: names(&[1]) }]
     );
 }
 
@@ -612,10 +612,10 @@ fn ttl_deletes_the_job_after_it_finished() {
         s.completion_time = Some(Time(at(10)));
     }
     let d = decide(&j, &[], at(20));
-    assert!(d.actions.is_empty());
+    assert!(d.changes.is_empty());
     assert_eq!(d.requeue_after, Some(Duration::from_secs(20)));
     let d = decide(&j, &[], at(40));
-    assert_eq!(d.actions, vec![Action::DeleteJob]);
+    assert_eq!(d.changes, vec![Change::DeleteJob]);
 }
 
 #[test]
@@ -624,8 +624,8 @@ fn suspend_deletes_pods_and_resume_recreates_them() {
     j.spec.run_policy.suspend = true;
     let d = decide(&j, &pods(&[p(0, 0, "Running"), p(1, 0, "Running")]), at(3));
     assert_eq!(
-        d.actions,
-        vec![Action::DeletePods {
+        d.changes,
+        vec![Change::DeletePods {
             names: names(&[0, 1])
         }]
     );
@@ -639,12 +639,12 @@ fn suspend_deletes_pods_and_resume_recreates_them() {
     // Pods still terminating from the suspension are not failures: resume waits for their names, and then creates
     // the gang whole.
     let d = decide(&j, &pods(&[p(0, 0, "Running").terminating()]), at(4));
-    assert!(d.actions.is_empty(), "{:?}", d.actions);
+    assert!(d.changes.is_empty(), "{:?}", d.changes);
     assert_eq!(d.status.phase, Some(JobPhase::Pending));
     let d = decide(&j, &[], at(5));
     assert_eq!(
-        d.actions,
-        vec![Action::CreatePods {
+        d.changes,
+        vec![Change::CreatePods {
             generation: 0,
             ranks: vec![0, 1]
         }]
@@ -878,7 +878,7 @@ fn decide_held(job: &RduJob, pods: &[Pod], now: Timestamp, hold: Option<&Hold>) 
 fn a_held_job_creates_no_pod_and_says_why() {
     let j = job("mnist", None, 2);
     let d = decide_held(&j, &[], at(1), Some(&held("Queued", false)));
-    assert!(d.actions.is_empty(), "{:?}", d.actions);
+    assert!(d.changes.is_empty(), "{:?}", d.changes);
     assert_eq!(d.status.phase, Some(JobPhase::Suspended));
     let c = condition(&d, condition::SUSPENDED).expect("Suspended");
     assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", "Queued"));
@@ -893,8 +893,8 @@ fn a_held_job_creates_no_pod_and_says_why() {
     j.status = Some(d.status);
     let d = decide_held(&j, &[], at(2), None);
     assert_eq!(
-        d.actions,
-        vec![Action::CreatePods {
+        d.changes,
+        vec![Change::CreatePods {
             generation: 0,
             ranks: vec![0, 1]
         }]
@@ -910,8 +910,8 @@ fn an_eviction_stops_the_gang_without_counting_and_resumes_it_whole() {
     let evicted = held("Evicted", true);
     let d = decide_held(&j, &running, at(3), Some(&evicted));
     assert_eq!(
-        d.actions,
-        vec![Action::DeletePods {
+        d.changes,
+        vec![Change::DeletePods {
             names: names(&[0, 1])
         }]
     );
@@ -936,8 +936,8 @@ fn an_eviction_stops_the_gang_without_counting_and_resumes_it_whole() {
     j.status = Some(d.status);
     let d = decide_held(&j, &[], at(5), None);
     assert_eq!(
-        d.actions,
-        vec![Action::CreatePods {
+        d.changes,
+        vec![Change::CreatePods {
             generation: 1,
             ranks: vec![0, 1]
         }]
@@ -976,7 +976,7 @@ fn pods_by_rank_keep_the_first_current_pod_of_each_rank() {
         hold: None,
         now: at(1),
         status: j.status.clone().unwrap_or_default(),
-        actions: Vec::new(),
+        changes: Vec::new(),
         events: Vec::new(),
         requeue_after: None,
     };
