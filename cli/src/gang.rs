@@ -513,6 +513,14 @@ mod tests {
         }
     }
 
+    /// What the watch's generation came to, after `before` restarts.
+    fn outcome(watch: Watch<'_>, before: Restarts) -> Want {
+        match watch.outcome() {
+            GenerationOutcome::Turned(turn) => want(turn, before),
+            other => panic!("{other:?}"),
+        }
+    }
+
     /// Plays `s` on the watch: the listed ends one at a time; the ranks not listed give up on their peers (75)
     /// within the failure grace.
     fn play(s: &Scenario) -> Want {
@@ -531,10 +539,7 @@ mod tests {
             watch.ended(rank, RankExit::Code(75));
         }
         assert!(watch.signals.is_empty(), "{}: {:?}", s.name, watch.signals);
-        match watch.outcome() {
-            GenerationOutcome::Turned(turn) => want(turn, s.restarts),
-            other => panic!("{}: {other:?}", s.name),
-        }
+        outcome(watch, s.restarts)
     }
 
     #[test]
@@ -562,10 +567,7 @@ mod tests {
         watch.ended(1, RankExit::Code(143));
         watch.ended(0, RankExit::Code(143));
         assert_eq!(
-            match watch.outcome() {
-                GenerationOutcome::Turned(turn) => want(turn, Restarts::default()),
-                other => panic!("{other:?}"),
-            },
+            outcome(watch, Restarts::default()),
             Want::Restart {
                 rank: 0,
                 counted: true
@@ -584,10 +586,7 @@ mod tests {
         assert_eq!(watch.signals, vec![(4_000_001, libc::SIGKILL)]);
         watch.ended(1, RankExit::Signal(9));
         assert_eq!(
-            match watch.outcome() {
-                GenerationOutcome::Turned(turn) => want(turn, Restarts::default()),
-                other => panic!("{other:?}"),
-            },
+            outcome(watch, Restarts::default()),
             Want::Restart {
                 rank: 1,
                 counted: true
