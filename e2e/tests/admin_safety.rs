@@ -27,7 +27,7 @@ use rdu_e2e::kit::{
     wait_status,
 };
 use rdu_e2e::{CHART_RELEASE, ControlPlane, SYSTEM_NAMESPACE, helm_template, kubectl, poll_until};
-use rdu_operator::validate::{Exception, Guard, POD_POLICY_RULES, Rule};
+use rdu_operator::{Exception, Guard, POD_POLICY_RULES, Rule};
 use serde_json::{Value, json};
 
 const TENANT: &str = "ml";

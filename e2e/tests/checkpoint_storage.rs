@@ -12,7 +12,7 @@ use rdu_e2e::kit::{
     wait_pods,
 };
 use rdu_e2e::poll_until;
-use rdu_operator::builders::{CHECKPOINT_CLAIM_VOLUME, CHECKPOINT_MOUNT, WORKER_FS_GROUP};
+use rdu_operator::{CHECKPOINT_CLAIM_VOLUME, CHECKPOINT_MOUNT, WORKER_FS_GROUP};
 use serde_json::{Value, json};
 
 const JOBS: &str = "jobs";

@@ -214,7 +214,7 @@ async fn queued_jobs_wait_for_admission_and_survive_preemption() {
     let mut bed = Bed {
         jobs: Api::namespaced(client.clone(), JOBS),
         pods: Api::namespaced(client.clone(), JOBS),
-        workloads: Api::namespaced_with(client, JOBS, &rdu_operator::kueue::workload_resource()),
+        workloads: Api::namespaced_with(client, JOBS, &rdu_operator::workload_resource()),
         plane,
     };
     let mut summary = serde_json::Map::new();
@@ -674,7 +674,7 @@ async fn no_job_runs_outside_or_beyond_its_queue() {
     let bed = Bed {
         jobs: Api::namespaced(client.clone(), JOBS),
         pods: Api::namespaced(client.clone(), JOBS),
-        workloads: Api::namespaced_with(client, JOBS, &rdu_operator::kueue::workload_resource()),
+        workloads: Api::namespaced_with(client, JOBS, &rdu_operator::workload_resource()),
         plane,
     };
 

@@ -35,7 +35,7 @@ const FLOOD: usize = 4000;
 const FLOOD_CONCURRENCY: usize = 32;
 /// Connections that dribble a request head one byte at a time.
 const SLOW_LORIS: usize = 100;
-/// The operator's header-read timeout (`rdu_operator::serve::PROGRESS_LIMITS`).
+/// The operator's header-read timeout (`rdu_operator::PROGRESS_LIMITS`).
 const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// Source addresses the flood comes from; the slow-loris has one of its own, rank 0 and the stranger 127.0.0.1.
 const ATTACKERS: usize = 8;
@@ -366,7 +366,7 @@ async fn a_flood_of_bogus_reports_costs_bounded_token_reviews_and_starves_no_one
          longest {longest:?}"
     );
     assert!(
-        held_long <= rdu_operator::serve::PROGRESS_LIMITS.max_per_client,
+        held_long <= rdu_operator::PROGRESS_LIMITS.max_per_client,
         "one client holds at most its share of the listener: {held_long}"
     );
     assert!(

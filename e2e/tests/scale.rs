@@ -350,7 +350,7 @@ async fn apply_to_pods_round(
         rdu_operator::validate(&created, &rdu_operator::Limits::default()).expect("valid job");
     let built: Vec<Pod> = (0..pods)
         .map(|rank| {
-            let mut pod = rdu_operator::builders::worker_pod(&valid, rank, 0);
+            let mut pod = rdu_operator::worker_pod(&valid, rank, 0);
             pod.metadata.namespace = Some(direct_ns.into());
             pod.metadata.owner_references = None;
             pod

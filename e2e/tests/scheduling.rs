@@ -73,7 +73,7 @@ async fn the_scheduler_packs_16_ranks_of_4_tiles_onto_two_32_tile_nodes_and_leav
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
     let job = rdu_operator::validate(&job, &rdu_operator::Limits::default()).expect("valid job");
     for rank in 0..17 {
-        let pod = rdu_operator::builders::worker_pod(&job, rank, 0);
+        let pod = rdu_operator::worker_pod(&job, rank, 0);
         let tiles = pod.spec.as_ref().unwrap().containers[0]
             .resources
             .as_ref()

@@ -69,8 +69,9 @@ pub fn router(health: Arc<Health>) -> Router {
         .with_state(health)
 }
 
-/// Serves the routes until the listener fails.
-pub async fn serve(listener: tokio::net::TcpListener, health: Arc<Health>) -> std::io::Result<()> {
+/// Serves the routes until the listener fails (the binary serves them with the progress routes, `crate::serve`).
+#[cfg(test)]
+async fn serve(listener: tokio::net::TcpListener, health: Arc<Health>) -> std::io::Result<()> {
     axum::serve(listener, router(health)).await
 }
 

@@ -11,9 +11,9 @@ use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 
 /// How long a lease holds without renewal.
-pub const LEASE_SECONDS: i32 = 15;
+pub(crate) const LEASE_SECONDS: i32 = 15;
 /// How often the holder renews.
-pub const RENEW_EVERY: Duration = Duration::from_secs(5);
+pub(crate) const RENEW_EVERY: Duration = Duration::from_secs(5);
 
 /// The label the leading replica puts on its own pod. The progress Service selects it: a standby is ready (so a
 /// rolling update can replace the leader) but takes no reports, so reports must reach the leader alone.
@@ -41,7 +41,7 @@ pub struct LeaderElector {
 }
 
 /// Whether a lease is free for `identity` at `now`: unheld, held by itself, or expired.
-pub fn can_take(spec: Option<&LeaseSpec>, identity: &str, now: Timestamp) -> bool {
+pub(crate) fn can_take(spec: Option<&LeaseSpec>, identity: &str, now: Timestamp) -> bool {
     let Some(spec) = spec else { return true };
     match spec.holder_identity.as_deref() {
         None | Some("") => true,

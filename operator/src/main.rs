@@ -14,20 +14,12 @@ use kube::api::{Api, DynamicObject};
 use kube::runtime::reflector::{Store, store::Writer};
 use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
 use rdu_crds::RduJob;
-use rdu_operator::health::Health;
-use rdu_operator::kueue;
-use rdu_operator::leader::{LeaderElector, OwnPod};
-use rdu_operator::metrics::Metrics;
-use rdu_operator::node_cache::NodeCache;
-use rdu_operator::progress::ProgressService;
-use rdu_operator::progress::token_review::ApiTokenReviewer;
-use rdu_operator::progress::writer::write_progress;
-use rdu_operator::serve::{HEALTH_LIMITS, PROGRESS_LIMITS, serve};
-use rdu_operator::slim;
-use rdu_operator::validate::DEFAULT_MAX_WORKERS_PER_JOB;
-use rdu_operator::validate::{Exception, PodPolicy};
-use rdu_operator::watches::{Synced, jobs_woken_by, node_watch, on_first_sync, pod_watch};
-use rdu_operator::{Context, Limits, Settings, error_policy, reconcile};
+use rdu_operator::{
+    ApiTokenReviewer, Context, DEFAULT_MAX_WORKERS_PER_JOB, Exception, HEALTH_LIMITS, Health,
+    KUEUE_JOB_UID_LABEL, LeaderElector, Limits, Metrics, NodeCache, OwnPod, PROGRESS_LIMITS,
+    PodPolicy, ProgressService, Settings, Synced, error_policy, jobs_woken_by, node_watch,
+    on_first_sync, pod_watch, reconcile, serve, slim_job, workload_resource, write_progress,
+};
 use tracing::{error, info, warn};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -188,7 +180,7 @@ async fn serve_endpoints(args: &Args, caches: &Caches) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.metrics_addr)
         .await
         .with_context(|| format!("cannot listen on --metrics-addr {}", args.metrics_addr))?;
-    let routes = rdu_operator::health::router(caches.health.clone());
+    let routes = rdu_operator::health_router(caches.health.clone());
     tokio::spawn(async move {
         if let Err(e) = serve(listener, routes, HEALTH_LIMITS).await {
             error!(error = %rdu_error_chain::Chain(&e), "metrics server stopped");
@@ -198,8 +190,7 @@ async fn serve_endpoints(args: &Args, caches: &Caches) -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind(args.progress_addr)
             .await
             .with_context(|| format!("cannot listen on --progress-addr {}", args.progress_addr))?;
-        let routes =
-            rdu_operator::progress::router(caches.progress.clone(), caches.metrics.clone());
+        let routes = rdu_operator::progress_router(caches.progress.clone(), caches.metrics.clone());
         tokio::spawn(async move {
             if let Err(e) = serve(listener, routes, PROGRESS_LIMITS).await {
                 error!(error = %rdu_error_chain::Chain(&e), "progress server stopped");
@@ -337,7 +328,7 @@ async fn run_controller(
     // so /readyz stayed 503.
     let synced = Synced::new(caches.health.clone(), 3);
     let job_events = watcher(jobs, watcher::Config::default())
-        .modify(slim::slim_job)
+        .modify(slim_job)
         .reflect(writers.jobs)
         .inspect_ok(on_first_sync(synced.clone()))
         .applied_objects();
@@ -357,12 +348,12 @@ async fn run_controller(
         });
     if args.kueue {
         // A Workload's admission, eviction or finish wakes the job that controls it.
-        let resource = kueue::workload_resource();
+        let resource = workload_resource();
         let workloads: Api<DynamicObject> = match &args.namespace {
             Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
             None => Api::all_with(client.clone(), &resource),
         };
-        let owned = watcher::Config::default().labels(kueue::JOB_UID_LABEL);
+        let owned = watcher::Config::default().labels(KUEUE_JOB_UID_LABEL);
         controller = controller.owns_with(workloads, resource, owned);
     }
     controller

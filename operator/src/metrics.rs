@@ -15,7 +15,7 @@ use rdu_crds::{JobPhase, RduJob};
 use crate::step::Step;
 
 /// Every phase of DESIGN 4.1, in the order /metrics lists them.
-pub const PHASES: [JobPhase; 6] = [
+pub(crate) const PHASES: [JobPhase; 6] = [
     JobPhase::Pending,
     JobPhase::Running,
     JobPhase::Restarting,
@@ -130,7 +130,9 @@ impl std::fmt::Debug for JobsByPhase {
 }
 
 /// How many of `jobs` are in each phase, in the order of [`PHASES`].
-pub fn count_by_phase<'a>(jobs: impl IntoIterator<Item = &'a RduJob>) -> [(JobPhase, u64); 6] {
+pub(crate) fn count_by_phase<'a>(
+    jobs: impl IntoIterator<Item = &'a RduJob>,
+) -> [(JobPhase, u64); 6] {
     let mut counts = PHASES.map(|p| (p, 0u64));
     for job in jobs {
         let phase = job

@@ -87,7 +87,7 @@ impl NodeCache {
 }
 
 /// What one rank pod of `job` asks of a node: its tiles, and the template's tolerations and node selector.
-pub fn rank_needs(job: &RduJob) -> RankNeeds {
+pub(crate) fn rank_needs(job: &RduJob) -> RankNeeds {
     let template = job.spec.template.as_ref().and_then(|t| t.spec.as_ref());
     RankNeeds {
         resource: consts::TILE_RESOURCE.to_string(),

@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 /// The taint an administrator puts on a node that is shut down for good (non-graceful node shutdown): its pods
 /// may be deleted at once.
-pub const OUT_OF_SERVICE_TAINT: &str = "node.kubernetes.io/out-of-service";
+pub(crate) const OUT_OF_SERVICE_TAINT: &str = "node.kubernetes.io/out-of-service";
 
 /// What the lifecycle knows of the cluster beyond the job's own pods.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -47,7 +47,7 @@ impl Loss {
 }
 
 /// Whether the pods of `node` (None: no such Node) are lost.
-pub fn loss(node: Option<&Node>) -> Option<Loss> {
+pub(crate) fn loss(node: Option<&Node>) -> Option<Loss> {
     let Some(node) = node else {
         return Some(Loss::Deleted);
     };
@@ -62,7 +62,7 @@ pub fn loss(node: Option<&Node>) -> Option<Loss> {
 /// disruption", which it takes for a fault of the control plane or of the network in front of it rather than of
 /// the nodes, and evicts nothing. An API server outage leaves every kubelet's heartbeat stale together; the
 /// operator then loses no node either (deleted and out-of-service nodes are still lost).
-pub fn fully_disrupted<'a>(nodes: impl IntoIterator<Item = &'a Node>) -> bool {
+pub(crate) fn fully_disrupted<'a>(nodes: impl IntoIterator<Item = &'a Node>) -> bool {
     let mut any = false;
     for node in nodes {
         if ready(node).as_deref() != Some("Unknown") {
@@ -86,7 +86,7 @@ fn ready(node: &Node) -> Option<String> {
 
 /// What of a node matters to the jobs: whether it is ready, cordoned, tainted, and how many devices it offers.
 /// A node's watch events that leave this unchanged (heartbeats, images, conditions of other kinds) wake no job.
-pub fn fingerprint(node: &Node) -> u64 {
+pub(crate) fn fingerprint(node: &Node) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     ready(node).hash(&mut hasher);
@@ -104,7 +104,7 @@ pub fn fingerprint(node: &Node) -> u64 {
 
 /// What a rank pod needs of a node: `count` of `resource`, the pod's tolerations and node selector.
 #[derive(Clone, Debug, Default)]
-pub struct RankNeeds {
+pub(crate) struct RankNeeds {
     pub resource: String,
     pub count: u64,
     pub tolerations: Vec<Toleration>,
@@ -158,7 +158,7 @@ impl Room {
 /// pod of every RduJob; a terminating pod still holds its devices). Pods that request the resource outside
 /// RduJobs are not seen: the scheduler stays the judge, and this only keeps a gang from starting by halves when
 /// the cluster visibly cannot hold it.
-pub fn room<'a>(
+pub(crate) fn room<'a>(
     needs: &RankNeeds,
     nodes: impl IntoIterator<Item = &'a Node>,
     pods: impl IntoIterator<Item = &'a Pod>,
@@ -232,7 +232,7 @@ fn ineligible(node: &Node, needs: &RankNeeds) -> Option<String> {
 }
 
 /// Whether `toleration` tolerates `taint`, by Kubernetes' rules.
-pub fn tolerates(toleration: &Toleration, taint: &Taint) -> bool {
+pub(crate) fn tolerates(toleration: &Toleration, taint: &Taint) -> bool {
     if let Some(effect) = toleration.effect.as_deref().filter(|e| !e.is_empty())
         && effect != taint.effect
     {

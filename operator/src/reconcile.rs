@@ -28,13 +28,13 @@ use crate::step::ReconcileError;
 use crate::validate::ValidJob;
 
 /// How often a job is looked at again when no timer or watch event asks sooner.
-pub const RESYNC: Duration = Duration::from_secs(300);
+pub(crate) const RESYNC: Duration = Duration::from_secs(300);
 /// How soon a job whose cached status is behind the operator's own write is looked at again (its watch event
 /// usually wakes it sooner).
-pub const WAIT_FOR_STATUS: Duration = Duration::from_secs(1);
+pub(crate) const WAIT_FOR_STATUS: Duration = Duration::from_secs(1);
 /// How soon a job waiting for an object to go away (an earlier job's child the garbage collector removes) is
 /// looked at again.
-pub const WAIT_FOR_LEAVING: Duration = Duration::from_secs(2);
+pub(crate) const WAIT_FOR_LEAVING: Duration = Duration::from_secs(2);
 
 /// What the fetch step read.
 enum Fetch {
@@ -72,7 +72,7 @@ pub fn error_policy(job: Arc<RduJob>, error: &ReconcileError, _ctx: Arc<Context>
 
 /// The key of a job's pod expectations: its uid (a job deleted and created again under the same name is another
 /// job; the apply step records a valid job's writes under `ValidJob::uid`), else its namespace and name.
-pub fn job_key(job: &RduJob) -> String {
+pub(crate) fn job_key(job: &RduJob) -> String {
     job.metadata.uid.clone().unwrap_or_else(|| {
         format!(
             "{}/{}",
@@ -239,7 +239,7 @@ fn newest_generation(pods: &[Arc<Pod>]) -> Option<u32> {
 /// The pods of job `name` (uid `uid`) in namespace `ns` held by the cache: those labelled
 /// `rdu.dev/job-name=<name>` whose controller is the job. A pod labelled alike that the job does not control is
 /// someone else's: neither counted nor deleted.
-pub fn cached_pods(store: &Store<Pod>, ns: &str, name: &str, uid: &str) -> Vec<Arc<Pod>> {
+pub(crate) fn cached_pods(store: &Store<Pod>, ns: &str, name: &str, uid: &str) -> Vec<Arc<Pod>> {
     store.state_filter(|pod| {
         pod.metadata.namespace.as_deref() == Some(ns)
             && pod
@@ -281,7 +281,7 @@ async fn write_status(
 /// The object server-side apply needs for the status subresource. `progress` is left out: the progress endpoint
 /// owns it under its own field manager, and an apply from this one must neither take it over nor roll it back to
 /// what the cache held.
-pub fn status_patch(status: &RduJobStatus) -> serde_json::Value {
+pub(crate) fn status_patch(status: &RduJobStatus) -> serde_json::Value {
     let status = RduJobStatus {
         progress: None,
         ..status.clone()

@@ -18,7 +18,7 @@ const OWN_PREFIX: &str = "rdu.dev/";
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// Whether an RduJob is `meta`'s controller (any RduJob: a deleted job's pods are still waited for).
-pub fn controlled_by_an_rdujob(meta: &ObjectMeta) -> bool {
+pub(crate) fn controlled_by_an_rdujob(meta: &ObjectMeta) -> bool {
     meta.owner_references.iter().flatten().any(|o| {
         o.controller == Some(true) && o.kind == "RduJob" && o.api_version.starts_with("rdu.dev/")
     })
@@ -26,7 +26,7 @@ pub fn controlled_by_an_rdujob(meta: &ObjectMeta) -> bool {
 
 /// The pod watch's event as the cache should see it: a pod no RduJob controls is never stored (an update that
 /// makes a cached pod someone else's removes it), and every other pod is slimmed by [`slim_pod`].
-pub fn own_pods_only(event: Event<Pod>) -> Option<Event<Pod>> {
+pub(crate) fn own_pods_only(event: Event<Pod>) -> Option<Event<Pod>> {
     match event {
         Event::Apply(pod) | Event::Delete(pod) if !controlled_by_an_rdujob(&pod.metadata) => {
             Some(Event::Delete(identity_only(pod)))
@@ -38,7 +38,7 @@ pub fn own_pods_only(event: Event<Pod>) -> Option<Event<Pod>> {
 }
 
 /// Keeps of `pod` what the operator reads.
-pub fn slim_pod(pod: &mut Pod) {
+pub(crate) fn slim_pod(pod: &mut Pod) {
     let meta = &mut pod.metadata;
     meta.managed_fields = None;
     keep_own(&mut meta.labels);

@@ -2,7 +2,7 @@
 
 mod support;
 
-use rdu_operator::leader::{LEADER_LABEL, LeaderElector, OwnPod};
+use rdu_operator::{LEADER_LABEL, LeaderElector, OwnPod};
 use support::fake_api::FakeApi;
 
 const LEASE: &str = "/apis/coordination.k8s.io/v1/namespaces/ops/leases/rdu-operator";

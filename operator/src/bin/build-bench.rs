@@ -5,8 +5,8 @@ use std::time::Instant;
 
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use rdu_crds::RduJob;
-use rdu_operator::builders::{headless_service, token_secret, worker_pod};
 use rdu_operator::{Limits, decide, validate};
+use rdu_operator::{headless_service, token_secret, worker_pod};
 
 const REPETITIONS: usize = 21;
 const TARGET_MS: f64 = 50.0;
@@ -57,7 +57,7 @@ fn build_and_diff(raw: &RduJob, observed: &[Pod]) -> anyhow::Result<usize> {
     let decision = decide(
         &job,
         observed,
-        &rdu_operator::nodes::ClusterView::default(),
+        &rdu_operator::ClusterView::default(),
         jiff::Timestamp::now(),
         None,
     );

@@ -16,7 +16,7 @@ use crate::validate::{Checkpointing, ValidJob};
 /// Where checkpoints are written inside the worker container.
 pub const CHECKPOINT_MOUNT: &str = "/var/lib/rdu/checkpoints";
 /// Name of the emptyDir volume used for checkpoints when the spec names none.
-pub const CHECKPOINT_VOLUME: &str = "rdu-checkpoints";
+pub(crate) const CHECKPOINT_VOLUME: &str = "rdu-checkpoints";
 /// Name of rank 0's pod volume for the claim of `spec.checkpoint.volumeClaimTemplate`.
 pub const CHECKPOINT_CLAIM_VOLUME: &str = "rdu-checkpoint-claim";
 /// The group the worker image runs as (`USER 65532:65532` in docker/Dockerfile, target worker).
@@ -24,7 +24,7 @@ pub const WORKER_FS_GROUP: i64 = 65532;
 
 /// The checkpoint storage of one rank's pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum CheckpointStorage {
+pub(crate) enum CheckpointStorage {
     /// No checkpointing, or a rank that never touches checkpoints (not rank 0, with a claim).
     None,
     /// An emptyDir `rdu-checkpoints`: dies with the pod.
@@ -37,7 +37,7 @@ pub enum CheckpointStorage {
 
 impl CheckpointStorage {
     /// The storage of `rank`'s pod.
-    pub fn of(checkpointing: &Checkpointing, rank: u32) -> Self {
+    pub(crate) fn of(checkpointing: &Checkpointing, rank: u32) -> Self {
         match checkpointing {
             Checkpointing::Off => CheckpointStorage::None,
             Checkpointing::EmptyDir => CheckpointStorage::EmptyDir,
@@ -48,7 +48,7 @@ impl CheckpointStorage {
     }
 
     /// The name of the pod volume the worker mounts at [`CHECKPOINT_MOUNT`], if any.
-    pub fn volume_name(&self) -> Option<&str> {
+    pub(crate) fn volume_name(&self) -> Option<&str> {
         match self {
             CheckpointStorage::None => None,
             CheckpointStorage::EmptyDir => Some(CHECKPOINT_VOLUME),
@@ -59,7 +59,7 @@ impl CheckpointStorage {
 
     /// Adds the volume the operator provides (a template volume is the user's) and, for the claim of job `job`,
     /// the fsGroup that makes it writable.
-    pub fn add_to_pod(&self, job: &str, spec: &mut PodSpec) {
+    pub(crate) fn add_to_pod(&self, job: &str, spec: &mut PodSpec) {
         let volume = match self {
             CheckpointStorage::None | CheckpointStorage::Template(_) => return,
             CheckpointStorage::EmptyDir => Volume {
@@ -99,7 +99,7 @@ fn writable_by_the_worker(spec: &mut PodSpec) {
 
 /// The claim `<job>-checkpoints` of `spec.checkpoint.volumeClaimTemplate`, owned by the job (never by a pod, so
 /// gang restarts keep it; garbage collection removes it with the job). `None` without a claim template.
-pub fn checkpoint_claim(job: &ValidJob) -> Option<PersistentVolumeClaim> {
+pub(crate) fn checkpoint_claim(job: &ValidJob) -> Option<PersistentVolumeClaim> {
     let Checkpointing::Claim(spec) = &job.checkpoint else {
         return None;
     };

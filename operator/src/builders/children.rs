@@ -18,9 +18,10 @@ use super::meta::{child_meta, job_labels};
 use crate::validate::{Gang, ValidJob};
 
 /// Label scheduler-plugins' coscheduling uses to tie a pod to its PodGroup.
-pub const POD_GROUP_LABEL: &str = "scheduling.x-k8s.io/pod-group";
+pub(crate) const POD_GROUP_LABEL: &str = "scheduling.x-k8s.io/pod-group";
 /// Group, version and kind of scheduler-plugins' PodGroup.
-pub const POD_GROUP_GVK: (&str, &str, &str) = ("scheduling.x-k8s.io", "v1alpha1", "PodGroup");
+pub(crate) const POD_GROUP_GVK: (&str, &str, &str) =
+    ("scheduling.x-k8s.io", "v1alpha1", "PodGroup");
 
 /// The headless Service giving every rank `<pod>.<job>.<ns>.svc`, resolvable before readiness.
 pub fn headless_service(job: &ValidJob) -> Service {
@@ -62,13 +63,13 @@ pub fn token_secret(job: &ValidJob, generation: u32, token: &str) -> Secret {
 }
 
 /// The API resource of scheduler-plugins' PodGroup.
-pub fn pod_group_resource() -> ApiResource {
+pub(crate) fn pod_group_resource() -> ApiResource {
     let (group, version, kind) = POD_GROUP_GVK;
     ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind))
 }
 
 /// The coscheduling PodGroup of a gang job: none of its pods binds until `minAvailable` of them fit.
-pub fn pod_group(job: &ValidJob, gang: Gang) -> DynamicObject {
+pub(crate) fn pod_group(job: &ValidJob, gang: Gang) -> DynamicObject {
     let mut group = DynamicObject::new(job.name, &pod_group_resource());
     group.metadata = child_meta(job, job.name.to_string());
     group.data = serde_json::json!({
@@ -79,7 +80,7 @@ pub fn pod_group(job: &ValidJob, gang: Gang) -> DynamicObject {
 
 /// The pod of the rank `contract` describes (rank, generation, its env), with `spec.template` merged in, its
 /// checkpoint storage and the restricted profile's fields the template leaves unset filled in.
-pub fn contract_pod(job: &ValidJob, contract: &RankEnv) -> Pod {
+pub(crate) fn contract_pod(job: &ValidJob, contract: &RankEnv) -> Pod {
     let (rank, generation) = (contract.rank, contract.generation);
     let name = job.name;
     let pod_name = consts::pod_name(name, rank);

@@ -12,7 +12,7 @@ use crate::validate::ValidJob;
 /// The contract of `rank` at `generation`: the job's identity and spec, the checkpoint directory when the rank
 /// mounts checkpoint storage, and for rank 0 the TensorBoard directory when the job asks for one and the progress
 /// endpoint when the operator takes reports at `progress_url`.
-pub fn rank_contract(
+pub(crate) fn rank_contract(
     job: &ValidJob,
     rank: u32,
     generation: u32,
@@ -34,7 +34,7 @@ pub fn rank_contract(
 
 /// The contract as `EnvVar`s: its literal values, then the token from its generation's Secret and the node and pod IP
 /// from the downward API.
-pub fn container_env(contract: &RankEnv) -> Vec<EnvVar> {
+pub(crate) fn container_env(contract: &RankEnv) -> Vec<EnvVar> {
     let literals = contract
         .literal_vars()
         .into_iter()

@@ -9,10 +9,10 @@
 use k8s_openapi::api::core::v1::{Container, PodSpec, SeccompProfile};
 
 /// The seccomp profile every rank gets unless the template states one.
-pub const SECCOMP_PROFILE: &str = "RuntimeDefault";
+pub(crate) const SECCOMP_PROFILE: &str = "RuntimeDefault";
 
 /// Fills in the restricted profile's fields that `spec` (the merged template) leaves unset.
-pub fn harden(spec: &mut PodSpec) {
+pub(crate) fn harden(spec: &mut PodSpec) {
     spec.automount_service_account_token.get_or_insert(false);
     let pod = spec.security_context.get_or_insert_with(Default::default);
     // A template that names uid 0 asked for root: adding runAsNonRoot would only make the kubelet refuse it.

@@ -9,17 +9,12 @@ use rdu_crds::consts;
 use crate::validate::ValidJob;
 
 /// Labels every child of job `job` carries.
-pub fn job_labels(job: &str) -> BTreeMap<String, String> {
+pub(crate) fn job_labels(job: &str) -> BTreeMap<String, String> {
     BTreeMap::from([(consts::LABEL_JOB_NAME.to_string(), job.to_string())])
 }
 
-/// Label selector matching every pod labelled as job `job`'s (whose they are is judged on top, by the ownership module).
-pub fn job_selector(job: &str) -> String {
-    format!("{}={job}", consts::LABEL_JOB_NAME)
-}
-
 /// Name, namespace, labels and the owner reference of a child of the job.
-pub fn child_meta(job: &ValidJob, name: String) -> ObjectMeta {
+pub(crate) fn child_meta(job: &ValidJob, name: String) -> ObjectMeta {
     ObjectMeta {
         name: Some(name),
         namespace: Some(job.namespace.to_string()),

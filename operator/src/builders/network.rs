@@ -15,12 +15,12 @@ use super::meta::{child_meta, job_labels};
 use crate::validate::ValidJob;
 
 /// Name of a job's NetworkPolicy.
-pub fn network_policy_name(job: &str) -> String {
+pub(crate) fn network_policy_name(job: &str) -> String {
     format!("{job}-workers")
 }
 
 /// The job's NetworkPolicy (owned by the job, garbage-collected with it).
-pub fn network_policy(job: &ValidJob) -> NetworkPolicy {
+pub(crate) fn network_policy(job: &ValidJob) -> NetworkPolicy {
     let same_job = LabelSelector {
         match_labels: Some(job_labels(job.name)),
         ..Default::default()

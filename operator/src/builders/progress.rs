@@ -12,14 +12,14 @@ use rdu_crds::consts;
 use super::worker_container::mount_in_worker;
 
 /// Name of the projected token volume in rank 0's pod.
-pub const PROGRESS_TOKEN_VOLUME: &str = "rdu-progress-token";
+pub(crate) const PROGRESS_TOKEN_VOLUME: &str = "rdu-progress-token";
 /// The token's file inside [`consts::PROGRESS_TOKEN_DIR`].
-pub const PROGRESS_TOKEN_FILE: &str = "token";
+pub(crate) const PROGRESS_TOKEN_FILE: &str = "token";
 /// The token's lifetime; the kubelet renews it at 80% of it.
-pub const PROGRESS_TOKEN_SECONDS: i64 = 3600;
+pub(crate) const PROGRESS_TOKEN_SECONDS: i64 = 3600;
 
 /// Where rank 0 reports to the operator at `url`, and the token it shows.
-pub fn progress_endpoint(url: &str) -> ProgressEndpoint {
+pub(crate) fn progress_endpoint(url: &str) -> ProgressEndpoint {
     ProgressEndpoint {
         url: url.trim_end_matches('/').to_string(),
         token_file: format!("{}/{PROGRESS_TOKEN_FILE}", consts::PROGRESS_TOKEN_DIR),
@@ -28,7 +28,7 @@ pub fn progress_endpoint(url: &str) -> ProgressEndpoint {
 
 /// Rank 0's pod holding its progress token: the projected token volume, and its read-only mount in the worker
 /// container.
-pub fn add_progress_token(pod: &mut Pod) {
+pub(crate) fn add_progress_token(pod: &mut Pod) {
     let Some(spec) = pod.spec.as_mut() else {
         return;
     };

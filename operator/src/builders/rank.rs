@@ -12,7 +12,12 @@ use crate::validate::ValidJob;
 
 /// The pod of `rank` at `generation`; rank 0's reports progress when the operator takes reports at `progress_url`,
 /// and writes TensorBoard events when the job asks.
-pub fn rank_pod(job: &ValidJob, rank: u32, generation: u32, progress_url: Option<&str>) -> Pod {
+pub(crate) fn rank_pod(
+    job: &ValidJob,
+    rank: u32,
+    generation: u32,
+    progress_url: Option<&str>,
+) -> Pod {
     let contract = rank_contract(job, rank, generation, progress_url);
     let mut pod = contract_pod(job, &contract);
     if let (Some(_), Some(log)) = (&contract.tensorboard_dir, &job.tensorboard) {

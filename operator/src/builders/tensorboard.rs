@@ -9,10 +9,10 @@ use super::worker_container::mount_in_worker;
 use crate::validate::TensorBoardLog;
 
 /// Name of the emptyDir used when `spec.tensorboard.volume` is unset.
-pub const TENSORBOARD_VOLUME: &str = "rdu-tensorboard";
+pub(crate) const TENSORBOARD_VOLUME: &str = "rdu-tensorboard";
 
 /// Rank 0's pod with the volume of `log` mounted where it writes TensorBoard events.
-pub fn add_tensorboard(pod: &mut Pod, log: &TensorBoardLog) {
+pub(crate) fn add_tensorboard(pod: &mut Pod, log: &TensorBoardLog) {
     let Some(spec) = pod.spec.as_mut() else {
         return;
     };

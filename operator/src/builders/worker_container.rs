@@ -5,7 +5,7 @@ use rdu_crds::consts::WORKER_CONTAINER;
 
 /// Mounts `mount` in `spec`'s worker container; a spec without one (refused by validation before any pod is
 /// built) is left as it is.
-pub fn mount_in_worker(spec: &mut PodSpec, mount: VolumeMount) {
+pub(crate) fn mount_in_worker(spec: &mut PodSpec, mount: VolumeMount) {
     if let Some(worker) = spec
         .containers
         .iter_mut()

@@ -10,28 +10,28 @@
 //! admission puts the pods, `plan` decides (pure), `patches` are the status writes Kueue expects, `sync` is the
 //! only part that talks to the API server.
 
-pub mod patches;
-pub mod plan;
-pub mod sync;
-pub mod types;
-pub mod view;
-pub mod workload;
+pub(crate) mod patches;
+pub(crate) mod plan;
+pub(crate) mod sync;
+pub(crate) mod types;
+pub(crate) mod view;
+pub(crate) mod workload;
 
 use kube::core::{ApiResource, GroupVersionKind};
 
 /// The label that puts a job in a LocalQueue.
-pub const QUEUE_LABEL: &str = "kueue.x-k8s.io/queue-name";
+pub(crate) const QUEUE_LABEL: &str = "kueue.x-k8s.io/queue-name";
 /// The label naming the owner job's UID on its Workload.
 pub const JOB_UID_LABEL: &str = "kueue.x-k8s.io/job-uid";
 /// The one pod set of an RduJob's Workload (Kueue's default name).
-pub const POD_SET: &str = "main";
+pub(crate) const POD_SET: &str = "main";
 /// The label Kueue puts on the pods of a pod set.
-pub const POD_SET_LABEL: &str = "kueue.x-k8s.io/podset";
+pub(crate) const POD_SET_LABEL: &str = "kueue.x-k8s.io/podset";
 /// The field manager of the admission part of a Workload's status (Kueue's `kueue-admission`): releasing the quota
 /// and finishing are applied under it, as Kueue's own job controllers apply them.
-pub const ADMISSION_MANAGER: &str = "kueue-admission";
+pub(crate) const ADMISSION_MANAGER: &str = "kueue-admission";
 /// The field manager of the `PodsReady` condition (Kueue's job controllers: `kueue-job-controller-PodsReady`).
-pub const PODS_READY_MANAGER: &str = "kueue-job-controller-PodsReady";
+pub(crate) const PODS_READY_MANAGER: &str = "kueue-job-controller-PodsReady";
 
 /// Kueue's Workload resource (`kueue.x-k8s.io/v1beta2`).
 pub fn workload_resource() -> ApiResource {
@@ -42,7 +42,7 @@ pub fn workload_resource() -> ApiResource {
 }
 
 /// Kueue's ResourceFlavor resource (cluster-scoped).
-pub fn flavor_resource() -> ApiResource {
+pub(crate) fn flavor_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("kueue.x-k8s.io", "v1beta2", "ResourceFlavor"),
         "resourceflavors",
@@ -50,7 +50,7 @@ pub fn flavor_resource() -> ApiResource {
 }
 
 /// The LocalQueue a job asks for, if it asks for one.
-pub fn queue_name(job: &rdu_crds::RduJob) -> Option<&str> {
+pub(crate) fn queue_name(job: &rdu_crds::RduJob) -> Option<&str> {
     job.metadata
         .labels
         .as_ref()?

@@ -82,7 +82,7 @@ fn set_condition(
 }
 
 /// The `PodsReady` condition alone (field manager `kueue-job-controller-PodsReady`).
-pub fn pods_ready(
+pub(crate) fn pods_ready(
     workload: &Workload,
     ready: bool,
     reason: &str,
@@ -112,7 +112,7 @@ pub fn pods_ready(
 }
 
 /// A change to the admission part of the status.
-pub enum AdmissionChange<'a> {
+pub(crate) enum AdmissionChange<'a> {
     /// `UnsetQuotaReservationWithCondition("Pending", message)`, `SetRequeuedCondition` and `SyncAdmittedCondition`.
     Release {
         requeued: bool,
@@ -124,7 +124,7 @@ pub enum AdmissionChange<'a> {
 }
 
 /// The admission manager's part of the status after `change` (field manager `kueue-admission`, strict).
-pub fn admission(workload: &Workload, change: AdmissionChange<'_>, now: Timestamp) -> Value {
+pub(crate) fn admission(workload: &Workload, change: AdmissionChange<'_>, now: Timestamp) -> Value {
     let live = workload.status();
     let generation = workload.metadata.generation;
     let mut out = WorkloadStatus {

@@ -8,7 +8,7 @@ use super::view::{Condition, PodSetAsk, WorkloadView};
 
 /// Whether a queued job may have pods.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Gate {
+pub(crate) enum Gate {
     /// Kueue admitted the Workload: the pods may run.
     Admitted,
     /// No pod may exist: the lifecycle holds the job as suspended, with this reason and message.
@@ -19,20 +19,20 @@ pub enum Gate {
 }
 
 /// `Held`'s reason while the Workload waits for admission.
-pub const QUEUED: &str = "Queued";
+pub(crate) const QUEUED: &str = "Queued";
 /// `Held`'s reason once Kueue evicted the Workload (preemption, a PodsReady timeout, deactivation…).
-pub const EVICTED: &str = "Evicted";
+pub(crate) const EVICTED: &str = "Evicted";
 
 /// `Held`'s reason when the Workload of the job's name is not the job's.
-pub const WORKLOAD_CONFLICT: &str = "WorkloadConflict";
+pub(crate) const WORKLOAD_CONFLICT: &str = "WorkloadConflict";
 /// `Held`'s reason when the job asks for more or other than its Workload was queued (and admitted) for.
-pub const WORKLOAD_OUTDATED: &str = "WorkloadOutdated";
+pub(crate) const WORKLOAD_OUTDATED: &str = "WorkloadOutdated";
 
 /// Whether `workload`, found under the job's Workload name, may stand for the job (UID `job_uid`) that would
 /// ask for `now` today: controlled by the job, and asking what the job asks. A job whose `workers`,
 /// `tilesPerWorker` or template changed after it was queued is held, so no generation runs on an admission
 /// granted for less; restoring the fields lets it run again.
-pub fn vet(workload: &WorkloadView, job_uid: &str, now: &PodSetAsk) -> Option<Gate> {
+pub(crate) fn vet(workload: &WorkloadView, job_uid: &str, now: &PodSetAsk) -> Option<Gate> {
     if workload.controller_uid.as_deref() != Some(job_uid) {
         return Some(Gate::Held {
             reason: WORKLOAD_CONFLICT,
@@ -74,7 +74,7 @@ fn describe(requests: &[(String, String, String)]) -> String {
 }
 
 /// Whether job pods may exist, given its Workload (`None`: not created yet) in LocalQueue `queue`.
-pub fn gate(workload: Option<&WorkloadView>, queue: &str) -> Gate {
+pub(crate) fn gate(workload: Option<&WorkloadView>, queue: &str) -> Gate {
     match workload {
         None => Gate::Held {
             reason: QUEUED,
@@ -105,7 +105,7 @@ pub fn gate(workload: Option<&WorkloadView>, queue: &str) -> Gate {
 }
 
 /// The job's `status.queue`: LocalQueue `queue` and where its Workload (`None`: not created yet) stands.
-pub fn queue_status(workload: Option<&WorkloadView>, queue: &str) -> QueueStatus {
+pub(crate) fn queue_status(workload: Option<&WorkloadView>, queue: &str) -> QueueStatus {
     let state = match workload {
         None => QueueState::Queued,
         Some(w) if w.finished => QueueState::Finished,
@@ -121,7 +121,7 @@ pub fn queue_status(workload: Option<&WorkloadView>, queue: &str) -> QueueStatus
 
 /// The job's `status.queue` once `writes` landed: a reconcile that finishes the Workload shows `Finished` in the
 /// same status write that says the job ended, not one reconcile later.
-pub fn queue_status_after(before: &QueueStatus, writes: &[Write]) -> QueueStatus {
+pub(crate) fn queue_status_after(before: &QueueStatus, writes: &[Write]) -> QueueStatus {
     let finished = writes.iter().any(|w| matches!(w, Write::Finish { .. }));
     QueueStatus {
         name: before.name.clone(),
@@ -135,7 +135,7 @@ pub fn queue_status_after(before: &QueueStatus, writes: &[Write]) -> QueueStatus
 
 /// A write to the Workload.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Write {
+pub(crate) enum Write {
     /// `spec.active`: false while `spec.runPolicy.suspend` is true (Kueue then evicts and releases the quota).
     SetActive(bool),
     /// The `PodsReady` condition (Kueue's reasons: `WaitForStart`, `WaitForRecovery`, `Started`, `Recovered`).
@@ -157,7 +157,7 @@ pub enum Write {
 
 /// What the Workload must be told after the lifecycle produced `status` for a job whose spec asks
 /// `suspend`, with `live_pods` of its pods still there (not yet deleted).
-pub fn writes(
+pub(crate) fn writes(
     w: &WorkloadView,
     suspend: bool,
     status: &RduJobStatus,

@@ -73,7 +73,7 @@ impl KueueError {
 
 /// What the step read before the lifecycle: the gate, the Workload (as it is on the server) and, once admitted,
 /// where its pods go.
-pub struct Queued {
+pub(crate) struct Queued {
     pub gate: Gate,
     /// What the job's `status.queue` says.
     pub status: rdu_crds::QueueStatus,
@@ -83,7 +83,7 @@ pub struct Queued {
 
 /// Reads job's Workload in LocalQueue `queue`, creating it when it does not exist and the job has not ended;
 /// `rank0` is rank 0's pod as the builders make it (the pod set's template comes from it).
-pub async fn before(
+pub(crate) async fn before(
     client: &kube::Client,
     job: &RduJob,
     valid: &ValidJob<'_>,
@@ -214,7 +214,7 @@ async fn priority_of(client: &kube::Client, class: &str) -> Result<i32, KueueErr
 
 /// Writes to the Workload what the lifecycle's `status` (with `live_pods` pods not yet deleted) calls for, and
 /// returns what the job's `status.queue` says once they landed.
-pub async fn after(
+pub(crate) async fn after(
     client: &kube::Client,
     job: &RduJob,
     queued: &Queued,

@@ -15,7 +15,7 @@ pub(crate) const KIND: &str = "Workload";
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
-pub struct Workload {
+pub(crate) struct Workload {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub api_version: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -30,7 +30,7 @@ pub struct Workload {
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
-pub struct WorkloadSpec {
+pub(crate) struct WorkloadSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_name: Option<String>,
     /// False while the job is suspended; Kueue treats a missing field as true.
@@ -48,7 +48,7 @@ pub struct WorkloadSpec {
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
-pub struct PodSet {
+pub(crate) struct PodSet {
     pub name: String,
     #[serde(default)]
     pub count: u64,
@@ -59,7 +59,7 @@ pub struct PodSet {
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
-pub struct PriorityClassRef {
+pub(crate) struct PriorityClassRef {
     pub group: String,
     pub kind: String,
     pub name: String,
@@ -69,7 +69,7 @@ pub struct PriorityClassRef {
 /// manager) named or in `other`.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
-pub struct WorkloadStatus {
+pub(crate) struct WorkloadStatus {
     #[serde(default)]
     pub conditions: Vec<WorkloadCondition>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -87,7 +87,7 @@ pub struct WorkloadStatus {
 /// A condition as `apimeta.SetStatusCondition` writes it; the time kept as the server wrote it.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
-pub struct WorkloadCondition {
+pub(crate) struct WorkloadCondition {
     #[serde(rename = "type")]
     pub type_: String,
     pub status: String,
@@ -102,14 +102,14 @@ pub struct WorkloadCondition {
 }
 
 impl WorkloadCondition {
-    pub fn is_true(&self) -> bool {
+    pub(crate) fn is_true(&self) -> bool {
         self.status == "True"
     }
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
-pub struct Admission {
+pub(crate) struct Admission {
     #[serde(default)]
     pub cluster_queue: String,
     #[serde(default)]
@@ -120,7 +120,7 @@ pub struct Admission {
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
-pub struct PodSetAssignment {
+pub(crate) struct PodSetAssignment {
     pub name: String,
     /// Resource name to the ResourceFlavor it was admitted on.
     #[serde(default)]
@@ -131,7 +131,7 @@ pub struct PodSetAssignment {
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
-pub struct AdmissionCheckState {
+pub(crate) struct AdmissionCheckState {
     #[serde(default)]
     pub name: String,
     /// What the check asks of the pod set's pods (labels, annotations, node selector, tolerations): read by
@@ -144,17 +144,17 @@ pub struct AdmissionCheckState {
 
 impl Workload {
     /// The status, empty when there is none yet.
-    pub fn status(&self) -> WorkloadStatus {
+    pub(crate) fn status(&self) -> WorkloadStatus {
         self.status.clone().unwrap_or_default()
     }
 
     /// The pod set named `name`.
-    pub fn pod_set(&self, name: &str) -> Option<&PodSet> {
+    pub(crate) fn pod_set(&self, name: &str) -> Option<&PodSet> {
         self.spec.pod_sets.iter().find(|p| p.name == name)
     }
 
     /// The UID of the Workload's controller.
-    pub fn controller_uid(&self) -> Option<&str> {
+    pub(crate) fn controller_uid(&self) -> Option<&str> {
         self.metadata
             .owner_references
             .iter()
@@ -166,7 +166,7 @@ impl Workload {
 
 impl WorkloadStatus {
     /// Condition `type_`, if set.
-    pub fn condition(&self, type_: &str) -> Option<&WorkloadCondition> {
+    pub(crate) fn condition(&self, type_: &str) -> Option<&WorkloadCondition> {
         self.conditions.iter().find(|c| c.type_ == type_)
     }
 }

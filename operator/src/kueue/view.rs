@@ -9,7 +9,7 @@ use super::types::{PodSet, Workload};
 
 /// A condition's status, reason and message.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Condition {
+pub(crate) struct Condition {
     pub status: bool,
     pub reason: String,
     pub message: String,
@@ -17,7 +17,7 @@ pub struct Condition {
 
 /// One Workload, as the plan needs it.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct WorkloadView {
+pub(crate) struct WorkloadView {
     pub name: String,
     pub active: bool,
     pub quota_reserved: bool,
@@ -39,14 +39,14 @@ pub struct WorkloadView {
 
 /// What a pod set asks of the quota: how many pods, and each container's requests (name, resource, quantity).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PodSetAsk {
+pub(crate) struct PodSetAsk {
     pub count: u64,
     pub requests: Vec<(String, String, String)>,
 }
 
 impl PodSetAsk {
     /// The ask of `pod_set` (a Workload's, or one as `workload::build` makes it).
-    pub fn of(pod_set: &PodSet) -> PodSetAsk {
+    pub(crate) fn of(pod_set: &PodSet) -> PodSetAsk {
         let spec = pod_set.template.spec.as_ref();
         let mut requests: Vec<(String, String, String)> = spec
             .and_then(|s| s.init_containers.as_ref())
@@ -73,7 +73,7 @@ impl PodSetAsk {
 }
 
 impl WorkloadView {
-    pub fn of(workload: &Workload) -> WorkloadView {
+    pub(crate) fn of(workload: &Workload) -> WorkloadView {
         let status = workload.status();
         let condition = |type_: &str| {
             status.condition(type_).map(|c| Condition {

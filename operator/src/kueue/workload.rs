@@ -18,7 +18,7 @@ const HASH_LEN: usize = 5;
 
 /// The name Kueue gives the Workload of job `name` (UID `uid`) of kind RduJob in group rdu.dev:
 /// `rdujob-<name>` (truncated) and the first 5 hex digits of sha1("RduJob\nrdu.dev\n<name>\n<uid>").
-pub fn workload_name(name: &str, uid: &str) -> String {
+pub(crate) fn workload_name(name: &str, uid: &str) -> String {
     let mut hash = Sha1::new();
     for (i, part) in ["RduJob", rdu_crds::consts::GROUP, name, uid]
         .iter()
@@ -38,7 +38,7 @@ pub fn workload_name(name: &str, uid: &str) -> String {
 /// The pod template of the pod set: rank 0's pod reduced to what Kueue reads (containers' names, images and
 /// resources; node selector, affinity, tolerations, priority class), so that the env and volumes of one rank
 /// do not stand for all of them.
-pub fn pod_set_template(rank0: &Pod) -> PodTemplateSpec {
+pub(crate) fn pod_set_template(rank0: &Pod) -> PodTemplateSpec {
     let spec = rank0.spec.clone().unwrap_or_default();
     // Requests default to limits, as the API server defaults a pod's (the template here is not defaulted).
     let slim = |c: &Container| {
@@ -76,7 +76,7 @@ pub fn pod_set_template(rank0: &Pod) -> PodTemplateSpec {
 
 /// The Workload of `job` in LocalQueue `queue`; `template` from [`pod_set_template`]; `priority` the value of the
 /// job's PriorityClass (Kueue orders and preempts by `spec.priority`, which the job's controller fills in).
-pub fn build(
+pub(crate) fn build(
     job: &ValidJob,
     queue: &str,
     template: PodTemplateSpec,
@@ -112,7 +112,7 @@ pub fn build(
 }
 
 /// The pod set of `workers` ranks, each asking what `template` asks.
-pub fn pod_set(workers: u32, template: PodTemplateSpec) -> PodSet {
+pub(crate) fn pod_set(workers: u32, template: PodTemplateSpec) -> PodSet {
     PodSet {
         name: POD_SET.to_string(),
         count: u64::from(workers),

@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 use rdu_crds::TrainingProgress;
 
 /// Reports of one job closer together than this are refused (429).
-pub const MIN_REPORT_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const MIN_REPORT_INTERVAL: Duration = Duration::from_secs(1);
 /// A job's `status.progress` is written at most this often.
-pub const STATUS_WRITE_INTERVAL: Duration = Duration::from_secs(5);
+pub(crate) const STATUS_WRITE_INTERVAL: Duration = Duration::from_secs(5);
 /// A job heard nothing from for this long is forgotten.
 const IDLE_FORGET: Duration = Duration::from_secs(600);
 

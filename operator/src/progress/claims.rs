@@ -11,7 +11,7 @@ use serde::Deserialize;
 use super::token_review::PodIdentity;
 
 /// The longest bearer token looked at (a projected ServiceAccount token is about 1 KiB).
-pub const MAX_TOKEN_BYTES: usize = 8192;
+pub(crate) const MAX_TOKEN_BYTES: usize = 8192;
 
 /// Why a token is refused before anyone is asked about it; each says only what the token itself shows.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -63,7 +63,7 @@ struct ObjectClaim {
 
 /// The pod `token` says it was issued to, if it is an unexpired pod-bound token for the progress audience at
 /// `now` (Unix seconds); its signature is not checked.
-pub fn claimed_pod(token: &str, now: i64) -> Result<PodIdentity, ClaimsError> {
+pub(crate) fn claimed_pod(token: &str, now: i64) -> Result<PodIdentity, ClaimsError> {
     if token.len() > MAX_TOKEN_BYTES {
         return Err(ClaimsError::NotAJwt);
     }

@@ -5,11 +5,11 @@
 //! once per job every few seconds. Served on a listener of its own (`crate::serve`), so a flood of reports never
 //! reaches `/healthz`.
 
-pub mod board;
-pub mod claims;
-pub mod review_cache;
-pub mod token_review;
-pub mod writer;
+pub(crate) mod board;
+pub(crate) mod claims;
+pub(crate) mod review_cache;
+pub(crate) mod token_review;
+pub(crate) mod writer;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -36,7 +36,7 @@ use token_review::{PodIdentity, ReviewError, TokenReviewer};
 
 /// Field manager of `status.progress`: only the endpoint writes it, so the reconciler's status apply (under
 /// `FIELD_MANAGER`, without `progress`) neither removes nor rolls it back.
-pub const PROGRESS_FIELD_MANAGER: &str = "rdu-operator-progress";
+pub(crate) const PROGRESS_FIELD_MANAGER: &str = "rdu-operator-progress";
 
 /// Why a report was refused; each maps to an HTTP status and a message for the worker's log. Nothing said before
 /// the token is reviewed depends on which jobs or pods exist: a stranger learns only what its own token shows.
@@ -237,7 +237,7 @@ fn not_rank_zero(namespace: &str, name: &str) -> Refusal {
 /// The job's current generation if `identity` is its rank 0 of that generation, as the pod cache shows it (the
 /// same name, the same UID, controlled by the job, the job's labels): a token of another rank, of an earlier
 /// generation's pod, or of a pod the job does not control gives `None`.
-pub fn rank_zero_generation(
+pub(crate) fn rank_zero_generation(
     identity: &PodIdentity,
     job: &RduJob,
     pod_named: impl Fn(&str, &str) -> Option<Arc<Pod>>,

@@ -16,15 +16,15 @@ use super::token_review::{PodIdentity, ReviewError, TokenReviewer};
 /// How long an accepted token is taken without asking again (every report still needs its pod to be the job's
 /// current rank 0 in the pod cache, so a deleted pod's token is refused at once). Long, so that rank 0 needs a
 /// review about once per token the kubelet rotates in, and one that a flood of forged tokens delays is rare.
-pub const SUCCESS_TTL: Duration = Duration::from_secs(600);
+pub(crate) const SUCCESS_TTL: Duration = Duration::from_secs(600);
 /// How long a refused token is refused without asking again.
-pub const REFUSAL_TTL: Duration = Duration::from_secs(10);
+pub(crate) const REFUSAL_TTL: Duration = Duration::from_secs(10);
 /// Tokens naming one pod are reviewed at most this often.
-pub const PER_POD_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const PER_POD_INTERVAL: Duration = Duration::from_secs(1);
 /// Reviews in flight at once, for every job together.
-pub const MAX_CONCURRENT_REVIEWS: usize = 4;
+pub(crate) const MAX_CONCURRENT_REVIEWS: usize = 4;
 /// How long a review waits for a turn among the concurrent ones before the report is refused.
-pub const QUEUE_WAIT: Duration = Duration::from_secs(2);
+pub(crate) const QUEUE_WAIT: Duration = Duration::from_secs(2);
 /// Most tokens remembered (a full table first drops what expired, then its oldest answer), and the size past which
 /// the pods' turns drop those older than the interval (only pods that passed the claims check take turns).
 const MAX_ENTRIES: usize = 1024;

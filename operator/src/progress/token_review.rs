@@ -38,7 +38,7 @@ pub trait TokenReviewer: Send + Sync {
 }
 
 /// The pod a successful review names, if the token was for the progress audience and bound to a pod.
-pub fn identity_from(status: &TokenReviewStatus) -> Result<PodIdentity, ReviewError> {
+pub(crate) fn identity_from(status: &TokenReviewStatus) -> Result<PodIdentity, ReviewError> {
     if status.authenticated != Some(true) {
         let why = status
             .error

@@ -11,7 +11,7 @@ use serde_json::json;
 use super::{PROGRESS_FIELD_MANAGER, ProgressService};
 
 /// The status object server-side apply needs to set only `status.progress`.
-pub fn progress_patch(progress: &TrainingProgress) -> serde_json::Value {
+pub(crate) fn progress_patch(progress: &TrainingProgress) -> serde_json::Value {
     json!({
         "apiVersion": format!("{}/{}", consts::GROUP, consts::VERSION),
         "kind": "RduJob",

@@ -14,10 +14,8 @@ use rdu_crds::{FieldError, RankEnv, RduJob, RduJobStatus, RunPolicy, job_namespa
 
 mod pod_policy;
 mod settings;
-pub use pod_policy::{
-    Exception, Guard, PodPolicy, RULES as POD_POLICY_RULES, Rule, admission_policy_yaml,
-};
-pub use settings::{Checkpointing, Gang, Scheduling, TensorBoardLog};
+pub use pod_policy::{Exception, Guard, PodPolicy, RULES as POD_POLICY_RULES, Rule};
+pub(crate) use settings::{Checkpointing, Gang, Scheduling, TensorBoardLog};
 
 /// The operator's default of `--max-workers-per-job`.
 pub const DEFAULT_MAX_WORKERS_PER_JOB: u32 = 1024;

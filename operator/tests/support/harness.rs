@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::watcher;
 use rdu_crds::RduJob;
-use rdu_operator::metrics::Metrics;
+use rdu_operator::Metrics;
 use rdu_operator::{Context, Settings, reconcile};
 use serde_json::{Value, json};
 
@@ -147,11 +147,9 @@ pub(crate) fn owned_by_the_job() -> Value {
 }
 
 /// Caches that hold their first full list, as after the operator's start-up.
-pub(crate) fn ready_caches() -> Arc<rdu_operator::health::Health> {
+pub(crate) fn ready_caches() -> Arc<rdu_operator::Health> {
     let (store, _) = reflector::store::<RduJob>();
-    let health = Arc::new(rdu_operator::health::Health::new(Arc::new(Metrics::new(
-        store,
-    ))));
+    let health = Arc::new(rdu_operator::Health::new(Arc::new(Metrics::new(store))));
     health.set_synced(true);
     health
 }

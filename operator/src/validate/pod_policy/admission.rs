@@ -30,7 +30,7 @@ const VARIABLES: [(&str, &str); 6] = [
 
 /// The Helm template of the policy and its binding: each rule a validation, left out when the chart value
 /// that allows its exception is true; the admin's lists rendered as CEL lists.
-pub fn admission_policy_yaml() -> String {
+pub(crate) fn admission_policy_yaml() -> String {
     let mut out = String::from(HEADER);
     for (name, expression) in VARIABLES {
         out += &format!("    - name: {name}\n      expression: \"{expression}\"\n");
