@@ -18,8 +18,6 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until};
 
-use rdu_worker::modes::all_reduce_benchmark;
-
 use crate::error::CliError;
 use crate::launch::RankLaunch;
 use rdu_crds::failure_policy::HUNG;
@@ -79,13 +77,13 @@ async fn forward_lines(
     let mut lines = BufReader::new(reader).lines();
     loop {
         match lines.next_line().await {
-            Ok(Some(line)) => match rdu_worker::progress_lines::ProgressLine::parse(&line) {
+            Ok(Some(line)) => match rdu_worker::ProgressLine::parse(&line) {
                 Some(progress) if rank == 0 => {
                     let _ = steps.send(progress.step);
                     console.progress(&progress);
                 }
                 // `rdujob` prints the result's lines itself on stdout, once the job succeeded.
-                _ if rank == 0 && all_reduce_benchmark::is_json_line(&line) => {
+                _ if rank == 0 && rdu_worker::is_benchmark_json_line(&line) => {
                     console.detail(rank, &line)
                 }
                 _ => console.rank_line(rank, &line),

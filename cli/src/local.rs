@@ -14,7 +14,6 @@ use rdu_crds::token::new_token;
 use rdu_crds::{AllReduceResult, JobResult, RduJob, RduJobSpec, RunMode};
 use rdu_gang::{Backoff, Culprit, FailureReason, Next, Restarts, Ruling, Settlement, Turn};
 use rdu_tiles::simulated::SimulatedNode;
-use rdu_worker::modes::all_reduce_benchmark;
 
 use std::sync::Arc;
 
@@ -367,7 +366,7 @@ fn print_result(
         ));
     }
     if let Some(bench) = &result.all_reduce {
-        for line in all_reduce_benchmark::json_lines(bench) {
+        for line in rdu_worker::benchmark_json_lines(bench) {
             println!("{line}");
         }
     }

@@ -120,7 +120,7 @@ fn main() {
         } => with_runtime(|| async move { bench::run(&file, &ranks, repeat).await }),
         Command::Compile { file, out } => {
             rdu_worker::init_logs();
-            rdu_worker::pef::compile_file(&file, &out)
+            rdu_worker::compile_file(&file, &out)
         }
         Command::Status { args } => cluster_cli::run("status", &args).unwrap_or_else(|e| {
             eprintln!("rdujob: {}", error::chain(&e));

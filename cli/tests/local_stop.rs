@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
-use rdu_worker::checkpoint::file_name;
+use rdu_worker::checkpoint_file_name as file_name;
 
 /// 1600 training samples over 3 ranks, batch 8: 67 steps an epoch, 6700 in all; a checkpoint interval no run
 /// reaches, and a timeout far longer than any stop may take.

@@ -4,39 +4,52 @@
 //! Entry point: [`run::run`] (used by the `rdu-worker run` binary and by `rdujob`'s local mode), which runs the
 //! rank's [`session`] in its job with the spec's mode from [`modes`].
 
-pub mod buckets;
-pub mod checkpoint;
+mod buckets;
+mod checkpoint;
 mod checkpoint_schedule;
 mod data;
-pub mod env;
+mod env;
 mod error;
 mod fault;
-pub mod kernels;
+mod kernels;
 mod latency;
-pub mod model;
+mod model;
 mod model_run;
-pub mod modes;
-pub mod observe;
+mod modes;
+mod observe;
 mod optim;
 mod overlap;
-pub mod pef;
-pub mod progress_lines;
+mod pef;
+mod progress_lines;
 mod progress_reporter;
 mod reduce;
 mod result;
 mod rng;
-pub mod run;
+mod run;
 mod sampler;
 mod session;
 mod step_phases;
-pub mod stop;
+mod stop;
 mod tensorboard;
 #[cfg(test)]
 mod test_fixtures;
-pub mod train_events;
+mod train_events;
 
+pub use buckets::{cap_bytes as bucket_cap_bytes, partition as partition_buckets};
+pub use checkpoint::file_name as checkpoint_file_name;
+pub use env::WorkerEnv;
 pub use error::WorkerError;
-pub use run::{run, run_from_process_env, run_stoppable};
+pub use kernels::{Kernel, KernelPlan, Product, best_gflops, filled};
+pub use model::Mlp;
+pub use modes::all_reduce_benchmark::{
+    is_json_line as is_benchmark_json_line, json_lines as benchmark_json_lines,
+};
+pub use observe::Observers;
+pub use pef::compile_file;
+pub use progress_lines::ProgressLine;
+pub use run::{run, run_from_process_env, run_rank, run_rank_observed, run_stoppable};
+pub use stop::StopRequest;
+pub use train_events::{EpochDone, StepDone, TrainObserver};
 
 /// A rank's logs: plain text on stderr, `RUST_LOG` or `info` (local mode prefixes each line with the rank;
 /// in a pod, `kubectl logs` shows them as they are).

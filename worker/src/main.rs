@@ -30,7 +30,7 @@ fn main() {
     rdu_worker::init_logs();
     let code = match cli.command {
         Command::Run => rdu_worker::run_from_process_env(),
-        Command::Compile { file, out } => rdu_worker::pef::compile_file(&file, &out),
+        Command::Compile { file, out } => rdu_worker::compile_file(&file, &out),
     };
     std::process::exit(code);
 }

@@ -435,7 +435,7 @@ fn softmax_stats(
 }
 
 /// FNV-1a over the parameters' f32 bits: equal on ranks whose parameters are bitwise equal.
-pub fn checksum(params: &[f32]) -> u64 {
+pub(crate) fn checksum(params: &[f32]) -> u64 {
     params.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, v| {
         v.to_bits().to_le_bytes().iter().fold(h, |h, &b| {
             (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)

@@ -64,7 +64,7 @@ impl Observers {
 }
 
 /// The `epoch done` line of every rank's log.
-pub struct EpochLog;
+pub(crate) struct EpochLog;
 
 impl TrainObserver for EpochLog {
     fn epoch_done(&mut self, e: &EpochDone) {

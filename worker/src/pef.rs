@@ -12,12 +12,12 @@ use crate::error::WorkerError;
 use crate::model::Mlp;
 
 /// Format version written by this build.
-pub const PEF_VERSION: u32 = 1;
+pub(crate) const PEF_VERSION: u32 = 1;
 
 /// A compiled artefact.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Pef {
+pub(crate) struct Pef {
     pub version: u32,
     pub model: String,
     /// Layer widths, input first, classes last.
@@ -50,14 +50,14 @@ impl Pef {
 }
 
 /// The model's layer widths for `spec`, taking input size and classes from the data when omitted.
-pub fn model_for(spec: &RduJobSpec, base_dir: &Path) -> Result<Mlp, WorkerError> {
+pub(crate) fn model_for(spec: &RduJobSpec, base_dir: &Path) -> Result<Mlp, WorkerError> {
     let splits = data::load(&spec.data, &spec.model, base_dir)?;
     Ok(Mlp::for_job(&spec.model, &splits))
 }
 
 /// Compiles `spec` (data read relative to `base_dir`); `spec.compile.minWorldSize` (1 without a
 /// compile section) becomes the smallest world size the PEF runs with.
-pub fn compile(spec: &RduJobSpec, base_dir: &Path) -> Result<Pef, WorkerError> {
+pub(crate) fn compile(spec: &RduJobSpec, base_dir: &Path) -> Result<Pef, WorkerError> {
     let model = model_for(spec, base_dir)?;
     let mut pef = Pef {
         version: PEF_VERSION,
@@ -118,7 +118,7 @@ pub fn compile_file(file: &Path, out: &Path) -> i32 {
 }
 
 /// Writes `pef` as JSON.
-pub fn write(path: &Path, pef: &Pef) -> Result<(), WorkerError> {
+pub(crate) fn write(path: &Path, pef: &Pef) -> Result<(), WorkerError> {
     let err = |source: Box<dyn std::error::Error + Send + Sync>| WorkerError::Write {
         path: path.display().to_string(),
         source,
@@ -128,7 +128,7 @@ pub fn write(path: &Path, pef: &Pef) -> Result<(), WorkerError> {
 }
 
 /// Reads a PEF and checks its version and checksum.
-pub fn read(path: &Path) -> Result<Pef, WorkerError> {
+pub(crate) fn read(path: &Path) -> Result<Pef, WorkerError> {
     let bad =
         |reason: String| WorkerError::config("spec.pef", format!("{}: {reason}", path.display()));
     let text = std::fs::read_to_string(path).map_err(|e| bad(format!("cannot read: {e}")))?;
@@ -150,7 +150,11 @@ pub fn read(path: &Path) -> Result<Pef, WorkerError> {
 
 /// With `spec.pef` set: reads it and refuses a job that does not match it (before any rendezvous,
 /// so every rank fails the same way with the config exit code).
-pub fn check_job(spec: &RduJobSpec, splits: &Splits, world_size: u32) -> Result<(), WorkerError> {
+pub(crate) fn check_job(
+    spec: &RduJobSpec,
+    splits: &Splits,
+    world_size: u32,
+) -> Result<(), WorkerError> {
     let Some(path) = &spec.pef else {
         return Ok(());
     };
@@ -162,7 +166,7 @@ pub fn check_job(spec: &RduJobSpec, splits: &Splits, world_size: u32) -> Result<
 }
 
 /// Refuses a run that does not match what was compiled.
-pub fn check_run(
+pub(crate) fn check_run(
     pef: &Pef,
     model: &Mlp,
     spec: &RduJobSpec,

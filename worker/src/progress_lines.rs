@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::train_events::{StepDone, TrainObserver};
 
 /// The progress line is rewritten at most this often.
-pub const LINE_INTERVAL: Duration = Duration::from_millis(200);
+pub(crate) const LINE_INTERVAL: Duration = Duration::from_millis(200);
 
 /// One line on rank 0's stdout.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -35,7 +35,7 @@ impl ProgressLine {
 
 /// Writes progress lines to stdout.
 #[derive(Default)]
-pub struct ProgressLines {
+pub(crate) struct ProgressLines {
     last: Option<Instant>,
 }
 

@@ -21,7 +21,7 @@ use crate::error::WorkerError;
 /// How long a stopped rank's work may take to reach its next step boundary before the collective in flight is
 /// aborted and the peers told. Aborting at once would cost the peers the step this rank just finished: a peer
 /// may still be taking in its last chunk of it (a ring forwards it through a third rank).
-pub const STOP_GRACE: Duration = Duration::from_secs(5);
+pub(crate) const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// A request that the rank stop, with the signal that asked; one per rank, cloned to every part that reads it.
 #[derive(Clone, Debug)]

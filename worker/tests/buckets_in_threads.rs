@@ -5,10 +5,9 @@ use std::collections::HashMap;
 use std::net::TcpListener;
 
 use rdu_crds::consts::env;
-use rdu_worker::buckets;
-use rdu_worker::env::WorkerEnv;
-use rdu_worker::model::Mlp;
-use rdu_worker::run::run_rank;
+use rdu_worker::Mlp;
+use rdu_worker::WorkerEnv;
+use rdu_worker::run_rank;
 
 /// 300 inputs × 1000 hidden: layer 0 holds 301,000 f32 (1.15 MiB), more than a 1 MiB bucket.
 const SPEC: &str = r#"{"workers":2,"tilesPerWorker":2,
@@ -68,8 +67,14 @@ fn train_two_ranks(bucket_mib: u32) -> Vec<u64> {
 #[test]
 fn several_buckets_train_to_bitwise_the_same_parameters_as_one() {
     let layers = Mlp::new(300, &[1000], 4).layer_elems();
-    assert_eq!(buckets::partition(&layers, buckets::cap_bytes(1)).len(), 2);
-    assert_eq!(buckets::partition(&layers, buckets::cap_bytes(25)).len(), 1);
+    assert_eq!(
+        rdu_worker::partition_buckets(&layers, rdu_worker::bucket_cap_bytes(1)).len(),
+        2
+    );
+    assert_eq!(
+        rdu_worker::partition_buckets(&layers, rdu_worker::bucket_cap_bytes(25)).len(),
+        1
+    );
     let one = train_two_ranks(25);
     let two = train_two_ranks(1);
     assert_eq!(one[0], one[1], "ranks differ with one bucket");

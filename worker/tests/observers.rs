@@ -6,9 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use rdu_crds::consts::env;
 use rdu_crds::{JobResult, TrainingProgress};
-use rdu_worker::env::WorkerEnv;
-use rdu_worker::observe::Observers;
-use rdu_worker::train_events::{EpochDone, StepDone, TrainObserver};
+use rdu_worker::{EpochDone, Observers, StepDone, TrainObserver, WorkerEnv};
 
 #[derive(Default)]
 struct Heard {
@@ -69,10 +67,10 @@ fn observers_hear_every_step_epoch_and_the_end() {
         .build()
         .unwrap();
     let outcome = runtime
-        .block_on(rdu_worker::run::run_rank_observed(
+        .block_on(rdu_worker::run_rank_observed(
             &worker_env,
             &mut observers,
-            &rdu_worker::stop::StopRequest::manual(),
+            &rdu_worker::StopRequest::manual(),
         ))
         .unwrap();
 

@@ -9,11 +9,8 @@ use std::path::Path;
 
 use common::rank_vars;
 use rdu_crds::consts::env;
-use rdu_worker::checkpoint::file_name;
-use rdu_worker::env::WorkerEnv;
-use rdu_worker::observe::Observers;
-use rdu_worker::stop::StopRequest;
-use rdu_worker::train_events::{StepDone, TrainObserver};
+use rdu_worker::checkpoint_file_name as file_name;
+use rdu_worker::{Observers, StepDone, StopRequest, TrainObserver, WorkerEnv};
 
 /// 300 inputs × 1000 hidden (layer 0 over 1 MiB: two buckets of 1 MiB); 80 samples per rank, batch 8:
 /// 10 steps an epoch, 40 in all; a checkpoint interval no run reaches.
@@ -75,11 +72,7 @@ fn generation(
                     .enable_all()
                     .build()
                     .unwrap();
-                match runtime.block_on(rdu_worker::run::run_rank_observed(
-                    &env,
-                    &mut observers,
-                    &stop,
-                )) {
+                match runtime.block_on(rdu_worker::run_rank_observed(&env, &mut observers, &stop)) {
                     Ok(outcome) => (0, outcome.checksum),
                     Err(e) => (e.exit_code(), None),
                 }

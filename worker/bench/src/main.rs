@@ -12,8 +12,7 @@ use std::time::Duration;
 
 use anyhow::bail;
 use clap::Parser;
-use rdu_worker::kernels::{Kernel, KernelPlan, Product, best_gflops, filled};
-use rdu_worker::model::Mlp;
+use rdu_worker::{Kernel, KernelPlan, Mlp, Product, best_gflops, filled};
 use serde_json::json;
 
 #[derive(Parser)]

@@ -12,14 +12,14 @@ use super::files::{self, Listed};
 use super::format::{Writer, parse_name};
 
 /// The fence file in the checkpoint directory.
-pub const FENCE_FILE: &str = "FENCE";
+pub(crate) const FENCE_FILE: &str = "FENCE";
 /// A fence file is a line of JSON; anything longer is not one.
 const MAX_FENCE_BYTES: u64 = 4096;
 
 /// `FENCE`: `{"jobUid": …, "generation": G, "resumedFrom": "<file>" | null}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct Fence {
+pub(crate) struct Fence {
     pub job_uid: String,
     pub generation: u64,
     /// The checkpoint this generation resumed from (a file name of this directory), if any.
@@ -27,7 +27,7 @@ pub struct Fence {
 }
 
 impl Fence {
-    pub fn holder(&self) -> Writer {
+    pub(crate) fn holder(&self) -> Writer {
         Writer {
             job_uid: self.job_uid.clone(),
             generation: self.generation,

@@ -13,7 +13,7 @@ use super::CheckpointError;
 use super::format::{NameParts, parse_name};
 
 /// The lock file beside the checkpoints (`flock`: shared to write a checkpoint, exclusive to fence).
-pub const LOCK_FILE: &str = "FENCE.lock";
+pub(crate) const LOCK_FILE: &str = "FENCE.lock";
 /// How often a lock is tried again while another process holds it.
 const LOCK_RETRY: Duration = Duration::from_millis(5);
 

@@ -17,14 +17,14 @@ const MAX_STATES: usize = 2;
 /// again, or a second `rdujob run`, is another job). Files of the first format have an empty UID.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Writer {
+pub(crate) struct Writer {
     pub job_uid: String,
     pub generation: u64,
 }
 
 /// A checkpoint's content: parameters and optimizer state after `step` optimizer steps, and its writer.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Checkpoint {
+pub(crate) struct Checkpoint {
     pub writer: Writer,
     pub step: u64,
     pub params: Vec<f32>,
@@ -33,7 +33,7 @@ pub struct Checkpoint {
 
 /// What a checkpoint is written from: borrowed from the training state at a step boundary.
 #[derive(Debug, Clone)]
-pub struct Snapshot<'a> {
+pub(crate) struct Snapshot<'a> {
     pub step: u64,
     pub params: &'a [f32],
     pub optimizer_state: Vec<&'a [f32]>,
@@ -41,7 +41,8 @@ pub struct Snapshot<'a> {
 
 impl Checkpoint {
     /// This checkpoint's content, to write again.
-    pub fn snapshot(&self) -> Snapshot<'_> {
+    #[cfg(test)]
+    pub(crate) fn snapshot(&self) -> Snapshot<'_> {
         Snapshot {
             step: self.step,
             params: &self.params,

@@ -16,10 +16,9 @@ use std::time::Duration;
 
 use rdu_crds::consts::exit_code;
 
-pub use fence::{FENCE_FILE, Fence};
-pub use files::LOCK_FILE;
-pub use format::{Checkpoint, Snapshot, Writer, file_name};
-pub use store::{CheckpointStore, read_lineage};
+pub use format::file_name;
+pub(crate) use format::{Checkpoint, Snapshot, Writer};
+pub(crate) use store::{CheckpointStore, read_lineage};
 
 /// Everything reading, writing or fencing checkpoints fails with.
 #[derive(Debug, thiserror::Error)]

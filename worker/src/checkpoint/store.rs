@@ -23,7 +23,7 @@ static STALE_WRITES_REFUSED: AtomicU64 = AtomicU64::new(0);
 
 /// Rank 0's fenced checkpoint directory.
 #[derive(Debug)]
-pub struct CheckpointStore {
+pub(crate) struct CheckpointStore {
     dir: PathBuf,
     me: Writer,
     keep: usize,
@@ -36,7 +36,7 @@ impl CheckpointStore {
     /// Fences `dir` for `me` and returns the store with the checkpoint to resume from (of `params`
     /// parameters), if any. Refused ([`CheckpointError::Superseded`]) when a newer generation of the job
     /// fenced it first. A lock held longer than `lock_wait` fails too.
-    pub fn fence(
+    pub(crate) fn fence(
         dir: &Path,
         me: Writer,
         keep: usize,
@@ -93,15 +93,10 @@ impl CheckpointStore {
         Ok((store, chosen.map(|(_, c)| c)))
     }
 
-    /// This store's writer: the checkpoints it saves must name it.
-    pub fn writer(&self) -> &Writer {
-        &self.me
-    }
-
     /// Writes `ckpt` as this store's writer unless a newer generation or another job fenced the directory
     /// since this one started; then deletes what this lineage no longer needs beyond `keep`. Returns the new
     /// file.
-    pub fn save(&self, ckpt: &Snapshot<'_>) -> Result<PathBuf, CheckpointError> {
+    pub(crate) fn save(&self, ckpt: &Snapshot<'_>) -> Result<PathBuf, CheckpointError> {
         self.save_checked(ckpt, || {})
     }
 
@@ -164,7 +159,7 @@ impl CheckpointStore {
 }
 
 /// The checkpoint a reader (inference) takes from `dir`: the lineage's newest intact one, without fencing.
-pub fn read_lineage(
+pub(crate) fn read_lineage(
     dir: &Path,
     params: usize,
     lock_wait: Duration,

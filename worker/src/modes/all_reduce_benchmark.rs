@@ -22,7 +22,7 @@ use crate::stop::StopRequest;
 
 /// The benchmark's sizes (bytes) and iterations, read from the spec before the rank joins.
 #[derive(Debug)]
-pub struct AllReduceBenchmark {
+pub(crate) struct AllReduceBenchmark {
     sizes: Vec<u64>,
     warmup: Duration,
     warmup_iterations: u32,
@@ -161,7 +161,7 @@ fn stopped(stop: &StopRequest) -> Result<(), WorkerError> {
 /// nccl-tests' bandwidths, in GB/s (1e9 bytes), of an all-reduce of `bytes` that took `seconds` on `ranks` ranks:
 /// the algorithm bandwidth bytes / seconds, and the bus bandwidth algbw × 2(n−1)/n, what each rank's link carried
 /// (0 for one rank, which sends nothing).
-pub fn bandwidths(bytes: u64, seconds: f64, ranks: u32) -> (f64, f64) {
+pub(crate) fn bandwidths(bytes: u64, seconds: f64, ranks: u32) -> (f64, f64) {
     let algbw = bytes as f64 / seconds.max(1e-12) / 1e9;
     let n = f64::from(ranks.max(1));
     (algbw, algbw * 2.0 * (n - 1.0) / n)
@@ -169,7 +169,7 @@ pub fn bandwidths(bytes: u64, seconds: f64, ranks: u32) -> (f64, f64) {
 
 /// Values of `buf` (every rank's ones, summed over `ranks` ranks) that are not `ranks`: exactly, or within what
 /// the wire's 16-bit values round away.
-pub fn wrong_sums(buf: &[f32], ranks: u32, compression: Compression) -> u64 {
+pub(crate) fn wrong_sums(buf: &[f32], ranks: u32, compression: Compression) -> u64 {
     let expected = ranks as f32;
     let tolerance = match compression {
         Compression::None => 0.0,
@@ -219,7 +219,7 @@ struct Line<'a> {
 }
 
 /// [`Line`] of `timing` in `run`, as one line of JSON.
-pub fn json_line(run: &AllReduceResult, timing: &AllReduceTiming) -> String {
+pub(crate) fn json_line(run: &AllReduceResult, timing: &AllReduceTiming) -> String {
     let line = Line {
         bench: "all_reduce",
         ranks: run.ranks,

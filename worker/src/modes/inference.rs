@@ -18,7 +18,7 @@ use crate::session::{Mode, RankOutcome, RankSession};
 use crate::stop::StopRequest;
 
 /// The inference mode: the job's data and model, loaded before the rank joins.
-pub struct Inference {
+pub(crate) struct Inference {
     job: ModelJob,
 }
 

@@ -19,10 +19,10 @@ use crate::session::{Mode, RankOutcome, RankSession};
 use crate::step_phases::StepPhases;
 
 /// Timed steps when `training.steps` is unset.
-pub const DEFAULT_TIMED_STEPS: u64 = 50;
+pub(crate) const DEFAULT_TIMED_STEPS: u64 = 50;
 
 /// The measuring mode: the job's data and model, loaded before the rank joins.
-pub struct MeasurePerformance {
+pub(crate) struct MeasurePerformance {
     job: ModelJob,
 }
 

@@ -1,10 +1,10 @@
 //! The run modes (`spec.mode`), one file each, every one a [`Mode`](crate::session::Mode) that the rank's session runs
 //! (`session::run`). A new mode is a file here, its arm in [`run`], and its value in `rdu_crds::RunMode`.
 
-pub mod all_reduce_benchmark;
-pub mod inference;
-pub mod measure;
-pub mod train;
+pub(crate) mod all_reduce_benchmark;
+pub(crate) mod inference;
+pub(crate) mod measure;
+pub(crate) mod train;
 
 use rdu_crds::RunMode;
 
@@ -15,7 +15,7 @@ use crate::session::{self, RankOutcome};
 use crate::stop::StopRequest;
 
 /// Runs the mode of `env`'s spec for its rank, telling `observers`, stopped early by `stop`.
-pub async fn run(
+pub(crate) async fn run(
     env: &WorkerEnv,
     observers: &mut Observers,
     stop: &StopRequest,

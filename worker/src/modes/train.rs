@@ -28,7 +28,7 @@ use crate::stop::StopRequest;
 use crate::train_events::{EpochDone, StepDone};
 
 /// The training mode: the job's data and model, loaded before the rank joins.
-pub struct Train {
+pub(crate) struct Train {
     job: ModelJob,
 }
 
