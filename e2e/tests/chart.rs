@@ -801,7 +801,9 @@ async fn the_device_plugin_may_only_annotate_pods_on_its_own_node() {
         || async {
             let tiles = r#"{"metadata": {"annotations": {"rdu.dev/tiles": "x"}}}"#;
             match patch_as(&client, "mnist-worker-1", tiles, true).await {
-                Err(refused) if refused.to_string().contains("may not annotate") => Ok(()),
+                Err(refused) if rdu_error_chain::chain(&refused).contains("may not annotate") => {
+                    Ok(())
+                }
                 other => Err(format!("{other:?}")),
             }
         },
@@ -862,7 +864,7 @@ async fn the_device_plugin_may_only_annotate_pods_on_its_own_node() {
         ),
     ] {
         let refused = annotator.annotate("ml", pod, "rdu0-tile0").await;
-        let message = refused.expect_err("another node's pod").to_string();
+        let message = rdu_error_chain::chain(&refused.expect_err("another node's pod"));
         assert!(message.contains(why), "{message}");
         assert_eq!(tiles_of(&plane, pod), "");
     }
@@ -890,10 +892,8 @@ async fn the_device_plugin_may_only_annotate_pods_on_its_own_node() {
         .annotate("ml", "mnist-worker-0", "rdu0-tile0")
         .await
         .expect_err("no node in the token");
-    assert!(
-        refused.to_string().contains("token names no node"),
-        "{refused}"
-    );
+    let refused = rdu_error_chain::chain(&refused);
+    assert!(refused.contains("token names no node"), "{refused}");
     assert_eq!(tiles_of(&plane, "mnist-worker-0"), "rdu2-tile0,rdu2-tile1");
 
     let can = |verb: &str, resource: &str| can_i(&kubeconfig, verb, resource, "ml");
