@@ -49,8 +49,21 @@ wrapper_module() {
   echo "$K8S_WRAPPER"
 }
 
+# with_retries CMD...: runs CMD, and again after a pause when it fails, three times at most. For the Go commands
+# that download modules: on a fresh machine the proxy now and then times out (`TLS handshake timeout` in the
+# fresh-machine CI run of 2026-11-28 failed the whole run).
+with_retries() {
+  local attempt
+  for attempt in 1 2 3; do
+    "$@" && return 0
+    e2e_log "${0##*/}" "attempt $attempt of 3 failed: $*"
+    if ((attempt < 3)); then sleep $((attempt * 15)); fi
+  done
+  return 1
+}
+
 # go_module_dir MODULE@VERSION: downloads a module (no build) and prints the directory of its source.
-go_module_dir() { go mod download -json "$1" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p'; }
+go_module_dir() { with_retries go mod download -json "$1" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p'; }
 
 # need_go: fails with a clear message when Go is missing.
 need_go() { command -v go >/dev/null || { e2e_log "${0##*/}" "go is not on PATH; install Go >= 1.24"; exit 1; }; }

@@ -41,7 +41,7 @@ go 1.24.0
 
 require k8s.io/kubernetes ${K8S_VERSION}
 MOD
-go mod download -json "k8s.io/kubernetes@${K8S_VERSION}" > kubernetes.json
+with_retries go mod download -json "k8s.io/kubernetes@${K8S_VERSION}" > kubernetes.json
 KMOD="$(sed -n 's/.*"GoMod": "\(.*\)".*/\1/p' kubernetes.json)"
 [[ -f "$KMOD" ]] || { log "could not download k8s.io/kubernetes ${K8S_VERSION}"; exit 1; }
 # Every `k8s.io/x => ./staging/src/k8s.io/x` becomes `k8s.io/x => k8s.io/x v0.M.P`.
@@ -55,7 +55,7 @@ STAGING="$(sed -n 's#^[[:space:]]*\(k8s\.io/[a-z0-9-]*\) => \./staging/src/.*#\1
 } >> go.mod
 log "building kube-apiserver, kube-scheduler, kube-controller-manager, etcd (${K8S_VERSION}); this takes a while"
 # The version the binaries report (kubectl version, /version) is stamped at link time.
-go build -ldflags="$(k8s_ldflags)" -o "$BIN/" \
+with_retries go build -ldflags="$(k8s_ldflags)" -o "$BIN/" \
   k8s.io/kubernetes/cmd/kube-apiserver \
   k8s.io/kubernetes/cmd/kube-scheduler \
   k8s.io/kubernetes/cmd/kube-controller-manager \
@@ -69,14 +69,14 @@ if [[ -f "$BIN/server" ]]; then mv -f "$BIN/server" "$BIN/etcd"; fi
 log "building helm ${HELM_VERSION}"
 # As helm's Makefile does: stamp its version and the Kubernetes version its client libraries speak
 # (the default .Capabilities.KubeVersion of `helm template`; unstamped it is v1.20).
-HELM_K8S_MINOR="$(go mod download -json "helm.sh/helm/v3@${HELM_VERSION}" \
+HELM_K8S_MINOR="$(with_retries go mod download -json "helm.sh/helm/v3@${HELM_VERSION}" \
   | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p' | xargs sed -n 's#^[[:space:]]*k8s.io/client-go v0\.\([0-9]*\)\..*#\1#p')"
 [[ -n "$HELM_K8S_MINOR" ]] || { log "cannot read helm's k8s.io/client-go version"; exit 1; }
 HELM_LDFLAGS="$LDFLAGS -X helm.sh/helm/v3/internal/version.version=${HELM_VERSION} -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
 for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
   HELM_LDFLAGS="$HELM_LDFLAGS -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=${HELM_K8S_MINOR}"
 done
-GOBIN="$BIN" go install -ldflags="$HELM_LDFLAGS" "helm.sh/helm/v3/cmd/helm@${HELM_VERSION}"
+GOBIN="$BIN" with_retries go install -ldflags="$HELM_LDFLAGS" "helm.sh/helm/v3/cmd/helm@${HELM_VERSION}"
 "$BIN/helm" version --short >&2
 
 touch "$STAMP"

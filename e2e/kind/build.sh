@@ -22,18 +22,18 @@ WRAP="$(wrapper_module kind/build.sh)"
 mkdir -p "$BIN"
 
 log "building kubeadm and kubectl (${K8S_VERSION})"
-(cd "$WRAP" && go build -ldflags="$(k8s_ldflags)" -o "$BIN/" \
+(cd "$WRAP" && with_retries go build -ldflags="$(k8s_ldflags)" -o "$BIN/" \
   k8s.io/kubernetes/cmd/kubeadm k8s.io/kubernetes/cmd/kubectl)
 "$BIN/kubeadm" version -o short >&2
 
 log "building kind ${KIND_VERSION}"
-GOBIN="$BIN" go install -ldflags="-s -w" "sigs.k8s.io/kind@${KIND_VERSION}"
+GOBIN="$BIN" with_retries go install -ldflags="-s -w" "sigs.k8s.io/kind@${KIND_VERSION}"
 "$BIN/kind" version >&2
 
 log "building containerd ${CONTAINERD_VERSION} (containerd, its runc shim, ctr)"
 # As containerd's Makefile: the optional snapshotters kind never selects are left out, the version stamped.
 CTR_PKG=github.com/containerd/containerd/v2
-GOBIN="$BIN" go install -tags "no_aufs no_zfs no_btrfs no_devmapper" \
+GOBIN="$BIN" with_retries go install -tags "no_aufs no_zfs no_btrfs no_devmapper" \
   -ldflags="-s -w -X $CTR_PKG/version.Version=${CONTAINERD_VERSION} -X $CTR_PKG/version.Package=$CTR_PKG" \
   "$CTR_PKG/cmd/containerd@${CONTAINERD_VERSION}" \
   "$CTR_PKG/cmd/containerd-shim-runc-v2@${CONTAINERD_VERSION}" \
@@ -41,7 +41,7 @@ GOBIN="$BIN" go install -tags "no_aufs no_zfs no_btrfs no_devmapper" \
 "$BIN/containerd" --version >&2
 
 log "building local-path-provisioner ${LOCAL_PATH_VERSION}"
-GOBIN="$BIN" go install -ldflags="-s -w -X main.VERSION=${LOCAL_PATH_VERSION}" \
+GOBIN="$BIN" with_retries go install -ldflags="-s -w -X main.VERSION=${LOCAL_PATH_VERSION}" \
   "github.com/rancher/local-path-provisioner@${LOCAL_PATH_VERSION}"
 
 touch "$STAMP"

@@ -18,7 +18,7 @@ done_if_cached kueue/build.sh "$STAMP" "$ROOT"
 need_go
 mkdir -p "$ROOT/bin" "$ROOT/crds" "$ROOT/rbac"
 log "building kueue ${KUEUE_VERSION} (a few minutes)"
-GOBIN="$ROOT/bin" go install -ldflags="-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=${KUEUE_VERSION}" \
+GOBIN="$ROOT/bin" with_retries go install -ldflags="-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=${KUEUE_VERSION}" \
   "sigs.k8s.io/kueue/cmd/kueue@${KUEUE_VERSION}"
 MOD="$(go list -m -json "sigs.k8s.io/kueue@${KUEUE_VERSION}" 2>/dev/null | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
 if [[ -z "$MOD" || ! -d "$MOD" ]]; then

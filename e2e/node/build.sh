@@ -22,12 +22,12 @@ WRAP="$(wrapper_module node/build.sh)"
 mkdir -p "$BIN"
 
 log "building kubelet and kube-proxy (${K8S_VERSION})"
-(cd "$WRAP" && go build -ldflags="$(k8s_ldflags)" -o "$BIN/" \
+(cd "$WRAP" && with_retries go build -ldflags="$(k8s_ldflags)" -o "$BIN/" \
   k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy)
 "$BIN/kubelet" --version >&2
 
 log "building coredns ${COREDNS_VERSION}"
-GOBIN="$BIN" go install -ldflags="-s -w" "github.com/coredns/coredns@${COREDNS_VERSION}"
+GOBIN="$BIN" with_retries go install -ldflags="-s -w" "github.com/coredns/coredns@${COREDNS_VERSION}"
 "$BIN/coredns" -version >&2
 
 log "building pause from k8s.io/kubernetes@${K8S_VERSION}/build/pause/linux/pause.c"
