@@ -220,6 +220,39 @@ fn the_chart_grants_exactly_the_operators_api_use() {
 
 #[test]
 #[ignore = "needs the control-plane binaries: bash e2e/control-plane/run.sh"]
+fn operator_replicas_spread_over_nodes_unless_told_otherwise() {
+    kit::require_assets("chart operator spread");
+    let spread_of = |sets: &[&str]| {
+        let docs = documents(&helm_template("rdu", NAMESPACE, sets).expect("helm template"));
+        let deployment = docs
+            .iter()
+            .find(|d| d["kind"].as_str() == Some("Deployment"))
+            .cloned()
+            .expect("the operator's Deployment");
+        deployment["spec"]["template"]["spec"]["topologySpreadConstraints"].clone()
+    };
+    assert!(spread_of(&[]).is_null(), "one replica needs no spread");
+    let two = spread_of(&["--set", "operator.replicas=2"]);
+    assert_eq!(two[0]["topologyKey"], "kubernetes.io/hostname", "{two:?}");
+    assert_eq!(two[0]["whenUnsatisfiable"], "ScheduleAnyway", "{two:?}");
+    assert_eq!(
+        two[0]["labelSelector"]["matchLabels"]["app.kubernetes.io/component"], "operator",
+        "{two:?}"
+    );
+    let own = spread_of(&[
+        "--set",
+        "operator.replicas=2",
+        "--set",
+        "operator.topologySpreadConstraints[0].topologyKey=topology.kubernetes.io/zone",
+    ]);
+    assert_eq!(
+        own[0]["topologyKey"], "topology.kubernetes.io/zone",
+        "{own:?}"
+    );
+}
+
+#[test]
+#[ignore = "needs the control-plane binaries: bash e2e/control-plane/run.sh"]
 fn a_watched_namespace_gets_a_role_and_the_cluster_role_keeps_only_what_is_cluster_scoped() {
     kit::require_assets("chart rbac watchNamespace");
     let docs = documents(
