@@ -9,12 +9,14 @@
 //! missing binary fails the test.
 
 pub mod assets;
+pub mod checkpoints;
 pub mod cluster;
 pub mod control_plane;
 pub mod kind;
 pub mod kit;
 pub mod kubeconfig;
 pub mod kueue;
+pub mod local_mode;
 pub mod logs;
 pub mod metrics;
 pub mod pki;

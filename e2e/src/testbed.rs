@@ -2,7 +2,7 @@
 //! and N RDU nodes, each a container of podman or docker) from the node image CI assembles offline or kind's
 //! own, with the three images of `docker/Dockerfile` loaded into it and the chart installed with `helm install`
 //! as a user would. Tests drive it with kubectl and a kube client, and fault it: crash, partition or reboot a
-//! node, restart a kubelet, kill a container's process.
+//! node, restart a kubelet or containerd, kill or OOM-kill a container's process.
 //!
 //! Tests that need it are `#[ignore]`d (they need kind, a container engine and the images), so `cargo test`
 //! lists them as ignored, never as passed; `bash e2e/node/run.sh` and `bash e2e/multi-node/run.sh` run them with
@@ -27,6 +27,7 @@ use crate::poll::poll_until;
 use crate::tools::{helm_binary, run_ok, workspace_root};
 
 mod control_plane_faults;
+mod node_faults;
 mod operator_home;
 
 /// The chart's release (its namespace is `SYSTEM_NAMESPACE`).
@@ -153,6 +154,23 @@ impl Testbed {
     /// a hostPath PersistentVolume on it is ReadWriteMany.
     pub fn shared_dir(&self) -> &std::path::Path {
         self.shared.path()
+    }
+
+    /// A ReadWriteMany PersistentVolume for job `job`'s checkpoint claim, on `<shared_dir>/<job>`, a directory
+    /// every node sees at the same path; returns the directory. Its reclaim policy is Retain: the test deletes
+    /// it (`PersistentVolume <job>-shared`) when it is done with the job.
+    pub fn shared_volume(&self, job: &str) -> PathBuf {
+        let dir = self.shared_dir().join(job);
+        std::fs::create_dir_all(&dir).expect("job's shared directory");
+        set_mode(&dir, 0o777);
+        let claim = rdu_crds::consts::checkpoint_claim_name(job);
+        self.apply(&format!(
+            "apiVersion: v1\nkind: PersistentVolume\nmetadata: {{name: {job}-shared}}\nspec:\n  capacity: {{storage: 1Gi}}\n  \
+             accessModes: [ReadWriteMany]\n  persistentVolumeReclaimPolicy: Retain\n  \
+             claimRef: {{namespace: default, name: {claim}}}\n  hostPath: {{path: {}, type: Directory}}\n",
+            dir.display()
+        ));
+        dir
     }
 
     /// `helm install` of the chart with `--set` values (the nodes' paths are the chart's defaults).

@@ -6,12 +6,12 @@
 //! e2e/multi-node/run.sh` runs it and prints the JSON line it writes to `RDU_MULTI_NODE_BENCH_OUT`.
 
 use std::collections::BTreeSet;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use rdu_e2e::kueue;
+use rdu_e2e::local_mode::run_local;
 use rdu_e2e::logs::field_of;
-use rdu_e2e::testbed::{Testbed, TestbedSpec, set_mode};
+use rdu_e2e::testbed::{Testbed, TestbedSpec};
 use rdu_e2e::workspace_root;
 use serde_json::{Value, json};
 
@@ -76,7 +76,7 @@ async fn one_job_spans_three_nodes_and_survives_their_faults() {
     );
 
     let shared = bed.shared_dir().to_path_buf();
-    let (spread, steps_per_second) = spans_the_nodes(&bed, &shared).await;
+    let (spread, steps_per_second) = spans_the_nodes(&bed).await;
     summary.extend(spread);
     summary.extend(bandwidth::between_two_nodes(&bed).await);
     let mut faults = Faults {
@@ -126,7 +126,7 @@ fn spread_job(name: &str, epochs: u64, interval: u64) -> Value {
 
 /// Stage 1: an 8-rank job lands on all three nodes and trains to Succeeded over the pod network; every rank ends
 /// with the same parameter checksum, and the accuracy matches local mode's within half a point.
-async fn spans_the_nodes(bed: &Testbed, shared: &Path) -> (serde_json::Map<String, Value>, f64) {
+async fn spans_the_nodes(bed: &Testbed) -> (serde_json::Map<String, Value>, f64) {
     let name = "spread";
     let mut job = spread_job(name, 30, 1000);
     // Here the spread is what is tested: 8 ranks on three nodes must land 3/3/2. The control plane's node, whose
@@ -134,7 +134,7 @@ async fn spans_the_nodes(bed: &Testbed, shared: &Path) -> (serde_json::Map<Strin
     let spread = &mut job["spec"]["template"]["spec"]["topologySpreadConstraints"][0];
     spread["whenUnsatisfiable"] = json!("DoNotSchedule");
     spread["nodeTaintsPolicy"] = json!("Honor");
-    shared_volume(bed, shared, name);
+    bed.shared_volume(name);
     let applied = Instant::now();
     bed.apply(&job.to_string());
     let done = bed.wait_phase(name, "Succeeded", LONG).await;
@@ -206,56 +206,4 @@ fn ranks_per_node(ranks: &[Value]) -> Value {
 fn local_accuracy(job: &Value) -> f64 {
     let result = run_local(job, &[]);
     result["testAccuracy"].as_f64().expect("testAccuracy")
-}
-
-/// Runs `job` in local mode (`rdujob run`, built beside the test binaries) with extra env `env`; its result line.
-/// The template is dropped: local mode ignores the claim, its checkpoints go to its scratch directory.
-pub(crate) fn run_local(job: &Value, env: &[(&str, &str)]) -> Value {
-    let mut local = job.clone();
-    local["spec"]
-        .as_object_mut()
-        .expect("spec")
-        .remove("template");
-    let dir = workspace_root().join("examples");
-    let file = tempfile::Builder::new()
-        .suffix(".yaml")
-        .tempfile_in(&dir)
-        .expect("job file beside the example data");
-    std::fs::write(file.path(), serde_yaml_ng::to_string(&local).expect("YAML")).expect("write");
-    let exe = std::env::current_exe().expect("test binary");
-    let target = exe.parent().and_then(|d| d.parent()).expect("target dir");
-    let out = std::process::Command::new(target.join("rdujob"))
-        .arg("run")
-        .arg(file.path())
-        .envs(env.iter().copied())
-        .output()
-        .expect("rdujob runs (cargo build -p rdujob)");
-    assert!(
-        out.status.success(),
-        "rdujob run: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap_or_else(|e| {
-        panic!(
-            "rdujob's last line is not its result ({}): {stdout}",
-            rdu_error_chain::Chain(&e)
-        )
-    })
-}
-
-/// A ReadWriteMany PersistentVolume for job `job`'s checkpoint claim, on `<shared>/<job>`, a directory every
-/// node sees at the same path (`Testbed::shared_dir`); returns the directory.
-fn shared_volume(bed: &Testbed, shared: &Path, job: &str) -> std::path::PathBuf {
-    let dir = shared.join(job);
-    std::fs::create_dir_all(&dir).expect("job's shared directory");
-    set_mode(&dir, 0o777);
-    let claim = rdu_crds::consts::checkpoint_claim_name(job);
-    bed.apply(&format!(
-        "apiVersion: v1\nkind: PersistentVolume\nmetadata: {{name: {job}-shared}}\nspec:\n  capacity: {{storage: 1Gi}}\n  \
-         accessModes: [ReadWriteMany]\n  persistentVolumeReclaimPolicy: Retain\n  \
-         claimRef: {{namespace: default, name: {claim}}}\n  hostPath: {{path: {}, type: Directory}}\n",
-        dir.display()
-    ));
-    dir
 }

@@ -1,6 +1,6 @@
 //! The control plane's own faults on the kind cluster's control-plane node, as they happen to real clusters: the
-//! API server's static pod taken away and put back (an outage), etcd stopped (the kubelet starts its container
-//! again on the same data), the chart upgraded in place.
+//! API server's static pod taken away and put back (an outage), etcd or the scheduler stopped (the kubelet starts
+//! its container again, etcd on the same data), the chart upgraded in place.
 
 use std::time::{Duration, Instant};
 
@@ -38,6 +38,11 @@ impl Testbed {
     /// Stops etcd (SIGTERM to its process); the kubelet starts its container again, on the same data.
     pub fn restart_etcd(&self) {
         self.control_plane_exec(&["pkill", "-TERM", "-x", "etcd"]);
+    }
+
+    /// Stops the scheduler (SIGTERM to its process); the kubelet starts its static pod's container again.
+    pub fn restart_scheduler(&self) {
+        self.control_plane_exec(&["pkill", "-TERM", "-x", "kube-scheduler"]);
     }
 
     /// How many times etcd's container restarted, as its static pod's mirror says.

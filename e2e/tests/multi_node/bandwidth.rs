@@ -3,10 +3,11 @@
 
 use std::collections::BTreeSet;
 
+use rdu_e2e::local_mode::run_local;
 use rdu_e2e::testbed::Testbed;
 use serde_json::{Value, json};
 
-use super::{LONG, run_local};
+use super::LONG;
 
 /// Sizes timed both ways; the largest is the summary's `cross_node_allreduce_busbw_gbps`.
 const SIZES: [&str; 3] = ["64Ki", "1Mi", "16Mi"];

@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 use serde_json::{Map, Value, json};
 
 use super::faults::{Faults, LONG, TRAIN_SECONDS};
-use super::shared_volume;
 
 /// How long the API server stays away.
 const API_OUTAGE: Duration = Duration::from_secs(30);
@@ -24,7 +23,7 @@ impl Faults {
         let steps = (self.steps_per_second * 5.0 * TRAIN_SECONDS).ceil() as u64;
         job["spec"]["training"]["steps"] = json!(steps);
         job["spec"]["runPolicy"]["progressDeadlineSeconds"] = json!(20);
-        shared_volume(&self.bed, &self.shared, name);
+        self.bed.shared_volume(name);
         self.bed.apply(&job.to_string());
         self.bed.wait_phase(name, "Running", LONG).await;
         self.wait_checkpointed(name, interval).await;

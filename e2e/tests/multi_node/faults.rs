@@ -9,11 +9,12 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
+use rdu_e2e::checkpoints::stale_checkpoints;
 use rdu_e2e::logs::field_of;
 use rdu_e2e::testbed::Testbed;
 use serde_json::{Value, json};
 
-use super::{shared_volume, spread_job};
+use super::spread_job;
 
 pub(crate) const LONG: Duration = Duration::from_secs(300);
 /// How long a fault job trains when nothing disturbs it: long enough to be running through a fault, whatever
@@ -78,7 +79,7 @@ impl Faults {
     /// Applies a fault job and waits until it runs with a checkpoint written; returns its planned steps.
     async fn start_fault_job(&self, name: &str, timeout: u64) -> u64 {
         let (job, steps, interval) = self.fault_job(name, timeout);
-        shared_volume(&self.bed, &self.shared, name);
+        self.bed.shared_volume(name);
         self.bed.apply(&job.to_string());
         self.bed.wait_phase(name, "Running", LONG).await;
         self.wait_checkpointed(name, interval).await;
@@ -90,7 +91,7 @@ impl Faults {
     async fn start_job_checkpointing_on_sigterm_only(&self, name: &str, timeout: u64) -> u64 {
         let (mut job, steps, interval) = self.fault_job(name, timeout);
         job["spec"]["checkpoint"]["intervalSteps"] = json!(steps);
-        shared_volume(&self.bed, &self.shared, name);
+        self.bed.shared_volume(name);
         self.bed.apply(&job.to_string());
         self.bed.wait_phase(name, "Running", LONG).await;
         // Well into the run, as the other fault jobs are when their fault comes.
@@ -574,45 +575,4 @@ fn count_in_logs(dir: &std::path::Path, needle: &str) -> usize {
         }
     }
     count
-}
-
-/// Checkpoints in a job's checkpoint directory that a superseded generation wrote after the current lineage
-/// left it: files of a generation older than the `FENCE`'s whose step is newer than the checkpoint the fenced
-/// generation resumed from (`ckpt-<step>-g<generation>.bin`). A refused write never lands, so this is 0 unless
-/// the fence leaked.
-fn stale_checkpoints(dir: &std::path::Path) -> usize {
-    let fence: Value = std::fs::read_to_string(dir.join("FENCE"))
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or_else(|| panic!("no readable FENCE in {}", dir.display()));
-    let generation = fence["generation"].as_u64().expect("FENCE generation");
-    let resumed_step = fence["resumedFrom"]
-        .as_str()
-        .and_then(checkpoint_name)
-        .map_or(0, |(step, _)| step);
-    std::fs::read_dir(dir)
-        .expect("checkpoint directory")
-        .flatten()
-        .filter_map(|e| checkpoint_name(&e.file_name().to_string_lossy()))
-        .filter(|(step, g)| *g < generation && *step > resumed_step)
-        .count()
-}
-
-/// (step, generation) of a checkpoint file name `ckpt-<step>-g<generation>.bin`.
-fn checkpoint_name(name: &str) -> Option<(u64, u64)> {
-    let (step, generation) = name
-        .strip_prefix("ckpt-")?
-        .strip_suffix(".bin")?
-        .split_once("-g")?;
-    Some((step.parse().ok()?, generation.parse().ok()?))
-}
-
-#[test]
-fn checkpoint_names_are_read() {
-    assert_eq!(
-        checkpoint_name("ckpt-000000001200-g000003.bin"),
-        Some((1200, 3))
-    );
-    assert_eq!(checkpoint_name("ckpt-000000001200.bin"), None);
-    assert_eq!(checkpoint_name("FENCE"), None);
 }

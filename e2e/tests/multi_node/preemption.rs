@@ -20,7 +20,6 @@ use serde_json::{Value, json};
 
 use super::LONG;
 use super::faults::Faults;
-use super::shared_volume;
 
 /// Two PriorityClasses, a flavor for every node, a ClusterQueue of 8 tiles (of the nodes' 12) that preempts
 /// lower priorities, and LocalQueue `team` in `default`.
@@ -153,7 +152,7 @@ impl Faults {
         self.bed.apply(QUEUES);
         let name = "preempted";
         let (job, planned, interval) = self.fault_job(name, 30);
-        shared_volume(&self.bed, &self.shared, name);
+        self.bed.shared_volume(name);
         let applied = Instant::now();
         self.bed.apply(&queued(job, "low").to_string());
         let admitted = self
@@ -178,7 +177,7 @@ impl Faults {
         let (mut job, _, _) = self.fault_job(preemptor, 30);
         job["spec"]["workers"] = json!(PREEMPTOR_RANKS);
         job["spec"]["training"]["steps"] = json!(interval);
-        shared_volume(&self.bed, &self.shared, preemptor);
+        self.bed.shared_volume(preemptor);
         let held = self.hold_pods(name, true).await;
         let preempted = Instant::now();
         self.bed.apply(&queued(job, "high").to_string());
@@ -293,7 +292,7 @@ impl Faults {
         // A third of a fault job's training: long enough for a restart and a checkpoint to resume from.
         let planned = 10 * interval;
         job["spec"]["training"]["steps"] = json!(planned);
-        shared_volume(&self.bed, &self.shared, name);
+        self.bed.shared_volume(name);
         self.bed.apply(&queued(job, "low").to_string());
         self.bed.wait_phase(name, "Running", LONG).await;
         self.wait_checkpointed(name, interval).await;
