@@ -13,13 +13,17 @@ use super::Testbed;
 /// The shell a node runs to OOM-kill container process `$1` (its pid in the node): the process is made the
 /// OOM killer's first choice, then this shell joins the process's memory cgroup and fills it (`tail` keeps
 /// everything it reads from /dev/zero, which has no newline) until the cgroup's limit is hit; the shell, far
-/// smaller, ends 0 once the filler is killed in turn. cgroup v1 names
-/// the memory controller; on v2 the unified line (`0::`) is the cgroup.
+/// smaller, ends 0 once the filler is killed in turn. The container's limit is first lowered to its usage + 16
+/// MiB: the pod's cgroup has the same limit and also holds the pause container, so it would run out first, and
+/// an OOM there is not the container's (containerd watches the container's cgroup and would report `Error`, as
+/// measured). cgroup v1 names the memory controller; on v2 the unified line (`0::`) is the cgroup.
 const OOM_SCRIPT: &str = r#"pid="$1"
 echo 1000 > "/proc/$pid/oom_score_adj" || exit 3
 cg="$(awk -F: '$2 == "memory" { print $3 }' "/proc/$pid/cgroup")"
 if [ -n "$cg" ]; then dir="/sys/fs/cgroup/memory$cg"; else dir="/sys/fs/cgroup$(awk -F: '$1 == "0" { print $3 }' "/proc/$pid/cgroup")"; fi
 [ -w "$dir/cgroup.procs" ] || { echo "no memory cgroup for $pid at $dir" >&2; exit 4; }
+if [ -f "$dir/memory.limit_in_bytes" ]; then usage=memory.usage_in_bytes limit=memory.limit_in_bytes; else usage=memory.current limit=memory.max; fi
+echo $(( $(cat "$dir/$usage") + 16777216 )) > "$dir/$limit" || exit 6
 echo $$ > "$dir/cgroup.procs" || exit 5
 tail /dev/zero
 exit 0

@@ -1,0 +1,283 @@
+//! Lands one drawn fault on the cluster and heals it: a crashed node boots again, a cut-off node is connected,
+//! a drained node uncordoned, the API server put back; then waits until the node or component is back (Ready,
+//! its tiles offered, the API answering), so the next fault meets a whole cluster, while the jobs may still be
+//! recovering from this one.
+
+use std::time::{Duration, SystemTime};
+
+use rdu_e2e::testbed::Testbed;
+use serde_json::Value;
+
+use super::jobs::{Jobs, SLOTS, oom_slot};
+use super::plan::{Fault, FaultKind};
+use super::{LONG, TILES_PER_NODE};
+
+/// How long a rank fault waits for its rank to run (its job may be between generations).
+const RANK_WAIT: Duration = Duration::from_secs(60);
+
+/// What became of a drawn fault.
+#[derive(Debug, Clone)]
+pub(crate) struct Landed {
+    /// What it hit (a node, a rank of a job, a component).
+    pub(crate) target: String,
+    /// Why it was not landed (a rank fault with no rank running), if so.
+    pub(crate) skipped: Option<String>,
+    pub(crate) started: SystemTime,
+    pub(crate) healed: SystemTime,
+}
+
+/// Lands `fault`, heals it and waits for what it broke to be back.
+pub(crate) async fn land(bed: &mut Testbed, jobs: &mut Jobs, fault: &Fault) -> Landed {
+    let started = SystemTime::now();
+    let node = bed.node(fault.node).name.clone();
+    let (target, skipped) = match fault.kind {
+        FaultKind::NodeCrash => {
+            bed.crash(fault.node);
+            tokio::time::sleep(fault.hold).await;
+            let booted = SystemTime::now();
+            bed.reboot(fault.node).await;
+            bed.wait_device_plugin(&node, booted, TILES_PER_NODE, LONG)
+                .await;
+            (node, None)
+        }
+        FaultKind::NodePartition => {
+            bed.set_link(fault.node, false);
+            tokio::time::sleep(fault.hold).await;
+            let healed = SystemTime::now();
+            bed.set_link(fault.node, true);
+            bed.wait_lease_renewed_after(&node, healed, LONG).await;
+            (node, None)
+        }
+        FaultKind::KubeletRestart => {
+            let restarted = SystemTime::now();
+            bed.restart_kubelet(fault.node);
+            bed.wait_ready_heartbeat_after(&node, restarted, LONG).await;
+            (node, None)
+        }
+        FaultKind::ContainerdRestart => {
+            let restarted = SystemTime::now();
+            bed.restart_containerd(fault.node);
+            bed.wait_ready_heartbeat_after(&node, restarted, LONG).await;
+            bed.wait_tiles(&node, TILES_PER_NODE, "after containerd restarted", LONG)
+                .await;
+            (node, None)
+        }
+        FaultKind::DevicePluginKilled => {
+            let pod = bed
+                .plugin_pod(&node)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            let object = bed
+                .get(
+                    kube::Api::<k8s_openapi::api::core::v1::Pod>::namespaced(
+                        bed.client.clone(),
+                        rdu_e2e::testbed::SYSTEM_NAMESPACE,
+                    ),
+                    &pod,
+                )
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            let container = object["status"]["containerStatuses"][0]["containerID"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{pod} has no container: {}", object["status"]))
+                .to_string();
+            let killed = SystemTime::now();
+            bed.kill_container(fault.node, &container);
+            bed.wait_device_plugin(&node, killed, TILES_PER_NODE, LONG)
+                .await;
+            (format!("{node} {pod}"), None)
+        }
+        FaultKind::RankKilled | FaultKind::RankOomKilled => {
+            let oom = fault.kind == FaultKind::RankOomKilled;
+            // A slot whose job just ended gets its next one; a rank kill takes the drawn slot's rank, or the
+            // next slot's while that one has none running.
+            jobs.tend(bed, true).await;
+            let slots: Vec<usize> = if oom {
+                vec![oom_slot()]
+            } else {
+                (0..SLOTS.len())
+                    .map(|i| (fault.slot + i) % SLOTS.len())
+                    .collect()
+            };
+            match running_rank(bed, jobs, &slots, fault.rank_draw).await {
+                Err(why) => (format!("slot {}", SLOTS[slots[0]].key), Some(why)),
+                Ok((slot, pod, index, container)) => {
+                    let landed = if oom {
+                        let generation = generation_of(bed, &pod).await;
+                        match bed.oom_kill_container(index, &container) {
+                            Ok(()) => confirm_oom(bed, jobs, slot, generation).await,
+                            Err(why) => Err(why),
+                        }
+                    } else {
+                        bed.kill_container(index, &container);
+                        Ok(())
+                    };
+                    match landed {
+                        Ok(()) => {
+                            if let Some(job) = jobs.current[slot].as_mut() {
+                                job.counted_faults += 1;
+                            }
+                            (pod, None)
+                        }
+                        // The rank ended between the look and the kill.
+                        Err(why) => (pod, Some(why)),
+                    }
+                }
+            }
+        }
+        FaultKind::DrainUncordon => {
+            bed.kubectl(&[
+                "drain",
+                &node,
+                "--ignore-daemonsets",
+                "--delete-emptydir-data",
+                "--timeout=180s",
+            ]);
+            tokio::time::sleep(fault.hold).await;
+            bed.kubectl(&["uncordon", &node]);
+            (node, None)
+        }
+        FaultKind::OperatorLeaderKilled => {
+            let leader = bed
+                .operator_leader()
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+                .unwrap_or_default();
+            bed.kill_operator_leader(LONG).await;
+            (leader, None)
+        }
+        FaultKind::ApiServerRestarted => {
+            bed.set_api_server(false);
+            bed.wait_api(false, LONG).await;
+            tokio::time::sleep(fault.hold).await;
+            bed.set_api_server(true);
+            bed.wait_api(true, LONG).await;
+            (bed.control_plane_node(), None)
+        }
+        FaultKind::EtcdRestarted => {
+            let before = bed.etcd_restarts().await.unwrap_or_else(|e| panic!("{e}"));
+            bed.restart_etcd();
+            wait_etcd_back(bed, before).await;
+            (bed.control_plane_node(), None)
+        }
+        FaultKind::SchedulerRestarted => {
+            bed.restart_scheduler();
+            (bed.control_plane_node(), None)
+        }
+    };
+    Landed {
+        target,
+        skipped,
+        started,
+        healed: SystemTime::now(),
+    }
+}
+
+/// A running rank (the draw modulo its job's ranks) of the first of `slots` whose job has one, waiting a while
+/// for one (a job may be between generations or just submitted): its slot, pod, node index and container; why
+/// there is none otherwise.
+async fn running_rank(
+    bed: &Testbed,
+    jobs: &Jobs,
+    slots: &[usize],
+    draw: u32,
+) -> Result<(usize, String, u8, String), String> {
+    let found = rdu_e2e::poll_until("a rank running", RANK_WAIT, async || {
+        let mut seen = Vec::new();
+        for &slot in slots {
+            let Some(job) = jobs.current[slot].as_ref() else {
+                seen.push(format!("slot {} runs no job", SLOTS[slot].key));
+                continue;
+            };
+            let pod = format!("{}-worker-{}", job.name, draw % SLOTS[slot].ranks);
+            match running_container(bed, &pod).await {
+                Ok((container, node)) => return Ok((slot, pod, container, node)),
+                Err(why) => seen.push(why),
+            }
+        }
+        Err(seen.join("; "))
+    })
+    .await;
+    let (slot, pod, container, node) = found.map_err(|e| rdu_error_chain::chain(&e))?;
+    Ok((slot, pod, bed.index_of(&node), container))
+}
+
+/// Pod `pod`'s worker container and node while it runs.
+async fn running_container(bed: &Testbed, pod: &str) -> Result<(String, String), String> {
+    let object: Value = bed.pod(pod).await?;
+    let running = &object["status"]["containerStatuses"][0];
+    if running["state"]["running"].is_null() || object["metadata"]["deletionTimestamp"].is_string()
+    {
+        return Err(format!("{pod} is not running"));
+    }
+    let container = running["containerID"]
+        .as_str()
+        .ok_or_else(|| format!("{pod} has no container"))?
+        .to_string();
+    let node = object["spec"]["nodeName"]
+        .as_str()
+        .ok_or_else(|| format!("{pod} is not scheduled"))?
+        .to_string();
+    Ok((container, node))
+}
+
+/// The gang generation pod `pod` belongs to (its `rdu.dev/generation` label).
+async fn generation_of(bed: &Testbed, pod: &str) -> Option<u64> {
+    let object = bed.pod(pod).await.ok()?;
+    object["metadata"]["labels"]["rdu.dev/generation"]
+        .as_str()?
+        .parse()
+        .ok()
+}
+
+/// Waits until slot `slot`'s job blames the end of generation `generation` on an `OOMKilled` container (in
+/// `status.stopping` or `status.history`): the kernel, not the filler's exit, ended the rank.
+async fn confirm_oom(
+    bed: &Testbed,
+    jobs: &Jobs,
+    slot: usize,
+    generation: Option<u64>,
+) -> Result<(), String> {
+    let job = jobs.current[slot]
+        .as_ref()
+        .ok_or("the slot runs no job now")?;
+    let generation = generation.ok_or("the rank's pod has no generation label")?;
+    rdu_e2e::poll_until(
+        "the rank's end blamed on OOMKilled",
+        RANK_WAIT,
+        async || {
+            let object = bed.job(&job.name).await?;
+            let status = &object["status"];
+            let ends = status["history"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .chain(std::iter::once(&status["stopping"]));
+            let mut seen = Vec::new();
+            for end in ends {
+                if end["generation"].as_u64() == Some(generation) {
+                    if end["containerReason"] == "OOMKilled" {
+                        return Ok(());
+                    }
+                    seen.push(end.clone());
+                }
+            }
+            Err(format!("generation {generation} ended otherwise: {seen:?}"))
+        },
+    )
+    .await
+    .map_err(|e| rdu_error_chain::chain(&e))
+}
+
+/// Waits until etcd's container restarted (its count past `before`) and the API server answers from it.
+async fn wait_etcd_back(bed: &Testbed, before: u64) {
+    bed.wait("etcd started again", LONG, async || {
+        let restarts = bed.etcd_restarts().await?;
+        if restarts > before && bed.api_ready() {
+            Ok(())
+        } else {
+            Err(format!("etcd restarts {restarts}"))
+        }
+    })
+    .await;
+}
