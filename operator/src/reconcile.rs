@@ -263,19 +263,37 @@ async fn write_status(
     }
     if job.status.as_ref() != Some(&decision.status) {
         let jobs: Api<RduJob> = Api::namespaced(ctx.client.clone(), builders::job_namespace(job));
-        let stored = jobs
+        let written = jobs
             .patch_status(
                 &job.name_any(),
                 &PatchParams::apply(FIELD_MANAGER).force(),
                 &Patch::Apply(status_patch(&decision.status)),
             )
-            .await
-            .map_err(|source| ReconcileError::Status { source })?;
-        if let Some(status) = &stored.status {
-            ctx.status_writes.written(&job_key(job), status);
+            .await;
+        match stored_status(written)? {
+            Some(stored) => {
+                if let Some(status) = &stored.status {
+                    ctx.status_writes.written(&job_key(job), status);
+                }
+            }
+            None => {
+                tracing::debug!(job = %job.name_any(), "job deleted before its status was written");
+                return Ok(());
+            }
         }
     }
     publish_events(job, ctx, &decision.events).await
+}
+
+/// The job as the status write stored it; none when the job was deleted since it was read (a user deleting a
+/// finished job while its last reconcile runs): its children go with it, there is nothing to record and no error
+/// to retry.
+fn stored_status(written: Result<RduJob, kube::Error>) -> Result<Option<RduJob>, ReconcileError> {
+    match written {
+        Ok(stored) => Ok(Some(stored)),
+        Err(kube::Error::Api(status)) if status.is_not_found() => Ok(None),
+        Err(source) => Err(ReconcileError::Status { source }),
+    }
 }
 
 /// The object server-side apply needs for the status subresource. `progress` is left out: the progress endpoint
@@ -336,8 +354,33 @@ fn observe_creation_latency(job: &RduJob, ctx: &Context, decision: &Decision, no
 mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+    use kube::core::Status;
     use kube::runtime::reflector;
     use kube::runtime::watcher;
+
+    fn api_error(code: u16, reason: &str) -> kube::Error {
+        kube::Error::Api(
+            Status::failure("rdujobs.rdu.dev \"a\"", reason)
+                .with_code(code)
+                .boxed(),
+        )
+    }
+
+    #[test]
+    fn a_status_write_to_a_deleted_job_is_no_error_and_other_failures_are() {
+        assert!(matches!(
+            stored_status(Err(api_error(404, "NotFound"))),
+            Ok(None)
+        ));
+        assert!(matches!(
+            stored_status(Err(api_error(409, "Conflict"))),
+            Err(ReconcileError::Status { .. })
+        ));
+        assert!(matches!(
+            stored_status(Ok(crate::test_fixtures::job("a", Some("ml"), 2))),
+            Ok(Some(_))
+        ));
+    }
 
     fn pod(ns: &str, name: &str, job: Option<&str>, controller_uid: Option<&str>) -> Pod {
         let mut pod = Pod::default();

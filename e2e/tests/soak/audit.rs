@@ -1,5 +1,5 @@
 //! What the soak checks beside the jobs: the operator's reconcile errors, each explained by a fault that took
-//! the API server away (or listed as unexplained), and nothing of the jobs left once they are deleted: no
+//! the API server away or by a watch that expired and was listed again (or listed as unexplained), and nothing of the jobs left once they are deleted: no
 //! object in their namespace, no PersistentVolume of theirs, no worker process and no shared memory on a node.
 
 use std::collections::BTreeSet;
@@ -60,11 +60,15 @@ impl Audit {
                     .next()
                     .and_then(|t| t.parse::<jiff::Timestamp>().ok())
                     .map(SystemTime::from);
-                let explained = at.is_some_and(|at| {
+                let api_away = at.is_some_and(|at| {
                     self.api_away
                         .iter()
                         .any(|(from, to)| at >= *from && at <= *to + AFTERMATH)
                 });
+                // A watch whose resource version the API server compacted away ends with 410 Gone; kube's
+                // watcher lists again and goes on (the controller still logs the watch's error).
+                let relisted = line.contains("too old resource version");
+                let explained = api_away || relisted;
                 ReconcileError {
                     line: line.clone(),
                     explained,
