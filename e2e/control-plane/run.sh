@@ -24,7 +24,7 @@ targets=()
 for file in e2e/tests/*.rs; do
   name="$(basename "$file" .rs)"
   case "$name" in
-    node | multi_node | kueue | scale) ;;
+    node | multi_node | soak | kueue | scale) ;;
     *) targets+=(--test "$name") ;;
   esac
 done
