@@ -35,6 +35,30 @@ pub const RELEASE: &str = crate::cluster::CHART_RELEASE;
 /// The operator's Deployment, as the chart names it.
 pub const OPERATOR_DEPLOYMENT: &str = "rdu-rdu-operator";
 /// The images the chart runs, as `docker/build.sh` tags them (`<repository>:<appVersion>`).
+/// How long [`Testbed::apply`] applies again while the API server is away.
+pub const APPLY_DEADLINE: Duration = Duration::from_secs(180);
+const APPLY_RETRY_PAUSE: Duration = Duration::from_secs(2);
+
+/// Whether kubectl failed because the API server was away or did not answer in time (as after its restart),
+/// not because of what was sent.
+fn is_transient(error: &crate::cluster::ClusterError) -> bool {
+    let text = error.to_string();
+    [
+        "connection refused",
+        "Client.Timeout",
+        "context deadline exceeded",
+        "TLS handshake timeout",
+        "i/o timeout",
+        "connection reset by peer",
+        "http2: client connection lost",
+        "the server is currently unable to handle the request",
+        "the server was unable to return a response in the time allotted",
+        "etcdserver: request timed out",
+    ]
+    .iter()
+    .any(|marker| text.contains(marker))
+}
+
 const IMAGES: [&str; 3] = ["rdu-operator", "rdu-device-plugin", "rdu-worker"];
 
 /// What the cluster is made of.
@@ -200,10 +224,23 @@ impl Testbed {
             .unwrap_or_else(|e| panic!("{}\n{}", rdu_error_chain::Chain(&e), self.diagnose()))
     }
 
-    /// `kubectl apply -f -` of `yaml`.
+    /// `kubectl apply -f -` of `yaml`, applied again (it is idempotent) while the API server is away or slow to
+    /// answer, for up to [`APPLY_DEADLINE`]; any other failure panics at once.
     pub fn apply(&self, yaml: &str) {
-        kubectl(&self.plane, &["apply", "-f", "-"], Some(yaml))
-            .unwrap_or_else(|e| panic!("{}\n{}", rdu_error_chain::Chain(&e), self.diagnose()));
+        let deadline = Instant::now() + APPLY_DEADLINE;
+        loop {
+            match kubectl(&self.plane, &["apply", "-f", "-"], Some(yaml)) {
+                Ok(_) => return,
+                Err(e) if is_transient(&e) && Instant::now() < deadline => {
+                    eprintln!(
+                        "kubectl apply: {} (applying again)",
+                        rdu_error_chain::Chain(&e)
+                    );
+                    std::thread::sleep(APPLY_RETRY_PAUSE);
+                }
+                Err(e) => panic!("{}\n{}", rdu_error_chain::Chain(&e), self.diagnose()),
+            }
+        }
     }
 
     /// What a person would look at when something is stuck.
@@ -623,5 +660,30 @@ mod tests {
         let listing = "Chain KUBE-FORWARD (1 references)\n    pkts      bytes target     prot opt in     out     source               destination\n      17     1020 DROP       0    --  *      *       0.0.0.0/0            0.0.0.0/0            ctstate INVALID\n       0        0 ACCEPT     0    --  *      *       0.0.0.0/0            0.0.0.0/0            mark match 0x4000/0x4000\n";
         assert_eq!(super::invalid_drops_in(listing), Some(17));
         assert_eq!(super::invalid_drops_in("Chain KUBE-FORWARD\n"), None);
+    }
+
+    #[test]
+    fn only_an_api_server_away_or_slow_is_applied_again() {
+        let kubectl = |stderr: &str| crate::cluster::ClusterError::Kubectl {
+            args: "apply -f -".into(),
+            stderr: stderr.into(),
+        };
+        let transient = [
+            "The connection to the server 172.18.0.2:6443 was refused - did you specify the right host or port? dial tcp 172.18.0.2:6443: connect: connection refused",
+            "Unable to connect to the server: net/http: request canceled (Client.Timeout exceeded while awaiting headers)",
+            "Error from server (ServiceUnavailable): the server is currently unable to handle the request",
+            "Unable to connect to the server: net/http: TLS handshake timeout",
+        ];
+        for stderr in transient {
+            assert!(super::is_transient(&kubectl(stderr)), "{stderr}");
+        }
+        let refused = [
+            "The RduJob \"x\" is invalid: spec.workers: Invalid value: 0: spec.workers must be at least 1",
+            "error: error parsing STDIN: error converting YAML to JSON",
+            "Error from server (Forbidden): rdujobs.rdu.dev is forbidden",
+        ];
+        for stderr in refused {
+            assert!(!super::is_transient(&kubectl(stderr)), "{stderr}");
+        }
     }
 }

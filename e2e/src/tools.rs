@@ -75,14 +75,20 @@ pub fn run_ok(program: &Path, args: &[&str], stdin: Option<&str>) -> Result<Stri
     }
 }
 
-/// kubectl with `--kubeconfig` prepended to `args`; returns the output whatever the exit status.
+/// How long one kubectl request may take: a connection to an API server that went away and came back can hang
+/// for minutes without one (seen in the soak after an API server restart). Longer than any `kubectl wait
+/// --timeout` the tests pass.
+pub const KUBECTL_REQUEST_TIMEOUT: &str = "--request-timeout=90s";
+
+/// kubectl with `--kubeconfig` and a request timeout prepended to `args`; returns the output whatever the exit
+/// status.
 pub fn kubectl_in(
     kubeconfig: &Path,
     args: &[&str],
     stdin: Option<&str>,
 ) -> Result<Output, ToolError> {
     let flag = format!("--kubeconfig={}", kubeconfig.display());
-    let mut all = vec![flag.as_str()];
+    let mut all = vec![flag.as_str(), KUBECTL_REQUEST_TIMEOUT];
     all.extend_from_slice(args);
     run(Path::new("kubectl"), &all, stdin)
 }

@@ -90,6 +90,8 @@ impl Faults {
             "-n",
             "rdu-system",
             "--timeout=300s",
+            // A watch, bounded by `--timeout`, not by the testbed's request timeout.
+            "--request-timeout=0",
         ]);
         let rolled = fault.elapsed().as_secs_f64();
         let progress = self.progress_past(name, step).await;
