@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Jobs through random faults (issue 35; DESIGN 7): a kind cluster of three RDU nodes with the chart (two operator
 # replicas) and Kueue, three jobs kept running while faults drawn from a seed land on nodes, ranks and the control
-# plane (e2e/tests/soak.rs). Runs `cargo test --workspace --test soak -- --ignored`; the last stdout line is the
-# run's JSON summary ({"bench":"soak",...}).
-#   RDU_SOAK_FAULTS   how many faults (default 20: CI's short soak; 200 or more for a long one)
+# plane (rdu_e2e::soak, on a cluster of its own: e2e/tests/soak.rs). Runs `cargo test --workspace --test soak --
+# --ignored`; the last stdout line is the run's JSON summary ({"bench":"soak",...}). CI's short soak (12 faults)
+# runs at the end of e2e/multi-node/run.sh instead, on that stage's cluster; this script is for long soaks.
+#   RDU_SOAK_FAULTS   how many faults (default 20; 200 or more for a long one)
 #   RDU_SOAK_SEED     replays a run's faults (each run prints its seed)
 #   RDU_SOAK_STEPS    steps of each job (default 100000; RDU_SOAK_CHECKPOINT_STEPS, 4000, between checkpoints)
 # Needs what e2e/multi-node/run.sh needs (kind, kubectl, helm, docker or podman, Go for Kueue).

@@ -23,7 +23,9 @@ pub mod pki;
 pub mod poll;
 pub mod ports;
 pub mod process;
+pub mod soak;
 pub mod testbed;
+pub mod three_nodes;
 pub mod tools;
 
 pub use assets::{Assets, AssetsError};

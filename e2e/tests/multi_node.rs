@@ -2,16 +2,19 @@
 //! (a kind cluster) with three nodes of 2 RDUs × 2 tiles (so an 8-rank job must span them), the chart installed
 //! with `helm install`, checkpoints on storage every node sees (a host directory mounted into every node behind a
 //! ReadWriteMany PersistentVolume, standing in for network storage), Kueue's manager on the host against the
-//! cluster's API server (a queued job preempted and resumed, `multi_node/preemption.rs`). `bash
-//! e2e/multi-node/run.sh` runs it and prints the JSON line it writes to `RDU_MULTI_NODE_BENCH_OUT`.
+//! cluster's API server (a queued job preempted and resumed, `multi_node/preemption.rs`); then, on the same
+//! cluster, a short soak of random faults (`rdu_e2e::soak`; `RDU_SOAK_FAULTS`, default 12, one of every kind; 0
+//! skips it). `bash e2e/multi-node/run.sh` runs it and prints the JSON lines it writes to
+//! `RDU_MULTI_NODE_BENCH_OUT` and `RDU_SOAK_BENCH_OUT`.
 
 use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use rdu_e2e::kueue;
 use rdu_e2e::local_mode::run_local;
 use rdu_e2e::logs::field_of;
-use rdu_e2e::testbed::{Testbed, TestbedSpec};
+use rdu_e2e::soak::Soak;
+use rdu_e2e::testbed::Testbed;
+use rdu_e2e::three_nodes::{self, LONG, NODES};
 use rdu_e2e::workspace_root;
 use serde_json::{Value, json};
 
@@ -27,52 +30,28 @@ use faults::Faults;
 
 /// Env var naming the file the summary JSON line is written to.
 const BENCH_OUT_ENV: &str = "RDU_MULTI_NODE_BENCH_OUT";
-const NODES: u8 = 3;
-const RDUS: u32 = 2;
-const TILES_PER_RDU: u32 = 2;
+/// The short soak's faults: one of every kind (`plan` deals every kind once per round of 12).
+const SOAK_FAULTS: u64 = 12;
 /// Ranks of the job: 8 one-tile ranks need at least two of the three 4-tile nodes, and fit on two after a loss.
 const RANKS: u32 = 8;
-pub(crate) const LONG: Duration = Duration::from_secs(300);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs kind, podman or docker, the images of docker/Dockerfile and Kueue: bash e2e/multi-node/run.sh"]
 async fn one_job_spans_three_nodes_and_survives_their_faults() {
-    let kueue_dir = kueue::kueue_dir().unwrap_or_else(|e| panic!("{e}"));
-    let mut bed = Testbed::start(&TestbedSpec {
-        name: "rdu-multi-node",
-        nodes: NODES,
-    })
-    .await;
-    // Kueue's manager on the host, before the chart: the operator runs with `kueue.enabled`, so
-    // jobs labelled with a queue wait for admission; the others run as they would without Kueue
-    // (`kueue.manageJobsWithoutQueueName=false`: this suite's other jobs have no LocalQueue).
-    let _kueue = kueue::start(&mut bed.plane, &kueue_dir, None)
-        .await
-        .unwrap_or_else(|e| panic!("Kueue starts: {}", rdu_error_chain::Chain(&e)));
+    let soak = Soak::from_env(SOAK_FAULTS);
+    let cluster = three_nodes::start("rdu-multi-node").await;
+    let bed = cluster.bed;
     let mut summary = serde_json::Map::new();
     summary.insert("bench".into(), json!("multi_node"));
     summary.insert("nodes".into(), json!(NODES));
     summary.insert("ranks".into(), json!(RANKS));
     summary.insert(
         "nodes_ready_seconds".into(),
-        json!(bed.started.elapsed().as_secs_f64()),
+        json!(cluster.nodes_ready.as_secs_f64()),
     );
-    let installed = Instant::now();
-    bed.helm_install(&[
-        format!("devicePlugin.rdusPerNode={RDUS}"),
-        format!("devicePlugin.tilesPerRdu={TILES_PER_RDU}"),
-        "kueue.enabled=true".to_string(),
-        "kueue.manageJobsWithoutQueueName=false".to_string(),
-        // A standby replica, as in production: a killed leader's Lease lapses to it.
-        "operator.replicas=2".to_string(),
-    ]);
-    for node in &bed.nodes {
-        bed.wait_tiles(&node.name, RDUS * TILES_PER_RDU, "after helm install", LONG)
-            .await;
-    }
     summary.insert(
         "helm_install_to_tiles_seconds".into(),
-        json!(installed.elapsed().as_secs_f64()),
+        json!(cluster.helm_install_to_tiles.as_secs_f64()),
     );
 
     let shared = bed.shared_dir().to_path_buf();
@@ -96,6 +75,12 @@ async fn one_job_spans_three_nodes_and_survives_their_faults() {
     if let Some(path) = std::env::var_os(BENCH_OUT_ENV) {
         std::fs::write(path, format!("{line}\n")).expect("write the summary");
     }
+
+    // The same cluster, its jobs all deleted: random faults under three jobs at once.
+    if soak.faults > 0 {
+        soak.run(&mut faults.bed).await;
+    }
+    drop(cluster.kueue);
 }
 
 /// The digits example with 8 ranks spread over the nodes, hierarchical all-reduce, checkpoints on the shared

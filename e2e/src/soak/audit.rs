@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
-use rdu_e2e::testbed::{OPERATOR_DEPLOYMENT, SYSTEM_NAMESPACE, Testbed};
+use crate::testbed::{OPERATOR_DEPLOYMENT, SYSTEM_NAMESPACE, Testbed};
 use serde_json::Value;
 
 /// How long after the API server is back its errors still count as the fault's (the operator's requeue is 5 s,
@@ -15,8 +15,9 @@ const AFTERMATH: Duration = Duration::from_secs(60);
 
 /// The operator's log lines, gathered from the nodes' pod logs (kept on the host, so a replica killed, crashed
 /// or cut off still has its lines read), and when the API server was away.
-#[derive(Default)]
 pub(crate) struct Audit {
+    /// Lines logged before this are not the soak's (the three-node test's own faults come first).
+    since: SystemTime,
     lines: BTreeSet<String>,
     api_away: Vec<(SystemTime, SystemTime)>,
 }
@@ -29,6 +30,15 @@ pub(crate) struct ReconcileError {
 }
 
 impl Audit {
+    /// An audit of the lines logged from `since` on.
+    pub(crate) fn since(since: SystemTime) -> Audit {
+        Audit {
+            since,
+            lines: BTreeSet::new(),
+            api_away: Vec::new(),
+        }
+    }
+
     /// Reads every operator container's log on every node into the set (lines already seen are kept once).
     pub(crate) fn gather(&mut self, bed: &Testbed) {
         let prefix = format!("{SYSTEM_NAMESPACE}_{OPERATOR_DEPLOYMENT}-");
@@ -49,7 +59,8 @@ impl Audit {
         self.api_away.push((from, to));
     }
 
-    /// The operator's reconcile errors seen so far, each with whether a fault explains it.
+    /// The operator's reconcile errors logged since the soak began, each with whether a fault explains it (a
+    /// line without a time counts as the soak's).
     pub(crate) fn reconcile_errors(&self) -> Vec<ReconcileError> {
         self.lines
             .iter()
@@ -60,6 +71,10 @@ impl Audit {
                     .next()
                     .and_then(|t| t.parse::<jiff::Timestamp>().ok())
                     .map(SystemTime::from);
+                (line, at)
+            })
+            .filter(|(_, at)| at.is_none_or(|at| at >= self.since))
+            .map(|(line, at)| {
                 let api_away = at.is_some_and(|at| {
                     self.api_away
                         .iter()
@@ -134,4 +149,49 @@ pub(crate) fn leftovers(bed: &Testbed) -> Vec<String> {
         );
     }
     left
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(text: &str) -> SystemTime {
+        SystemTime::from(text.parse::<jiff::Timestamp>().expect("a time"))
+    }
+
+    #[test]
+    fn errors_are_the_soaks_and_explained_only_by_the_api_away_or_a_relist() {
+        let mut audit = Audit::since(at("2026-11-28T10:00:00Z"));
+        audit.api_away(at("2026-11-28T10:05:00Z"), at("2026-11-28T10:05:30Z"));
+        let lines = [
+            // Before the soak: the three-node test's own faults.
+            "2026-11-28T09:59:59.0Z stderr F ERROR reconcile failed: connection refused",
+            // While the API server was away, and within the aftermath.
+            "2026-11-28T10:05:10.0Z stderr F ERROR reconcile failed: connection refused",
+            "2026-11-28T10:06:29.0Z stderr F ERROR reconcile failed: 503",
+            // After the aftermath.
+            "2026-11-28T10:06:31.0Z stderr F ERROR reconcile failed: 500",
+            // A watch that expired.
+            "2026-11-28T10:20:00.0Z stderr F ERROR reconcile loop error: too old resource version: 1 (2)",
+            // No time: the soak's, unexplained.
+            "ERROR reconcile failed: ?",
+            "2026-11-28T10:30:00.0Z stderr F INFO reconciled",
+        ];
+        audit.lines.extend(lines.iter().map(|l| l.to_string()));
+        let mut got: Vec<(String, bool)> = audit
+            .reconcile_errors()
+            .into_iter()
+            .map(|e| (e.line, e.explained))
+            .collect();
+        got.sort();
+        let mut want: Vec<(String, bool)> = vec![
+            (lines[1].to_string(), true),
+            (lines[2].to_string(), true),
+            (lines[3].to_string(), false),
+            (lines[4].to_string(), true),
+            (lines[5].to_string(), false),
+        ];
+        want.sort();
+        assert_eq!(got, want);
+    }
 }

@@ -5,12 +5,12 @@
 
 use std::time::{Duration, SystemTime};
 
-use rdu_e2e::testbed::Testbed;
+use crate::testbed::Testbed;
 use serde_json::Value;
 
 use super::jobs::{Jobs, SLOTS, oom_slot};
 use super::plan::{Fault, FaultKind};
-use super::{LONG, TILES_PER_NODE};
+use crate::three_nodes::{LONG, TILES_PER_NODE};
 
 /// How long a rank fault waits for its rank to run (its job may be between generations).
 const RANK_WAIT: Duration = Duration::from_secs(60);
@@ -71,7 +71,7 @@ pub(crate) async fn land(bed: &mut Testbed, jobs: &mut Jobs, fault: &Fault) -> L
                 .get(
                     kube::Api::<k8s_openapi::api::core::v1::Pod>::namespaced(
                         bed.client.clone(),
-                        rdu_e2e::testbed::SYSTEM_NAMESPACE,
+                        crate::testbed::SYSTEM_NAMESPACE,
                     ),
                     &pod,
                 )
@@ -182,7 +182,7 @@ async fn running_rank(
     slots: &[usize],
     draw: u32,
 ) -> Result<(usize, String, u8, String), String> {
-    let found = rdu_e2e::poll_until("a rank running", RANK_WAIT, async || {
+    let found = crate::poll_until("a rank running", RANK_WAIT, async || {
         let mut seen = Vec::new();
         for &slot in slots {
             let Some(job) = jobs.current[slot].as_ref() else {
@@ -242,7 +242,7 @@ async fn confirm_oom(
         .as_ref()
         .ok_or("the slot runs no job now")?;
     let generation = generation.ok_or("the rank's pod has no generation label")?;
-    rdu_e2e::poll_until(
+    crate::poll_until(
         "the rank's end blamed on OOMKilled",
         RANK_WAIT,
         async || {

@@ -5,10 +5,10 @@
 use std::collections::BTreeSet;
 use std::time::Instant;
 
-use rdu_e2e::checkpoints::stale_checkpoints;
-use rdu_e2e::local_mode::{checksums, run_local_logged};
-use rdu_e2e::testbed::Testbed;
-use rdu_e2e::workspace_root;
+use crate::checkpoints::stale_checkpoints;
+use crate::local_mode::{checksums, run_local_logged};
+use crate::testbed::Testbed;
+use crate::workspace_root;
 use serde_json::{Value, json};
 
 /// One slot: the shape of the job it keeps running.
@@ -132,7 +132,6 @@ pub(crate) struct Checked {
     pub(crate) counted_faults: u32,
     pub(crate) restarts: u64,
     pub(crate) failure_restarts: u64,
-    pub(crate) checksum_equal: bool,
     pub(crate) seconds: f64,
 }
 
@@ -271,9 +270,8 @@ impl Jobs {
         assert_eq!(sums.len(), 1, "{name}: ranks disagree: {sums:?}");
         let sum = sums.into_iter().next().expect("a checksum");
         let undisturbed = self.undisturbed.of(job.slot);
-        let checksum_equal = sum == undisturbed;
         assert!(
-            checksum_equal,
+            sum == undisturbed,
             "{name} ended with other parameters ({sum}) than an undisturbed run of its spec ({undisturbed})"
         );
         let dir = bed.shared_dir().join(name);
@@ -292,7 +290,6 @@ impl Jobs {
             counted_faults: job.counted_faults,
             restarts,
             failure_restarts,
-            checksum_equal,
             seconds: job.submitted.elapsed().as_secs_f64(),
         }
     }

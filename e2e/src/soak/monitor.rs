@@ -9,10 +9,10 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::kind::Engine;
 use kube::Api;
 use kube::api::ListParams;
 use rdu_crds::RduJob;
-use rdu_e2e::kind::Engine;
 
 /// How often the jobs are looked at.
 const TICK: Duration = Duration::from_secs(1);
@@ -104,7 +104,7 @@ async fn watch(
     state: Arc<Mutex<State>>,
     stop: Arc<AtomicBool>,
 ) {
-    let client = rdu_e2e::kubeconfig::client(&kubeconfig)
+    let client = crate::kubeconfig::client(&kubeconfig)
         .await
         .expect("the monitor's client");
     let jobs = Api::<RduJob>::namespaced(client, "default");

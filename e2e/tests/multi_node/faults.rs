@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 
 use super::spread_job;
 
-pub(crate) const LONG: Duration = Duration::from_secs(300);
+pub(crate) use rdu_e2e::three_nodes::LONG;
 /// How long a fault job trains when nothing disturbs it: long enough to be running through a fault, whatever
 /// this machine's speed (measured by the spread stage).
 pub(crate) const TRAIN_SECONDS: f64 = 60.0;
