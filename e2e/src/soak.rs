@@ -169,6 +169,7 @@ impl Soak {
             "checksums_equal": jobs.checked.len(),
             "gang_restarts": jobs.checked.iter().map(|c| c.restarts).sum::<u64>(),
             "failure_restarts": jobs.checked.iter().map(|c| c.failure_restarts).sum::<u64>(),
+            "oom_kills_reported_as_error": jobs.oom_reported_as_error,
             "counted_faults_landed": jobs.checked.iter().map(|c| u64::from(c.counted_faults)).sum::<u64>(),
             "job_seconds": percentiles(jobs.checked.iter().map(|c| c.seconds).collect()),
             "recovery_seconds": percentiles(report.recovery_seconds.clone()),

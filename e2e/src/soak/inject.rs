@@ -105,7 +105,16 @@ pub(crate) async fn land(bed: &mut Testbed, jobs: &mut Jobs, fault: &Fault) -> L
                     let landed = if oom {
                         let generation = generation_of(bed, &pod).await;
                         match bed.oom_kill_container(index, &container) {
-                            Ok(()) => confirm_oom(bed, jobs, slot, generation).await,
+                            Ok(()) => {
+                                match confirm_oom(bed, jobs, slot, generation, &container).await {
+                                    Ok(OomSeen::ByTheRuntime) => Ok(()),
+                                    Ok(OomSeen::ByTheKernelOnly) => {
+                                        jobs.oom_reported_as_error += 1;
+                                        Ok(())
+                                    }
+                                    Err(why) => Err(why),
+                                }
+                            }
                             Err(why) => Err(why),
                         }
                     } else {
@@ -230,14 +239,25 @@ async fn generation_of(bed: &Testbed, pod: &str) -> Option<u64> {
         .ok()
 }
 
-/// Waits until slot `slot`'s job blames the end of generation `generation` on an `OOMKilled` container (in
-/// `status.stopping` or `status.history`): the kernel, not the filler's exit, ended the rank.
+/// Who saw an OOM kill land.
+enum OomSeen {
+    /// The runtime: the job blames the generation's end on `OOMKilled`.
+    ByTheRuntime,
+    /// Only the kernel: its log has the rank's worker OOM-killed in its container's cgroup, while the runtime
+    /// reported a plain `Error` exit 137 (containerd's race with systemd removing the cgroup, on cgroup v1).
+    ByTheKernelOnly,
+}
+
+/// Waits until slot `slot`'s job blames the end of generation `generation` (in `status.stopping` or
+/// `status.history`) on an `OOMKilled` container, or on exit 137 of container `container` whose worker the
+/// kernel's log shows OOM-killed: the kernel, not the filler's exit, ended the rank.
 async fn confirm_oom(
     bed: &Testbed,
     jobs: &Jobs,
     slot: usize,
     generation: Option<u64>,
-) -> Result<(), String> {
+    container: &str,
+) -> Result<OomSeen, String> {
     let job = jobs.current[slot]
         .as_ref()
         .ok_or("the slot runs no job now")?;
@@ -257,7 +277,10 @@ async fn confirm_oom(
             for end in ends {
                 if end["generation"].as_u64() == Some(generation) {
                     if end["containerReason"] == "OOMKilled" {
-                        return Ok(());
+                        return Ok(OomSeen::ByTheRuntime);
+                    }
+                    if end["exitCode"] == 137 && Testbed::oom_killed_by_kernel(container)? {
+                        return Ok(OomSeen::ByTheKernelOnly);
                     }
                     seen.push(end.clone());
                 }

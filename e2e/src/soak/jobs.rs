@@ -166,6 +166,8 @@ pub(crate) struct Jobs {
     rounds: Vec<u32>,
     undisturbed: Undisturbed,
     pub(crate) checked: Vec<Checked>,
+    /// OOM kills the kernel's log shows but the runtime reported as a plain `Error` (exit 137).
+    pub(crate) oom_reported_as_error: u32,
 }
 
 impl Jobs {
@@ -196,6 +198,7 @@ impl Jobs {
             rounds: vec![0; SLOTS.len()],
             undisturbed: Undisturbed::Running(Some(undisturbed)),
             checked: Vec::new(),
+            oom_reported_as_error: 0,
         }
     }
 

@@ -65,6 +65,30 @@ impl Testbed {
             .map_err(|e| format!("OOM of {id} on {name}: {}", rdu_error_chain::Chain(&e)))
     }
 
+    /// Whether the kernel's OOM killer killed the worker process of container `container_id` (`containerd://…`):
+    /// its log names the container's cgroup (`cri-containerd-<id>.scope`) as the killed task's. The runtime may
+    /// report such a kill as a plain `Error` (exit 137): on cgroup v1 with the systemd cgroup driver containerd
+    /// learns of it only from the container's cgroup, which systemd may remove first (containerd's
+    /// `internal/cri/server/events.go` says so). Read with `dmesg` on the host, whose kernel the nodes share.
+    pub fn oom_killed_by_kernel(container_id: &str) -> Result<bool, String> {
+        let id = container_id
+            .strip_prefix("containerd://")
+            .unwrap_or(container_id);
+        let out = std::process::Command::new("dmesg")
+            .output()
+            .map_err(|e| format!("dmesg: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "dmesg: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(kernel_log_oom_killed(
+            &String::from_utf8_lossy(&out.stdout),
+            id,
+        ))
+    }
+
     /// The running containerd tasks of node `index` (containers and pod sandboxes, `k8s.io` namespace): id and pid.
     fn running_tasks(&self, index: u8) -> Result<Vec<(String, String)>, String> {
         let name = &self.node(index).name;
@@ -160,5 +184,43 @@ impl Testbed {
                 }),
         );
         left
+    }
+}
+
+/// Whether kernel log `log` records an OOM kill of a `rdu-worker` process in container `id`'s cgroup (the
+/// filler in the same cgroup is killed too, and does not count).
+fn kernel_log_oom_killed(log: &str, id: &str) -> bool {
+    log.lines()
+        .filter(|line| line.contains("oom-kill:"))
+        .any(|line| {
+            let fields: Vec<&str> = line.split(',').collect();
+            fields
+                .iter()
+                .any(|f| f.starts_with("task_memcg=") && f.contains(id))
+                && fields.contains(&"task=rdu-worker")
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_the_workers_kill_in_its_containers_cgroup_counts() {
+        let line = |task: &str, id: &str| {
+            format!(
+                "[14125.152770] oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=libpod-cfd0,mems_allowed=0,\
+                 oom_memcg=/libpod_parent/kubelet.slice/cri-containerd-{id}.scope,\
+                 task_memcg=/libpod_parent/kubelet.slice/cri-containerd-{id}.scope,task={task},pid=2497,uid=65532"
+            )
+        };
+        let log = format!(
+            "{}\n[1.0] Memory cgroup out of memory: Killed process 2497 (rdu-worker)\n{}\n",
+            line("rdu-worker", "5c23a6"),
+            line("tail", "77aa01")
+        );
+        assert!(super::kernel_log_oom_killed(&log, "5c23a6"));
+        // Only the filler was killed in that container's cgroup.
+        assert!(!super::kernel_log_oom_killed(&log, "77aa01"));
+        // No kill in this container's cgroup.
+        assert!(!super::kernel_log_oom_killed(&log, "0b0b0b"));
     }
 }
