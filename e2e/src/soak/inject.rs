@@ -12,8 +12,9 @@ use super::jobs::{Jobs, SLOTS, oom_slot};
 use super::plan::{Fault, FaultKind};
 use crate::three_nodes::{LONG, TILES_PER_NODE};
 
-/// How long a rank fault waits for its rank to run (its job may be between generations).
-const RANK_WAIT: Duration = Duration::from_secs(60);
+/// How long a rank fault waits for its rank to run: its job may be between generations, or waiting for a
+/// crashed node's pods to be declared lost (once over 60 s in a soak, which then skipped the fault).
+const RANK_WAIT: Duration = Duration::from_secs(180);
 
 /// What became of a drawn fault.
 #[derive(Debug, Clone)]
