@@ -281,3 +281,126 @@ pub fn assert_keeps_admission(workload: &serde_json::Value, admission: &serde_js
         "the admission changed"
     );
 }
+
+/// PriorityClasses `low` (10) and `high` (1000), for the tests that preempt.
+pub const PRIORITY_CLASSES: &str = r#"apiVersion: scheduling.k8s.io/v1
+kind: PriorityClass
+metadata: {name: low}
+value: 10
+---
+apiVersion: scheduling.k8s.io/v1
+kind: PriorityClass
+metadata: {name: high}
+value: 1000
+"#;
+
+/// A ResourceFlavor, a ClusterQueue with a quota of tiles in it and a LocalQueue pointing at the ClusterQueue: what
+/// a test's queued jobs need.
+#[derive(Debug, Clone, Copy)]
+pub struct TileQueue<'a> {
+    pub flavor: &'a str,
+    /// The flavor's `spec` (node labels, tolerations) as a YAML flow mapping, if it has one.
+    pub flavor_spec: Option<&'a str>,
+    pub cluster_queue: &'a str,
+    pub nominal_tiles: u32,
+    /// The ClusterQueue preempts lower priorities within itself.
+    pub preempt_lower_priority: bool,
+    pub local_queue: &'a str,
+    pub namespace: &'a str,
+}
+
+impl TileQueue<'_> {
+    /// The three objects as YAML for `kubectl apply -f -`.
+    pub fn yaml(&self) -> String {
+        let TileQueue {
+            flavor,
+            cluster_queue,
+            nominal_tiles,
+            local_queue,
+            namespace,
+            ..
+        } = self;
+        let flavor_spec = self
+            .flavor_spec
+            .map_or(String::new(), |spec| format!("\nspec: {spec}"));
+        let preemption = if self.preempt_lower_priority {
+            "\n  preemption: {withinClusterQueue: LowerPriority}"
+        } else {
+            ""
+        };
+        format!(
+            "apiVersion: kueue.x-k8s.io/v1beta2
+kind: ResourceFlavor
+metadata: {{name: {flavor}}}{flavor_spec}
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ClusterQueue
+metadata: {{name: {cluster_queue}}}
+spec:
+  namespaceSelector: {{}}{preemption}
+  resourceGroups:
+  - coveredResources: [rdu.dev/tile]
+    flavors:
+    - name: {flavor}
+      resources: [{{name: rdu.dev/tile, nominalQuota: {nominal_tiles}}}]
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: LocalQueue
+metadata: {{name: {local_queue}, namespace: {namespace}}}
+spec: {{clusterQueue: {cluster_queue}}}
+"
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TileQueue;
+    use serde::Deserialize;
+    use serde_json::{Value, json};
+
+    fn documents(yaml: &str) -> Vec<Value> {
+        serde_yaml_ng::Deserializer::from_str(yaml)
+            .map(|doc| Value::deserialize(doc).expect("a YAML document"))
+            .collect()
+    }
+
+    #[test]
+    fn a_tile_queue_is_a_flavor_a_cluster_queue_and_a_local_queue() {
+        let queue = TileQueue {
+            flavor: "pool-a",
+            flavor_spec: Some("{nodeLabels: {rdu.dev/pool: a}}"),
+            cluster_queue: "rdu",
+            nominal_tiles: 4,
+            preempt_lower_priority: true,
+            local_queue: "team",
+            namespace: "ml",
+        };
+        let docs = documents(&queue.yaml());
+        assert_eq!(docs.len(), 3);
+        assert_eq!(docs[0]["spec"]["nodeLabels"], json!({"rdu.dev/pool": "a"}));
+        let cq = &docs[1]["spec"];
+        assert_eq!(cq["preemption"]["withinClusterQueue"], "LowerPriority");
+        assert_eq!(cq["resourceGroups"][0]["flavors"][0]["name"], "pool-a");
+        assert_eq!(
+            cq["resourceGroups"][0]["flavors"][0]["resources"][0],
+            json!({"name": "rdu.dev/tile", "nominalQuota": 4})
+        );
+        assert_eq!(
+            docs[2]["metadata"],
+            json!({"name": "team", "namespace": "ml"})
+        );
+        assert_eq!(docs[2]["spec"]["clusterQueue"], "rdu");
+
+        let plain = documents(
+            &TileQueue {
+                flavor_spec: None,
+                preempt_lower_priority: false,
+                ..queue
+            }
+            .yaml(),
+        );
+        assert!(plain[0].get("spec").is_none());
+        assert!(plain[1]["spec"].get("preemption").is_none());
+    }
+}

@@ -78,7 +78,7 @@ impl Soak {
         );
         let begun = SystemTime::now();
         let started_after = bed.started.elapsed().as_secs_f64();
-        bed.apply(jobs::QUEUES);
+        bed.apply(&jobs::QUEUE.yaml());
         let mut jobs = Jobs::new(self.steps, self.checkpoint_interval);
         for slot in 0..SLOTS.len() {
             jobs.submit(bed, slot);

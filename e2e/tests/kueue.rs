@@ -29,43 +29,24 @@ const HOLD: &str = "e2e.rdu.dev/hold";
 /// Kueue's `waitForPodsReady.timeout`: an admitted gang not ready by then is evicted.
 const PODS_READY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Two PriorityClasses, a flavor with a node label and a toleration, a ClusterQueue of 4 tiles that preempts
-/// lower priorities, and LocalQueue `team` in the jobs' namespace.
-const QUEUES: &str = r#"
-apiVersion: scheduling.k8s.io/v1
-kind: PriorityClass
-metadata: {name: low}
-value: 10
----
-apiVersion: scheduling.k8s.io/v1
-kind: PriorityClass
-metadata: {name: high}
-value: 1000
----
-apiVersion: kueue.x-k8s.io/v1beta2
-kind: ResourceFlavor
-metadata: {name: pool-a}
-spec:
-  nodeLabels: {rdu.dev/pool: a}
-  tolerations: [{key: rdu.dev/dedicated, operator: Equal, value: rdu, effect: NoSchedule}]
----
-apiVersion: kueue.x-k8s.io/v1beta2
-kind: ClusterQueue
-metadata: {name: rdu}
-spec:
-  namespaceSelector: {}
-  preemption: {withinClusterQueue: LowerPriority}
-  resourceGroups:
-  - coveredResources: [rdu.dev/tile]
-    flavors:
-    - name: pool-a
-      resources: [{name: rdu.dev/tile, nominalQuota: 4}]
----
-apiVersion: kueue.x-k8s.io/v1beta2
-kind: LocalQueue
-metadata: {name: team, namespace: ml}
-spec: {clusterQueue: rdu}
-"#;
+/// A flavor with a node label and a toleration, a ClusterQueue of 4 tiles that preempts lower priorities, and
+/// LocalQueue `team` in the jobs' namespace (with `kueue::PRIORITY_CLASSES`).
+const QUEUE: kueue::TileQueue<'static> = kueue::TileQueue {
+    flavor: "pool-a",
+    flavor_spec: Some(
+        "{nodeLabels: {rdu.dev/pool: a}, tolerations: [{key: rdu.dev/dedicated, operator: Equal, value: rdu, effect: NoSchedule}]}",
+    ),
+    cluster_queue: "rdu",
+    nominal_tiles: 4,
+    preempt_lower_priority: true,
+    local_queue: "team",
+    namespace: JOBS,
+};
+
+/// The priority classes and the queue, as one YAML stream.
+fn queues() -> String {
+    format!("{}---\n{}", kueue::PRIORITY_CLASSES, QUEUE.yaml())
+}
 
 fn job(name: &str, workers: u32, priority: &str) -> String {
     job_allowing(name, workers, priority, 0)
@@ -209,7 +190,7 @@ async fn queued_jobs_wait_for_admission_and_survive_preemption() {
         &["--kueue=true"],
     )
     .expect("operator starts");
-    kubectl(&plane, &["apply", "-f", "-"], Some(QUEUES)).expect("queues");
+    kubectl(&plane, &["apply", "-f", "-"], Some(&queues())).expect("queues");
     let client = plane.admin_client().await.expect("client");
     let mut bed = Bed {
         jobs: Api::namespaced(client.clone(), JOBS),
@@ -667,7 +648,7 @@ async fn no_job_runs_outside_or_beyond_its_queue() {
     kubectl(
         &plane,
         &["apply", "-f", "-"],
-        Some(&format!("{QUEUES}---\n{default_queue}")),
+        Some(&format!("{}---\n{default_queue}", queues())),
     )
     .expect("queues");
     let client = plane.admin_client().await.expect("client");

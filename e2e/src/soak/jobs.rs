@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use std::time::Instant;
 
 use crate::checkpoints::stale_checkpoints;
+use crate::kueue::TileQueue;
 use crate::local_mode::{checksums, run_local_logged};
 use crate::testbed::Testbed;
 use crate::workspace_root;
@@ -53,27 +54,15 @@ pub(crate) fn oom_slot() -> usize {
 }
 
 /// Kueue's objects for the queued slot: a flavor, a ClusterQueue with room for it, LocalQueue `soak`.
-pub(crate) const QUEUES: &str = r#"
-apiVersion: kueue.x-k8s.io/v1beta2
-kind: ResourceFlavor
-metadata: {name: soak-nodes}
----
-apiVersion: kueue.x-k8s.io/v1beta2
-kind: ClusterQueue
-metadata: {name: soak}
-spec:
-  namespaceSelector: {}
-  resourceGroups:
-  - coveredResources: [rdu.dev/tile]
-    flavors:
-    - name: soak-nodes
-      resources: [{name: rdu.dev/tile, nominalQuota: 4}]
----
-apiVersion: kueue.x-k8s.io/v1beta2
-kind: LocalQueue
-metadata: {name: soak, namespace: default}
-spec: {clusterQueue: soak}
-"#;
+pub(crate) const QUEUE: TileQueue<'static> = TileQueue {
+    flavor: "soak-nodes",
+    flavor_spec: None,
+    cluster_queue: "soak",
+    nominal_tiles: 4,
+    preempt_lower_priority: false,
+    local_queue: "soak",
+    namespace: "default",
+};
 
 /// The memory limit of the OOM slot's workers: the digits job needs far less, the filler reaches it in a blink.
 const OOM_SLOT_MEMORY: &str = "512Mi";

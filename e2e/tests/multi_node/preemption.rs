@@ -21,40 +21,17 @@ use serde_json::{Value, json};
 use super::LONG;
 use super::faults::Faults;
 
-/// Two PriorityClasses, a flavor for every node, a ClusterQueue of 8 tiles (of the nodes' 12) that preempts
-/// lower priorities, and LocalQueue `team` in `default`.
-const QUEUES: &str = r#"
-apiVersion: scheduling.k8s.io/v1
-kind: PriorityClass
-metadata: {name: low}
-value: 10
----
-apiVersion: scheduling.k8s.io/v1
-kind: PriorityClass
-metadata: {name: high}
-value: 1000
----
-apiVersion: kueue.x-k8s.io/v1beta2
-kind: ResourceFlavor
-metadata: {name: nodes}
----
-apiVersion: kueue.x-k8s.io/v1beta2
-kind: ClusterQueue
-metadata: {name: rdu}
-spec:
-  namespaceSelector: {}
-  preemption: {withinClusterQueue: LowerPriority}
-  resourceGroups:
-  - coveredResources: [rdu.dev/tile]
-    flavors:
-    - name: nodes
-      resources: [{name: rdu.dev/tile, nominalQuota: 8}]
----
-apiVersion: kueue.x-k8s.io/v1beta2
-kind: LocalQueue
-metadata: {name: team, namespace: default}
-spec: {clusterQueue: rdu}
-"#;
+/// A flavor for every node, a ClusterQueue of 8 tiles (of the nodes' 12) that preempts lower priorities, and
+/// LocalQueue `team` in `default` (with `kueue::PRIORITY_CLASSES`).
+const QUEUE: kueue::TileQueue<'static> = kueue::TileQueue {
+    flavor: "nodes",
+    flavor_spec: None,
+    cluster_queue: "rdu",
+    nominal_tiles: 8,
+    preempt_lower_priority: true,
+    local_queue: "team",
+    namespace: "default",
+};
 
 /// A finalizer the test puts on the preempted job's pods to keep them Terminating while the operator's leader is
 /// killed.
@@ -149,7 +126,8 @@ impl Faults {
 
     /// A queued low-priority job runs across the nodes, is preempted, checkpoints, and resumes when admitted again.
     pub(crate) async fn kueue_preemption(&self) -> serde_json::Map<String, Value> {
-        self.bed.apply(QUEUES);
+        self.bed
+            .apply(&format!("{}---\n{}", kueue::PRIORITY_CLASSES, QUEUE.yaml()));
         let name = "preempted";
         let (job, planned, interval) = self.fault_job(name, 30);
         self.bed.shared_volume(name);
