@@ -169,7 +169,7 @@ impl Soak {
             "checksums_equal": jobs.checked.len(),
             "gang_restarts": jobs.checked.iter().map(|c| c.restarts).sum::<u64>(),
             "failure_restarts": jobs.checked.iter().map(|c| c.failure_restarts).sum::<u64>(),
-            "oom_kills_reported_as_error": jobs.oom_reported_as_error,
+            "oom_kills_blamed_otherwise": jobs.oom_blamed_otherwise,
             "counted_faults_landed": jobs.checked.iter().map(|c| u64::from(c.counted_faults)).sum::<u64>(),
             "job_seconds": percentiles(jobs.checked.iter().map(|c| c.seconds).collect()),
             "recovery_seconds": percentiles(report.recovery_seconds.clone()),

@@ -110,7 +110,7 @@ pub(crate) async fn land(bed: &mut Testbed, jobs: &mut Jobs, fault: &Fault) -> L
                                 match confirm_oom(bed, jobs, slot, generation, &container).await {
                                     Ok(OomSeen::ByTheRuntime) => Ok(()),
                                     Ok(OomSeen::ByTheKernelOnly) => {
-                                        jobs.oom_reported_as_error += 1;
+                                        jobs.oom_blamed_otherwise += 1;
                                         Ok(())
                                     }
                                     Err(why) => Err(why),
@@ -244,14 +244,16 @@ async fn generation_of(bed: &Testbed, pod: &str) -> Option<u64> {
 enum OomSeen {
     /// The runtime: the job blames the generation's end on `OOMKilled`.
     ByTheRuntime,
-    /// Only the kernel: its log has the rank's worker OOM-killed in its container's cgroup, while the runtime
-    /// reported a plain `Error` exit 137 (containerd's race with systemd removing the cgroup, on cgroup v1).
+    /// The kernel: its log has the rank's worker OOM-killed in its container's cgroup, while the job blames the
+    /// generation's end on something else: the runtime reported a plain `Error` exit 137 (containerd's race with
+    /// systemd removing the cgroup, on cgroup v1), or a peer's exit 75 (its collective broke when the rank died)
+    /// reached the operator first.
     ByTheKernelOnly,
 }
 
-/// Waits until slot `slot`'s job blames the end of generation `generation` (in `status.stopping` or
-/// `status.history`) on an `OOMKilled` container, or on exit 137 of container `container` whose worker the
-/// kernel's log shows OOM-killed: the kernel, not the filler's exit, ended the rank.
+/// Waits until slot `slot`'s job ended generation `generation` (in `status.stopping` or `status.history`) and the
+/// kill is seen: the job blames the end on `OOMKilled`, or the kernel's log shows container `container`'s worker
+/// OOM-killed. Either way the kernel, not the filler's exit, ended the rank.
 async fn confirm_oom(
     bed: &Testbed,
     jobs: &Jobs,
@@ -264,29 +266,27 @@ async fn confirm_oom(
         .ok_or("the slot runs no job now")?;
     let generation = generation.ok_or("the rank's pod has no generation label")?;
     crate::poll_until(
-        "the rank's end blamed on OOMKilled",
+        "the rank's generation ended by its OOM kill",
         RANK_WAIT,
         async || {
             let object = bed.job(&job.name).await?;
             let status = &object["status"];
-            let ends = status["history"]
+            let ends: Vec<&Value> = status["history"]
                 .as_array()
                 .into_iter()
                 .flatten()
-                .chain(std::iter::once(&status["stopping"]));
-            let mut seen = Vec::new();
-            for end in ends {
-                if end["generation"].as_u64() == Some(generation) {
-                    if end["containerReason"] == "OOMKilled" {
-                        return Ok(OomSeen::ByTheRuntime);
-                    }
-                    if end["exitCode"] == 137 && Testbed::oom_killed_by_kernel(container)? {
-                        return Ok(OomSeen::ByTheKernelOnly);
-                    }
-                    seen.push(end.clone());
-                }
+                .chain(std::iter::once(&status["stopping"]))
+                .filter(|end| end["generation"].as_u64() == Some(generation))
+                .collect();
+            if ends.iter().any(|end| end["containerReason"] == "OOMKilled") {
+                return Ok(OomSeen::ByTheRuntime);
             }
-            Err(format!("generation {generation} ended otherwise: {seen:?}"))
+            if !ends.is_empty() && Testbed::oom_killed_by_kernel(container)? {
+                return Ok(OomSeen::ByTheKernelOnly);
+            }
+            Err(format!(
+                "generation {generation} ended as {ends:?}, the kernel's log has no OOM kill of {container}"
+            ))
         },
     )
     .await

@@ -155,8 +155,9 @@ pub(crate) struct Jobs {
     rounds: Vec<u32>,
     undisturbed: Undisturbed,
     pub(crate) checked: Vec<Checked>,
-    /// OOM kills the kernel's log shows but the runtime reported as a plain `Error` (exit 137).
-    pub(crate) oom_reported_as_error: u32,
+    /// OOM kills the kernel's log shows whose generation's end the job blames on something else (a plain `Error`
+    /// exit 137 from the runtime, or a peer's exit 75 seen first).
+    pub(crate) oom_blamed_otherwise: u32,
 }
 
 impl Jobs {
@@ -187,7 +188,7 @@ impl Jobs {
             rounds: vec![0; SLOTS.len()],
             undisturbed: Undisturbed::Running(Some(undisturbed)),
             checked: Vec::new(),
-            oom_reported_as_error: 0,
+            oom_blamed_otherwise: 0,
         }
     }
 
