@@ -2,7 +2,8 @@
 //! kube-scheduler and kube-controller-manager) from `KUBEBUILDER_ASSETS`, the envtest convention, and
 //! gives tests a kubeconfig, a kube client, kubectl, helm and the operator binary; and kind clusters with real
 //! nodes (`kind`), the images of `docker/Dockerfile` loaded and the chart installed (`testbed`).
-//! The control-plane tests share `kit`; the tests with real nodes share `testbed`.
+//! The control-plane tests share `kit`; the tests with real nodes share `testbed`; the three-node test and the
+//! soak of random faults (`soak`) share the cluster `three_nodes` starts.
 //!
 //! Every test that needs these binaries is `#[ignore]`d: `cargo test` lists it as ignored, and the scripts that
 //! run it (`e2e/control-plane/run.sh`, `e2e/node/run.sh`, `e2e/multi-node/run.sh`) pass `--ignored`, where a
