@@ -16,6 +16,10 @@ use crate::three_nodes::{LONG, TILES_PER_NODE};
 /// crashed node's pods to be declared lost (once over 60 s in a soak, which then skipped the fault).
 const RANK_WAIT: Duration = Duration::from_secs(180);
 
+/// How long a restart of etcd or the scheduler waits for it to run before and after: the kubelet's crash back-off
+/// reaches 5 minutes when the container ended more than once in 10 minutes.
+const STATIC_POD_WAIT: Duration = Duration::from_secs(420);
+
 /// What became of a drawn fault.
 #[derive(Debug, Clone)]
 pub(crate) struct Landed {
@@ -165,13 +169,12 @@ pub(crate) async fn land(bed: &mut Testbed, jobs: &mut Jobs, fault: &Fault) -> L
             (bed.control_plane_node(), None)
         }
         FaultKind::EtcdRestarted => {
-            let before = bed.etcd_restarts().await.unwrap_or_else(|e| panic!("{e}"));
-            bed.restart_etcd();
-            wait_etcd_back(bed, before).await;
+            bed.restart_static_pod("etcd", STATIC_POD_WAIT).await;
             (bed.control_plane_node(), None)
         }
         FaultKind::SchedulerRestarted => {
-            bed.restart_scheduler();
+            bed.restart_static_pod("kube-scheduler", STATIC_POD_WAIT)
+                .await;
             (bed.control_plane_node(), None)
         }
     };
@@ -291,17 +294,4 @@ async fn confirm_oom(
     )
     .await
     .map_err(|e| rdu_error_chain::chain(&e))
-}
-
-/// Waits until etcd's container restarted (its count past `before`) and the API server answers from it.
-async fn wait_etcd_back(bed: &Testbed, before: u64) {
-    bed.wait("etcd started again", LONG, async || {
-        let restarts = bed.etcd_restarts().await?;
-        if restarts > before && bed.api_ready() {
-            Ok(())
-        } else {
-            Err(format!("etcd restarts {restarts}"))
-        }
-    })
-    .await;
 }

@@ -12,6 +12,15 @@ use crate::tools::{helm_binary, run_ok, workspace_root};
 const API_SERVER_MANIFEST: &str = "/etc/kubernetes/manifests/kube-apiserver.yaml";
 const API_SERVER_PARKED: &str = "/etc/kubernetes/kube-apiserver.yaml.down";
 
+/// A control-plane component's static pod, as its mirror pod shows it.
+#[derive(Debug, Clone, Copy)]
+pub struct StaticPod {
+    /// How often the kubelet started its container again.
+    pub restarts: u64,
+    /// Whether its container runs and passes its readiness probe.
+    pub ready: bool,
+}
+
 impl Testbed {
     /// The control-plane node's name.
     pub fn control_plane_node(&self) -> String {
@@ -35,27 +44,59 @@ impl Testbed {
         self.control_plane_exec(&["mv", from, to]);
     }
 
-    /// Stops etcd (SIGTERM to its process); the kubelet starts its container again, on the same data.
-    pub fn restart_etcd(&self) {
-        self.control_plane_exec(&["pkill", "-TERM", "-x", "etcd"]);
-    }
-
-    /// Stops the scheduler (SIGTERM to its process); the kubelet starts its static pod's container again.
-    pub fn restart_scheduler(&self) {
-        self.control_plane_exec(&["pkill", "-TERM", "-x", "kube-scheduler"]);
-    }
-
-    /// How many times etcd's container restarted, as its static pod's mirror says.
-    pub async fn etcd_restarts(&self) -> Result<u64, String> {
-        let pod = format!("etcd-{}", self.control_plane_node());
+    /// How control-plane component `component`'s static pod stands (`etcd`, `kube-scheduler`: kubeadm names the
+    /// pod, its container and the process alike), as its mirror pod says.
+    pub async fn static_pod(&self, component: &str) -> Result<StaticPod, String> {
+        let pod = format!("{component}-{}", self.control_plane_node());
         let pods = kube::Api::<k8s_openapi::api::core::v1::Pod>::namespaced(
             self.client.clone(),
             "kube-system",
         );
         let found = self.get(pods, &pod).await?;
-        found["status"]["containerStatuses"][0]["restartCount"]
+        let container = &found["status"]["containerStatuses"][0];
+        let restarts = container["restartCount"]
             .as_u64()
-            .ok_or_else(|| format!("no restart count: {}", found["status"]))
+            .ok_or_else(|| format!("{pod} has no restart count: {}", found["status"]))?;
+        Ok(StaticPod {
+            restarts,
+            ready: container["ready"] == true && container["state"]["running"].is_object(),
+        })
+    }
+
+    /// Restarts control-plane component `component` as a crash does: waits until its process runs (the kubelet
+    /// holds a container that ended often in crash back-off, up to 5 minutes, and the scheduler also ends itself
+    /// when the API server was away longer than its lease), stops it with SIGTERM, and waits until the kubelet
+    /// started it again, it is ready and the API server answers. Returns the restart count it was stopped at.
+    pub async fn restart_static_pod(&self, component: &str, timeout: Duration) -> u64 {
+        let node = self.control_plane_node();
+        let stopped_at = self
+            .wait(
+                &format!("{component} running, then stopped"),
+                timeout,
+                async || {
+                    let before = self.static_pod(component).await?;
+                    if !before.ready {
+                        return Err(format!("{component} is not running: {before:?}"));
+                    }
+                    self.kind
+                        .exec(&node, &["pkill", "-TERM", "-x", component])
+                        .map_err(|e| {
+                            format!("pkill {component}: {}", rdu_error_chain::Chain(&e))
+                        })?;
+                    Ok(before.restarts)
+                },
+            )
+            .await;
+        self.wait(&format!("{component} started again"), timeout, async || {
+            let now = self.static_pod(component).await?;
+            if now.restarts > stopped_at && now.ready && self.api_ready() {
+                Ok(())
+            } else {
+                Err(format!("{component} after restart {stopped_at}: {now:?}"))
+            }
+        })
+        .await;
+        stopped_at
     }
 
     /// Whether the API server answers `/readyz` now.

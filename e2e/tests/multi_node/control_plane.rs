@@ -50,18 +50,9 @@ impl Faults {
 
         // etcd restarted, its data kept.
         let step = self.progress_step(name).await.expect("progress");
-        let etcd_before = self.bed.etcd_restarts().await.expect("etcd's pod");
         let fault = Instant::now();
-        self.bed.restart_etcd();
-        let bed = &self.bed;
-        bed.wait("etcd restarted by the kubelet", LONG, async || {
-            match bed.etcd_restarts().await {
-                Ok(now) if now > etcd_before => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
-        })
-        .await;
-        let ready = self.bed.wait_api(true, LONG).await;
+        self.bed.restart_static_pod("etcd", LONG).await;
+        let ready = fault.elapsed().as_secs_f64();
         let progress = self.progress_past(name, step).await;
         out.insert(
             "etcd_restart".into(),
