@@ -75,6 +75,31 @@ impl TrainingProgress {
             update_time: None,
         }
     }
+
+    /// The progress of a run that ended with `result`: all its steps done (the total the last report `last`
+    /// gave, else the result's step count), 100 %, no ETA, the result's loss and throughput, without
+    /// `updateTime`. Reports stop with the run, and the last one may not have reached the operator (rank 0 ended
+    /// while the endpoint was away), so a finished job must not keep showing a step it passed.
+    pub fn completed(
+        last: Option<&TrainingProgress>,
+        result: &crate::JobResult,
+    ) -> TrainingProgress {
+        let total = last.map_or(result.global_steps, |p| p.total_steps);
+        let epochs = last.map_or(0, |p| p.epochs);
+        TrainingProgress {
+            step: total,
+            total_steps: total,
+            epoch: epochs,
+            epochs,
+            percent: 100,
+            estimated_remaining_seconds: None,
+            loss: result.final_loss.is_finite().then_some(result.final_loss),
+            samples_per_second: (result.samples_per_second.is_finite()
+                && result.samples_per_second > 0.0)
+                .then_some(result.samples_per_second),
+            update_time: None,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -112,6 +137,44 @@ mod tests {
         // Resumed at step 100: 50 steps in 10 s leaves 50 steps, 10 s.
         let p = TrainingProgress::at(point(150, 100, 10.0));
         assert_eq!((p.percent, p.estimated_remaining_seconds), (75, Some(10)));
+    }
+
+    #[test]
+    fn a_finished_run_is_at_its_last_step_whatever_the_last_report_said() {
+        let result = crate::JobResult {
+            final_loss: 0.25,
+            samples_per_second: 640.5,
+            global_steps: 200,
+            ..crate::JobResult::default()
+        };
+        let last = TrainingProgress::at(point(75, 0, 10.0));
+        let done = TrainingProgress::completed(Some(&last), &result);
+        assert_eq!(
+            (
+                done.step,
+                done.total_steps,
+                done.epoch,
+                done.epochs,
+                done.percent
+            ),
+            (200, 200, 4, 4, 100)
+        );
+        assert_eq!(done.estimated_remaining_seconds, None);
+        assert_eq!(
+            (done.loss, done.samples_per_second),
+            (Some(0.25), Some(640.5))
+        );
+        // No report ever came: the result's step count.
+        let unreported = TrainingProgress::completed(None, &result);
+        assert_eq!(
+            (unreported.step, unreported.percent, unreported.epochs),
+            (200, 100, 0)
+        );
+        let nan = crate::JobResult {
+            final_loss: f64::NAN,
+            ..result
+        };
+        assert_eq!(TrainingProgress::completed(None, &nan).loss, None);
     }
 
     #[test]

@@ -169,8 +169,9 @@ impl Cluster {
         let steps = result["globalSteps"].as_u64().expect("globalSteps");
         self.undisturbed_steps = Some(steps);
 
-        // Rank 0 reported its progress to the operator through the chart's Service, with the projected token
-        // the kubelet mounted (DESIGN 4.8): its last report, every step done, reaches status.progress.
+        // The finished job shows every step done: rank 0's last report (through the chart's Service, with the
+        // projected token the kubelet mounted; DESIGN 4.8), or the operator's own word at the end, whichever came
+        // last. That reports reach status.progress at all is checked while a job runs (the gang restart below).
         let progress = self
             .wait("status.progress at the last step", LONG, async || {
                 let job = self.job("digits").await?;

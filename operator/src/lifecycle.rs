@@ -12,7 +12,8 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use rdu_crds::{
-    CleanPodPolicy, JobPhase, JobResult, RankStatus, RduJobStatus, WorkerCounts, consts,
+    CleanPodPolicy, JobPhase, JobResult, RankStatus, RduJobStatus, TrainingProgress, WorkerCounts,
+    consts,
 };
 
 use rdu_gang::{Deadline, RankTally, Turn};
@@ -477,6 +478,9 @@ impl Look<'_> {
                     "every rank exited 0; final loss {:.4}, test accuracy {:.4}, {:.1} samples/s",
                     result.final_loss, result.test_accuracy, result.samples_per_second
                 );
+                let mut done = TrainingProgress::completed(self.status.progress.as_ref(), &result);
+                done.update_time = Some(Time(self.now));
+                self.status.progress = Some(done);
                 self.status.result = Some(result);
                 note
             }

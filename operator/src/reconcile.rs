@@ -13,7 +13,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
-use rdu_crds::{RduJob, RduJobStatus};
+use rdu_crds::{JobPhase, RduJob, RduJobStatus};
 use serde_json::json;
 use tracing::{debug, info, warn};
 
@@ -296,12 +296,14 @@ fn stored_status(written: Result<RduJob, kube::Error>) -> Result<Option<RduJob>,
     }
 }
 
-/// The object server-side apply needs for the status subresource. `progress` is left out: the progress endpoint
-/// owns it under its own field manager, and an apply from this one must neither take it over nor roll it back to
-/// what the cache held.
+/// The object server-side apply needs for the status subresource. `progress` is left out while the job runs: the
+/// progress endpoint owns it under its own field manager, and an apply from this one must neither take it over nor
+/// roll it back to what the cache held. A job that succeeded with a result has the last word on it: its last step,
+/// 100 % (`TrainingProgress::completed`), whatever report reached the endpoint last.
 pub(crate) fn status_patch(status: &RduJobStatus) -> serde_json::Value {
+    let finished = status.phase == Some(JobPhase::Succeeded) && status.result.is_some();
     let status = RduJobStatus {
-        progress: None,
+        progress: status.progress.clone().filter(|_| finished),
         ..status.clone()
     };
     json!({
@@ -380,6 +382,26 @@ mod tests {
             stored_status(Ok(crate::test_fixtures::job("a", Some("ml"), 2))),
             Ok(Some(_))
         ));
+    }
+
+    #[test]
+    fn the_status_apply_leaves_progress_to_the_endpoint_until_the_job_succeeded_with_a_result() {
+        let running = RduJobStatus {
+            phase: Some(JobPhase::Running),
+            progress: Some(rdu_crds::TrainingProgress::default()),
+            ..RduJobStatus::default()
+        };
+        assert!(status_patch(&running)["status"].get("progress").is_none());
+        let no_result = RduJobStatus {
+            phase: Some(JobPhase::Succeeded),
+            ..running.clone()
+        };
+        assert!(status_patch(&no_result)["status"].get("progress").is_none());
+        let done = RduJobStatus {
+            result: Some(rdu_crds::JobResult::default()),
+            ..no_result
+        };
+        assert!(status_patch(&done)["status"]["progress"].is_object());
     }
 
     fn pod(ns: &str, name: &str, job: Option<&str>, controller_uid: Option<&str>) -> Pod {

@@ -303,7 +303,16 @@ fn all_ranks_running_moves_to_running_with_counts() {
 #[test]
 fn every_rank_exiting_zero_succeeds_with_rank0_result() {
     let result = r#"{"finalLoss":0.25,"testAccuracy":0.93,"samplesPerSecond":640.5,"trainSeconds":3.5,"globalSteps":40}"#;
-    let j = with_status(job("mnist", None, 2), JobPhase::Running, 0, &[0, 1]);
+    let mut j = with_status(job("mnist", None, 2), JobPhase::Running, 0, &[0, 1]);
+    j.status.as_mut().expect("status").progress = Some(rdu_crds::TrainingProgress {
+        step: 10,
+        total_steps: 40,
+        epoch: 1,
+        epochs: 2,
+        percent: 25,
+        estimated_remaining_seconds: Some(30),
+        ..rdu_crds::TrainingProgress::default()
+    });
     let d = decide(
         &j,
         &pods(&[
@@ -320,6 +329,14 @@ fn every_rank_exiting_zero_succeeds_with_rank0_result() {
         (0.25, 40, 640.5)
     );
     assert!(condition(&d, condition::SUCCEEDED).is_some());
+    // The last report to reach the endpoint said 10 of 40: the job ends at its last step.
+    let progress = d.status.progress.as_ref().expect("progress");
+    assert_eq!(
+        (progress.step, progress.percent, progress.epochs),
+        (40, 100, 2)
+    );
+    assert_eq!(progress.estimated_remaining_seconds, None);
+    assert_eq!(progress.update_time, Some(Time(at(9))));
     // cleanPodPolicy Running (the default) keeps finished pods.
     assert!(d.changes.is_empty());
 }
