@@ -165,8 +165,9 @@ impl Soak {
             "by_kind": by_kind,
             "jobs_succeeded": jobs.checked.len(),
             "jobs": jobs.submitted(),
-            // Every checked job's checksum was asserted equal to the undisturbed run's.
-            "checksums_equal": jobs.checked.len(),
+            // Each of these jobs' checksums was asserted equal to the undisturbed run's.
+            "checksums_equal": jobs.checked.iter().filter(|c| c.checksum_checked).count(),
+            "rank_pods_gone_before_read": jobs.checked.iter().map(|c| u64::from(c.pods_gone)).sum::<u64>(),
             "gang_restarts": jobs.checked.iter().map(|c| c.restarts).sum::<u64>(),
             "failure_restarts": jobs.checked.iter().map(|c| c.failure_restarts).sum::<u64>(),
             "oom_kills_blamed_otherwise": jobs.oom_blamed_otherwise,
@@ -188,6 +189,10 @@ impl Soak {
             std::fs::write(path, format!("{line}\n")).expect("write the soak's summary");
         }
         assert!(!jobs.checked.is_empty(), "no job finished during the soak");
+        assert!(
+            jobs.checked.iter().any(|c| c.checksum_checked),
+            "no finished job left a rank's log to compare with the undisturbed run"
+        );
         assert_eq!(
             report.unresolved, 0,
             "a fault after which a job never trained again"
