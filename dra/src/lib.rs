@@ -1,0 +1,13 @@
+//! A Dynamic Resource Allocation (`resource.k8s.io/v1`) kubelet plugin for simulated RDU tiles (driver `rdu.dev`).
+
+/// The kubelet DRA plugin API v1 (generated from `proto/dra/dra/v1/api.proto`).
+pub mod api {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1");
+}
+
+/// The kubelet plugin registration API (generated from `proto/dra/pluginregistration/v1/api.proto`).
+pub mod registration_api {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("pluginregistration");
+}
