@@ -1,5 +1,7 @@
 //! A Dynamic Resource Allocation (`resource.k8s.io/v1`) kubelet plugin for simulated RDU tiles (driver `rdu.dev`).
 
+pub mod atomic_file;
+pub mod cdi;
 pub mod devices;
 
 /// The kubelet DRA plugin API v1 (generated from `proto/dra/dra/v1/api.proto`).
