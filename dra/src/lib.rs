@@ -3,6 +3,7 @@
 pub mod atomic_file;
 pub mod cdi;
 pub mod devices;
+pub mod driver;
 pub mod prepared;
 
 /// The kubelet DRA plugin API v1 (generated from `proto/dra/dra/v1/api.proto`).

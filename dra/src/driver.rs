@@ -1,0 +1,354 @@
+//! The kubelet's DRAPlugin service: NodePrepareResources reads each claim's allocation, writes its CDI spec and
+//! records it in the checkpoint; NodeUnprepareResources removes both. A claim that fails gets its own error in
+//! the response, never a failure of the whole call.
+
+use crate::api::dra_plugin_server::DraPlugin;
+use crate::api::{
+    Claim, Device, NodePrepareResourceResponse, NodePrepareResourcesRequest,
+    NodePrepareResourcesResponse, NodeUnprepareResourceResponse, NodeUnprepareResourcesRequest,
+    NodeUnprepareResourcesResponse,
+};
+use crate::cdi::{CdiDir, CdiError};
+use crate::devices::DRIVER_NAME;
+use crate::prepared::{Checkpoint, PreparedClaim, PreparedDevice, PreparedError};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use rdu_tiles::topology::{ResourceMode, TileIndex, Topology, TopologyError};
+use std::sync::Arc;
+use tokio::sync::Mutex;
+use tonic::{Request, Response, Status};
+
+/// What a [`ClaimSource`] fails with.
+pub type SourceError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Where the driver reads ResourceClaims from: the API server, or a fake in tests.
+#[tonic::async_trait]
+pub trait ClaimSource: Send + Sync {
+    async fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, SourceError>;
+}
+
+/// ResourceClaims from the API server.
+#[derive(Clone)]
+pub struct KubeClaims {
+    client: kube::Client,
+}
+
+impl KubeClaims {
+    pub fn new(client: kube::Client) -> KubeClaims {
+        KubeClaims { client }
+    }
+}
+
+#[tonic::async_trait]
+impl ClaimSource for KubeClaims {
+    async fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, SourceError> {
+        let api = kube::Api::<ResourceClaim>::namespaced(self.client.clone(), namespace);
+        Ok(api.get(name).await?)
+    }
+}
+
+/// Errors preparing or unpreparing one claim (each reported in that claim's `error`), or starting the driver.
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    #[error("cannot get ResourceClaim {namespace}/{name}")]
+    Fetch {
+        namespace: String,
+        name: String,
+        #[source]
+        source: SourceError,
+    },
+    #[error(
+        "ResourceClaim {namespace}/{name} has UID {found}, the kubelet asked for {wanted}: the claim was replaced"
+    )]
+    UidMismatch {
+        namespace: String,
+        name: String,
+        wanted: String,
+        found: String,
+    },
+    #[error("ResourceClaim {namespace}/{name} is not allocated")]
+    NotAllocated { namespace: String, name: String },
+    #[error(
+        "ResourceClaim {namespace}/{name} was allocated device {device} of pool {pool}, which is not this node ({node})"
+    )]
+    OtherPool {
+        namespace: String,
+        name: String,
+        pool: String,
+        device: String,
+        node: String,
+    },
+    #[error(
+        "ResourceClaim {namespace}/{name} was allocated device {device}, which node {node} does not have"
+    )]
+    UnknownDevice {
+        namespace: String,
+        name: String,
+        device: String,
+        node: String,
+        #[source]
+        source: Box<TopologyError>,
+    },
+    #[error("ResourceClaim {namespace}/{name} has no device of driver {DRIVER_NAME}")]
+    NoDevices { namespace: String, name: String },
+    #[error("CDI spec of claim {uid}")]
+    Cdi {
+        uid: String,
+        #[source]
+        source: CdiError,
+    },
+    #[error("checkpoint of claim {uid}")]
+    Checkpoint {
+        uid: String,
+        #[source]
+        source: PreparedError,
+    },
+    #[error("cannot load the checkpoint of prepared claims")]
+    LoadCheckpoint(#[source] PreparedError),
+}
+
+/// One allocated device of a claim on this node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllocatedTile {
+    pub request: String,
+    pub device: String,
+    pub tile: TileIndex,
+}
+
+/// The tiles this node must prepare for `claim` (the kubelet's `wanted` claim): the allocation results of driver
+/// `rdu.dev`, all of which must be tiles of this node's pool.
+pub fn allocated_tiles(
+    wanted: &Claim,
+    claim: &ResourceClaim,
+    node: &str,
+    topology: &Topology,
+) -> Result<Vec<AllocatedTile>, DriverError> {
+    let namespace = || wanted.namespace.clone();
+    let name = || wanted.name.clone();
+    let found = claim.metadata.uid.as_deref().unwrap_or_default();
+    if found != wanted.uid {
+        return Err(DriverError::UidMismatch {
+            namespace: namespace(),
+            name: name(),
+            wanted: wanted.uid.clone(),
+            found: found.to_string(),
+        });
+    }
+    let results = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.as_ref())
+        .ok_or_else(|| DriverError::NotAllocated {
+            namespace: namespace(),
+            name: name(),
+        })?;
+    let mut tiles = Vec::new();
+    for result in results.iter().filter(|r| r.driver == DRIVER_NAME) {
+        if result.pool != node {
+            return Err(DriverError::OtherPool {
+                namespace: namespace(),
+                name: name(),
+                pool: result.pool.clone(),
+                device: result.device.clone(),
+                node: node.to_string(),
+            });
+        }
+        let parsed = topology
+            .parse_device(ResourceMode::Tile, &result.device)
+            .map_err(|source| DriverError::UnknownDevice {
+                namespace: namespace(),
+                name: name(),
+                device: result.device.clone(),
+                node: node.to_string(),
+                source: Box::new(source),
+            })?;
+        tiles.extend(parsed.into_iter().map(|tile| AllocatedTile {
+            request: result.request.clone(),
+            device: result.device.clone(),
+            tile,
+        }));
+    }
+    if tiles.is_empty() {
+        return Err(DriverError::NoDevices {
+            namespace: namespace(),
+            name: name(),
+        });
+    }
+    Ok(tiles)
+}
+
+/// Where the driver keeps its files and what node it serves.
+#[derive(Debug, Clone)]
+pub struct DriverConfig {
+    pub node_name: String,
+    pub topology: Topology,
+    pub cdi_dir: std::path::PathBuf,
+    pub checkpoint_path: std::path::PathBuf,
+}
+
+/// The DRAPlugin service of one node.
+pub struct Driver {
+    node: String,
+    topology: Topology,
+    cdi: CdiDir,
+    claims: Arc<dyn ClaimSource>,
+    /// Held for a whole call: claims are prepared one at a time, so the checkpoint and CDI files agree.
+    prepared: Mutex<Checkpoint>,
+}
+
+impl Driver {
+    /// A driver over the checkpoint at `config.checkpoint_path` (claims prepared before a restart stay prepared).
+    pub fn new(config: DriverConfig, claims: Arc<dyn ClaimSource>) -> Result<Driver, DriverError> {
+        let checkpoint =
+            Checkpoint::load(config.checkpoint_path).map_err(DriverError::LoadCheckpoint)?;
+        Ok(Driver {
+            node: config.node_name,
+            topology: config.topology,
+            cdi: CdiDir::new(config.cdi_dir),
+            claims,
+            prepared: Mutex::new(checkpoint),
+        })
+    }
+
+    async fn prepare(
+        &self,
+        checkpoint: &mut Checkpoint,
+        claim: &Claim,
+    ) -> Result<PreparedClaim, DriverError> {
+        if let Some(prepared) = checkpoint.get(&claim.uid) {
+            return Ok(prepared.clone());
+        }
+        let object = self
+            .claims
+            .get(&claim.namespace, &claim.name)
+            .await
+            .map_err(|source| DriverError::Fetch {
+                namespace: claim.namespace.clone(),
+                name: claim.name.clone(),
+                source,
+            })?;
+        let allocated = allocated_tiles(claim, &object, &self.node, &self.topology)?;
+        let tiles: Vec<TileIndex> = allocated.iter().map(|a| a.tile).collect();
+        let cdi_id = self
+            .cdi
+            .write_claim(&claim.uid, &self.topology, &tiles)
+            .map_err(|source| DriverError::Cdi {
+                uid: claim.uid.clone(),
+                source,
+            })?;
+        let prepared = PreparedClaim {
+            namespace: claim.namespace.clone(),
+            name: claim.name.clone(),
+            devices: allocated
+                .into_iter()
+                .map(|a| PreparedDevice {
+                    request_names: vec![a.request],
+                    pool_name: self.node.clone(),
+                    device_name: a.device,
+                    cdi_device_ids: vec![cdi_id.clone()],
+                })
+                .collect(),
+        };
+        if let Err(source) = checkpoint.insert(&claim.uid, prepared.clone()) {
+            // Not recorded, so not prepared: leave no spec behind for a claim the kubelet will retry.
+            let _ = self.cdi.remove_claim(&claim.uid);
+            return Err(DriverError::Checkpoint {
+                uid: claim.uid.clone(),
+                source,
+            });
+        }
+        Ok(prepared)
+    }
+
+    fn unprepare(&self, checkpoint: &mut Checkpoint, claim: &Claim) -> Result<(), DriverError> {
+        self.cdi
+            .remove_claim(&claim.uid)
+            .map_err(|source| DriverError::Cdi {
+                uid: claim.uid.clone(),
+                source,
+            })?;
+        checkpoint
+            .remove(&claim.uid)
+            .map_err(|source| DriverError::Checkpoint {
+                uid: claim.uid.clone(),
+                source,
+            })?;
+        Ok(())
+    }
+}
+
+/// The error text of a claim: every cause, outermost first.
+fn error_text(error: &DriverError) -> String {
+    let mut text = error.to_string();
+    let mut cause = std::error::Error::source(error);
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
+#[tonic::async_trait]
+impl DraPlugin for Driver {
+    async fn node_prepare_resources(
+        &self,
+        request: Request<NodePrepareResourcesRequest>,
+    ) -> Result<Response<NodePrepareResourcesResponse>, Status> {
+        let mut checkpoint = self.prepared.lock().await;
+        let mut response = NodePrepareResourcesResponse::default();
+        for claim in request.into_inner().claims {
+            let answer = match self.prepare(&mut checkpoint, &claim).await {
+                Ok(prepared) => NodePrepareResourceResponse {
+                    devices: prepared
+                        .devices
+                        .into_iter()
+                        .map(|d| Device {
+                            request_names: d.request_names,
+                            pool_name: d.pool_name,
+                            device_name: d.device_name,
+                            cdi_device_ids: d.cdi_device_ids,
+                        })
+                        .collect(),
+                    error: String::new(),
+                },
+                Err(e) => {
+                    let error = error_text(&e);
+                    tracing::warn!(claim = %claim.uid, %error, "cannot prepare claim");
+                    NodePrepareResourceResponse {
+                        devices: Vec::new(),
+                        error,
+                    }
+                }
+            };
+            response.claims.insert(claim.uid, answer);
+        }
+        Ok(Response::new(response))
+    }
+
+    async fn node_unprepare_resources(
+        &self,
+        request: Request<NodeUnprepareResourcesRequest>,
+    ) -> Result<Response<NodeUnprepareResourcesResponse>, Status> {
+        let mut checkpoint = self.prepared.lock().await;
+        let mut response = NodeUnprepareResourcesResponse::default();
+        for claim in request.into_inner().claims {
+            let error = match self.unprepare(&mut checkpoint, &claim) {
+                Ok(()) => String::new(),
+                Err(e) => {
+                    let error = error_text(&e);
+                    tracing::warn!(claim = %claim.uid, %error, "cannot unprepare claim");
+                    error
+                }
+            };
+            response
+                .claims
+                .insert(claim.uid, NodeUnprepareResourceResponse { error });
+        }
+        Ok(Response::new(response))
+    }
+}
+
+#[cfg(test)]
+mod tests;
