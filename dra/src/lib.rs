@@ -5,6 +5,8 @@ pub mod cdi;
 pub mod devices;
 pub mod driver;
 pub mod prepared;
+pub mod registration;
+pub mod socket;
 
 /// The kubelet DRA plugin API v1 (generated from `proto/dra/dra/v1/api.proto`).
 pub mod api {
