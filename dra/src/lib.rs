@@ -1,10 +1,17 @@
 //! A Dynamic Resource Allocation (`resource.k8s.io/v1`) kubelet plugin for simulated RDU tiles (driver `rdu.dev`).
+//!
+//! - [`devices`]: the ResourceSlices a node publishes (one device per tile).
+//! - [`driver`]: the kubelet's DRAPlugin service (prepare, unprepare), over [`cdi`] specs and the [`prepared`]
+//!   checkpoint, both written with [`atomic_file`].
+//! - [`publish`]: server-side apply of those slices.
+//! - [`registration`]: the plugin registration service; [`socket`]: gRPC listeners on unix sockets.
 
 pub mod atomic_file;
 pub mod cdi;
 pub mod devices;
 pub mod driver;
 pub mod prepared;
+pub mod publish;
 pub mod registration;
 pub mod socket;
 
