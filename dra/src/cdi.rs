@@ -20,7 +20,7 @@ const MAX_UID_LEN: usize = 128;
 #[derive(Debug, thiserror::Error)]
 pub enum CdiError {
     #[error(
-        "claim UID `{0}` cannot name a CDI device or file: expected 1 to {MAX_UID_LEN} of [A-Za-z0-9_.:-], not starting with `.`"
+        "claim UID `{0}` cannot name a CDI device or file: expected 1 to {MAX_UID_LEN} of [A-Za-z0-9_.:-], starting with a letter or digit (a CDI device name)"
     )]
     InvalidUid(String),
     #[error("cannot encode the CDI spec of claim {uid}")]
@@ -91,7 +91,7 @@ fn check_uid(uid: &str) -> Result<(), CdiError> {
     let valid_char = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-');
     if uid.is_empty()
         || uid.len() > MAX_UID_LEN
-        || uid.starts_with('.')
+        || !uid.starts_with(|c: char| c.is_ascii_alphanumeric())
         || !uid.bytes().all(valid_char)
     {
         return Err(CdiError::InvalidUid(uid.to_string()));
@@ -202,7 +202,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let cdi = CdiDir::new(dir.path());
         let topo = Topology::new(2, 2).unwrap();
-        for bad in ["", "../etc/passwd", "a/b", ".hidden", "a b"] {
+        for bad in ["", "../etc/passwd", "a/b", ".hidden", "-x", "a b"] {
             let err = cdi.write_claim(bad, &topo, &[0]).unwrap_err();
             assert!(matches!(err, CdiError::InvalidUid(_)), "{bad}: {err}");
             assert!(cdi.remove_claim(bad).is_err(), "{bad}");
