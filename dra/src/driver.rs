@@ -278,18 +278,6 @@ impl Driver {
     }
 }
 
-/// The error text of a claim: every cause, outermost first.
-fn error_text(error: &DriverError) -> String {
-    let mut text = error.to_string();
-    let mut cause = std::error::Error::source(error);
-    while let Some(c) = cause {
-        text.push_str(": ");
-        text.push_str(&c.to_string());
-        cause = c.source();
-    }
-    text
-}
-
 #[tonic::async_trait]
 impl DraPlugin for Driver {
     async fn node_prepare_resources(
@@ -314,7 +302,7 @@ impl DraPlugin for Driver {
                     error: String::new(),
                 },
                 Err(e) => {
-                    let error = error_text(&e);
+                    let error = rdu_error_chain::chain(&e);
                     tracing::warn!(claim = %claim.uid, %error, "cannot prepare claim");
                     NodePrepareResourceResponse {
                         devices: Vec::new(),
@@ -337,7 +325,7 @@ impl DraPlugin for Driver {
             let error = match self.unprepare(&mut checkpoint, &claim) {
                 Ok(()) => String::new(),
                 Err(e) => {
-                    let error = error_text(&e);
+                    let error = rdu_error_chain::chain(&e);
                     tracing::warn!(claim = %claim.uid, %error, "cannot unprepare claim");
                     error
                 }
