@@ -61,8 +61,11 @@ pub(crate) async fn land(bed: &mut Testbed, jobs: &mut Jobs, fault: &Fault) -> L
         }
         FaultKind::ContainerdRestart => {
             let restarted = SystemTime::now();
+            // `systemctl restart` returns once containerd is up again (its unit notifies systemd). The kubelet was
+            // not restarted, so it posts no Ready heartbeat until its status changes or 5 minutes pass: a Lease
+            // renewed since shows it is in touch (waiting for the heartbeat timed out at fault 171 of a soak).
             bed.restart_containerd(fault.node);
-            bed.wait_ready_heartbeat_after(&node, restarted, LONG).await;
+            bed.wait_lease_renewed_after(&node, restarted, LONG).await;
             bed.wait_tiles(&node, TILES_PER_NODE, "after containerd restarted", LONG)
                 .await;
             (node, None)
