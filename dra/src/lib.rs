@@ -5,14 +5,17 @@
 //!   checkpoint, both written with [`atomic_file`].
 //! - [`publish`]: server-side apply of those slices.
 //! - [`registration`]: the plugin registration service; [`socket`]: gRPC listeners on unix sockets.
+//! - [`serve`]: all of them running for one node, configured by [`config`] (the `rdu-dra` binary's flags).
 
 pub mod atomic_file;
 pub mod cdi;
+pub mod config;
 pub mod devices;
 pub mod driver;
 pub mod prepared;
 pub mod publish;
 pub mod registration;
+pub mod serve;
 pub mod socket;
 
 /// The kubelet DRA plugin API v1 (generated from `proto/dra/dra/v1/api.proto`).
