@@ -2,7 +2,7 @@
 # Builds the three images from docker/Dockerfile, compiled once (the build stage is shared by the targets):
 #   bash docker/build.sh            # rdu-operator, rdu-device-plugin and rdu-worker, tagged $TAG (0.1.0)
 # Uses docker when it answers, else podman (CONTAINER_ENGINE=podman picks it). Extra arguments go to every
-# build (for example --pull=never where the base images are local). RDU_BINARIES_OUT=DIR also copies the three
+# build (for example --pull=never where the base images are local). RDU_BINARIES_OUT=DIR also copies the
 # release binaries into DIR (the target `binaries`; with docker that needs BuildKit).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -2,7 +2,11 @@
 //! ClusterRole/Role grant exactly the operator's API use (COMMON contract), nothing more (a Role in the watched
 //! namespace with `operator.watchNamespace`, names on the CRD and Lease rules), and the device plugin's role
 //! exactly the pod annotation it writes, on its own node's pods only; RduJob roles for people aggregate into the
-//! built-in `edit` and `view`; NetworkPolicies guard the release's own pods.
+//! built-in `edit` and `view`; NetworkPolicies guard the release's own pods. With `devicePlugin.kubeletApi=dra`,
+//! the DRA plugin's role and policy (`chart/dra.rs`).
+
+#[path = "chart/dra.rs"]
+mod dra;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
@@ -437,6 +441,7 @@ async fn the_rendered_chart_is_accepted_by_the_api_server() {
             "--set",
             "devicePlugin.kubeletPodResourcesDir=",
         ],
+        vec!["--set", "devicePlugin.kubeletApi=dra"],
     ] {
         let rendered = helm_template("rdu", NAMESPACE, &extra).expect("helm template");
         let kinds: BTreeSet<String> = documents(&rendered)
@@ -455,6 +460,9 @@ async fn the_rendered_chart_is_accepted_by_the_api_server() {
             "NetworkPolicy",
         ] {
             assert!(kinds.contains(kind), "{extra:?}: no {kind} in {kinds:?}");
+        }
+        if extra.contains(&"devicePlugin.kubeletApi=dra") {
+            assert!(kinds.contains("DeviceClass"), "{kinds:?}");
         }
         let out = kubectl(
             &plane,

@@ -37,6 +37,23 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: device-plugin
 {{- end -}}
 
+{{/* Which node agent runs: "devicePlugin", "dra", or "" when devicePlugin.enabled is false. */}}
+{{- define "rdu-operator.nodeAgent" -}}
+{{- if .Values.devicePlugin.enabled -}}
+{{- $api := .Values.devicePlugin.kubeletApi -}}
+{{- if not (has $api (list "devicePlugin" "dra")) -}}
+{{- fail (printf "devicePlugin.kubeletApi is %q: set it to devicePlugin (the extended resource rdu.dev/tile) or dra (ResourceClaims of driver rdu.dev)" (toString $api)) -}}
+{{- end -}}
+{{- $api -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "rdu-operator.draPluginSelector" -}}
+app.kubernetes.io/name: {{ include "rdu-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: dra-plugin
+{{- end -}}
+
 {{- define "rdu-operator.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}
 {{- default (include "rdu-operator.fullname" .) .Values.serviceAccount.name -}}
