@@ -1,63 +1,37 @@
-//! Writing a file atomically: the content goes to a temporary file in the same directory, is synced, and is
-//! renamed over the target, so a reader (or a restarted driver) sees the old file or the new one, never a part.
+//! Writing the driver's files (CDI specs, the checkpoint) atomically and durably, their directory created first:
+//! a reader (the container runtime, or a restarted driver) sees the old file or the new one, never a part.
 
-use std::io::Write;
+use rdu_tiles::durable_file;
 use std::path::{Path, PathBuf};
 
 /// Errors writing a file atomically.
 #[derive(Debug, thiserror::Error)]
 pub enum AtomicWriteError {
-    #[error("`{0}` has no parent directory or file name to write a temporary file next to")]
-    NoParent(PathBuf),
     #[error("cannot create directory {path}")]
     CreateDir {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("cannot write temporary file {path}")]
-    WriteTemp {
+    #[error("cannot replace {path} (through {path}.tmp)")]
+    Replace {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("cannot rename {from} to {to}")]
-    Rename {
-        from: PathBuf,
-        to: PathBuf,
         #[source]
         source: std::io::Error,
     },
 }
 
-/// Replaces `path` with `contents` (creating its directory if needed).
+/// Replaces `path` with `contents` (creating its directory if needed), durably: [`durable_file::replace`].
 pub(crate) fn write(path: &Path, contents: &[u8]) -> Result<(), AtomicWriteError> {
-    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
-        return Err(AtomicWriteError::NoParent(path.to_path_buf()));
-    };
-    std::fs::create_dir_all(dir).map_err(|source| AtomicWriteError::CreateDir {
-        path: dir.to_path_buf(),
-        source,
-    })?;
-    let mut temp_name = std::ffi::OsString::from(".");
-    temp_name.push(name);
-    temp_name.push(format!(".tmp-{}", std::process::id()));
-    let temp = dir.join(temp_name);
-    let written = std::fs::File::create(&temp).and_then(|mut file| {
-        file.write_all(contents)?;
-        file.sync_all()
-    });
-    if let Err(source) = written {
-        let _ = std::fs::remove_file(&temp);
-        return Err(AtomicWriteError::WriteTemp { path: temp, source });
-    }
-    std::fs::rename(&temp, path).map_err(|source| {
-        let _ = std::fs::remove_file(&temp);
-        AtomicWriteError::Rename {
-            from: temp.clone(),
-            to: path.to_path_buf(),
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|source| AtomicWriteError::CreateDir {
+            path: dir.to_path_buf(),
             source,
-        }
+        })?;
+    }
+    durable_file::replace(path, contents).map_err(|source| AtomicWriteError::Replace {
+        path: path.to_path_buf(),
+        source,
     })
 }
 

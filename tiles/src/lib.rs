@@ -7,8 +7,10 @@
 //!   with a lock, the device-list watch, [`metrics`] and the [`saved_allocations`] file, behind every device plugin
 //!   call; [`simulated::SimulatedNode`] wraps the node for local mode.
 //! - [`tilestat`]: the sntilestat document, its table, and a client that fetches it from a node.
+//! - [`durable_file`]: replacing a file atomically and durably (the saved allocations, the DRA plugin's files).
 
 pub mod affinity;
+pub mod durable_file;
 pub mod metrics;
 pub mod node;
 pub mod packing;

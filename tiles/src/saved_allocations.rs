@@ -2,9 +2,8 @@
 //! known, so that a restarted plugin reports the same state. Written atomically and durably (a temporary file,
 //! fsynced, renamed into place, then the directory fsynced).
 
+use crate::durable_file;
 use serde::{Deserialize, Serialize};
-use std::fs::File;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
@@ -85,49 +84,17 @@ pub fn load(path: &Path) -> Result<Option<SavedAllocations>, SavedAllocationsErr
     Ok(Some(checkpoint))
 }
 
-/// Writes the checkpoint atomically and durably: a sibling temporary file, flushed to the disk, then a rename over
-/// `path`, then the directory flushed. Without the first flush a power loss after the rename can leave `path`
-/// empty (the rename reached the disk, the data did not), and the plugin then refuses to start; without the
-/// second the rename itself can be lost.
+/// Writes the checkpoint atomically and durably ([`durable_file::replace`]): a plugin that finds an empty or
+/// partial file refuses to start.
 pub fn save(path: &Path, checkpoint: &SavedAllocations) -> Result<(), SavedAllocationsError> {
-    save_with(path, checkpoint, &mut |flush| match flush {
-        Flush::Staged(file) => file.sync_all(),
-        Flush::Directory(dir) => File::open(dir).and_then(|d| d.sync_all()),
-    })
-}
-
-/// What [`save`] flushes to the disk, in this order: the staged file (all its bytes written, not yet renamed),
-/// then the directory holding `path` (after the rename).
-enum Flush<'a> {
-    Staged(&'a File),
-    Directory(&'a Path),
-}
-
-/// [`save`] with the flushes done by `flush` (tests see when they happen).
-fn save_with(
-    path: &Path,
-    checkpoint: &SavedAllocations,
-    flush: &mut dyn FnMut(Flush<'_>) -> std::io::Result<()>,
-) -> Result<(), SavedAllocationsError> {
-    let write_error = |source| SavedAllocationsError::Write {
+    let json = serde_json::to_vec(checkpoint).map_err(|e| SavedAllocationsError::Write {
+        path: path.to_path_buf(),
+        source: std::io::Error::other(e.to_string()),
+    })?;
+    durable_file::replace(path, &json).map_err(|source| SavedAllocationsError::Write {
         path: path.to_path_buf(),
         source,
-    };
-    let json = serde_json::to_vec(checkpoint)
-        .map_err(|e| write_error(std::io::Error::other(e.to_string())))?;
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    let mut staged = File::create(&tmp).map_err(write_error)?;
-    staged.write_all(&json).map_err(write_error)?;
-    flush(Flush::Staged(&staged)).map_err(write_error)?;
-    drop(staged);
-    std::fs::rename(&tmp, path).map_err(write_error)?;
-    let dir = match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir,
-        _ => Path::new("."),
-    };
-    flush(Flush::Directory(dir)).map_err(write_error)
+    })
 }
 
 /// Builds the checkpoint to write; run on the writer thread so the caller only pays for a cheap copy.
@@ -247,57 +214,6 @@ mod tests {
         let path = dir.path().join("cp.json");
         assert!(load(&path).unwrap().is_none());
         save(&path, &sample()).unwrap();
-        assert_eq!(load(&path).unwrap(), Some(sample()));
-    }
-
-    #[test]
-    fn the_staged_file_is_flushed_whole_before_the_rename_and_the_directory_after() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("cp.json");
-        save(&path, &sample()).unwrap();
-        let old = std::fs::read(&path).unwrap();
-        let mut next = sample();
-        next.rdus_per_node = 2;
-        let mut seen = Vec::new();
-        save_with(&path, &next, &mut |flush| {
-            // What is on disk at each flush: the checkpoint under its name, and the staged file's length.
-            let current = std::fs::read(&path).unwrap();
-            match flush {
-                Flush::Staged(file) => {
-                    let staged = file.metadata().unwrap().len();
-                    seen.push(("staged", current == old, staged));
-                }
-                Flush::Directory(flushed) => {
-                    assert_eq!(flushed, dir.path());
-                    seen.push(("directory", current == old, 0));
-                }
-            }
-            Ok(())
-        })
-        .unwrap();
-        let written = serde_json::to_vec(&next).unwrap().len() as u64;
-        assert_eq!(
-            seen,
-            [("staged", true, written), ("directory", false, 0)],
-            "the staged file is flushed with every byte while the old checkpoint is still in place, the \
-             directory once the new one is"
-        );
-        assert_eq!(load(&path).unwrap(), Some(next));
-    }
-
-    #[test]
-    fn a_failed_flush_leaves_the_old_checkpoint_in_place() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("cp.json");
-        save(&path, &sample()).unwrap();
-        let mut next = sample();
-        next.rdus_per_node = 2;
-        let err = save_with(&path, &next, &mut |flush| match flush {
-            Flush::Staged(_) => Err(std::io::Error::other("disk gone")),
-            Flush::Directory(_) => Ok(()),
-        })
-        .unwrap_err();
-        assert!(err.to_string().contains("disk gone"), "{err}");
         assert_eq!(load(&path).unwrap(), Some(sample()));
     }
 
