@@ -4,10 +4,12 @@
 //! - [`driver`]: the kubelet's DRAPlugin service (prepare, unprepare), over [`cdi`] specs and the [`prepared`]
 //!   checkpoint, both written with [`atomic_file`].
 //! - [`publish`]: server-side apply of those slices.
-//! - [`registration`]: the plugin registration service; [`socket`]: gRPC listeners on unix sockets.
+//! - [`registration`]: the plugin registration service; [`socket`]: gRPC listeners on unix sockets, and
+//!   [`authority`]: the relay that lets tonic accept the kubelet's requests on them.
 //! - [`serve`]: all of them running for one node, configured by [`config`] (the `rdu-dra` binary's flags).
 
 pub mod atomic_file;
+pub mod authority;
 pub mod cdi;
 pub mod config;
 pub mod devices;

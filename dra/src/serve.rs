@@ -1,15 +1,17 @@
 //! Running the plugin: the DRAPlugin service on its socket, then the registration service (the kubelet dials the
 //! former once the latter answered), and the node's ResourceSlices applied at start, after every registration
 //! (the kubelet deletes a node's slices when it starts and after a driver unregisters) and every resync period.
-//! On shutdown both sockets are removed, so the kubelet's plugin watcher unregisters the driver.
+//! Both sockets relay through [`crate::authority`], since the kubelet names a socket's path as its authority. On
+//! shutdown both sockets are removed, so the kubelet's plugin watcher unregisters the driver.
 
 use crate::api::dra_plugin_server::DraPluginServer;
+use crate::authority::listen_fixing_authority;
 use crate::config::DraConfig;
 use crate::driver::{ClaimSource, Driver, DriverConfig, DriverError};
 use crate::publish::{PublishError, publish};
 use crate::registration::{Registrar, RegistrationError, RegistrationState};
 use crate::registration_api::registration_server::RegistrationServer;
-use crate::socket::{SocketError, listen};
+use crate::socket::SocketError;
 use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
@@ -85,7 +87,8 @@ pub async fn run(
         let _ = stopped.wait_for(|s| *s).await;
     };
 
-    let plugin_incoming = listen(&config.plugin_socket).map_err(ServeError::Socket)?;
+    let plugin_incoming =
+        listen_fixing_authority(&config.plugin_socket).map_err(ServeError::Socket)?;
     let plugin_server = tokio::spawn(
         Server::builder()
             .add_service(DraPluginServer::new(driver))
@@ -94,7 +97,8 @@ pub async fn run(
     let registrar =
         Arc::new(Registrar::new(&config.plugin_socket).map_err(ServeError::Registration)?);
     let registration = registrar.subscribe();
-    let registration_incoming = listen(&config.registration_socket).map_err(ServeError::Socket)?;
+    let registration_incoming =
+        listen_fixing_authority(&config.registration_socket).map_err(ServeError::Socket)?;
     let registration_server = tokio::spawn(
         Server::builder()
             .add_service(RegistrationServer::from_arc(registrar))
