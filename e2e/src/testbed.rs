@@ -563,6 +563,14 @@ impl Testbed {
             .unwrap_or_else(|e| panic!("link of {name}: {}", rdu_error_chain::Chain(&e)));
     }
 
+    /// Runs `args` in node `index` (its container); its stdout.
+    pub fn node_exec(&self, index: u8, args: &[&str]) -> Result<String, String> {
+        let name = &self.node(index).name;
+        self.kind
+            .exec(name, args)
+            .map_err(|e| format!("{args:?} on {name}: {}", rdu_error_chain::Chain(&e)))
+    }
+
     /// Restarts node `index`'s kubelet (`systemctl restart kubelet` in the node).
     pub fn restart_kubelet(&self, index: u8) {
         let name = &self.node(index).name;

@@ -2,9 +2,12 @@
 //! it: the three images built from `docker/Dockerfile`, `helm install` of the chart (the operator and the device plugin run as
 //! pods), the node's `rdu.dev/tile` from the kubelet, `kubectl apply -f examples/digits.yaml`, the job's result
 //! from rank 0's termination message, `kubectl logs` of every rank; then faults with real processes and bad
-//! input; then the failure rules (`node/failure_rules.rs`) on the same node. `bash e2e/node/run.sh` runs it (with
-//! kind and podman or docker) and prints the two JSON lines it appends to `RDU_NODE_BENCH_OUT`.
+//! input; then the failure rules (`node/failure_rules.rs`) and Dynamic Resource Allocation (`node/dra.rs`) on the
+//! same node. `bash e2e/node/run.sh` runs it (with kind and podman or docker) and prints the three JSON lines it
+//! appends to `RDU_NODE_BENCH_OUT`.
 
+#[path = "node/dra.rs"]
+mod dra;
 #[path = "node/failure_rules.rs"]
 mod failure_rules;
 
@@ -86,6 +89,7 @@ async fn the_chart_and_the_digits_job_run_on_a_real_node() {
 
     // The failure rules on the same node: one cluster for both.
     write_summary(&failure_rules::run(&cluster.bed).await);
+    write_summary(&dra::run(&cluster.bed).await);
 }
 
 /// Prints `summary` as a JSON line, and appends it to `RDU_NODE_BENCH_OUT` when set.
