@@ -174,7 +174,12 @@ pub fn start_operator_as_chart(
     })
 }
 
-/// A token of `namespace/account` from the TokenRequest API, valid for an hour.
+/// How long a token from [`service_account_token`] is valid: longer than any run, since the processes given one
+/// keep it to the end (the operator of the control-plane tests, the Kueue manager beside a kind cluster). With an
+/// hour, a long soak's Kueue had every write refused as Unauthorized after 60 minutes and admitted no job again.
+pub const TOKEN_LIFETIME: &str = "24h";
+
+/// A token of `namespace/account` from the TokenRequest API, valid for [`TOKEN_LIFETIME`].
 pub fn service_account_token(
     plane: &ControlPlane,
     namespace: &str,
@@ -182,7 +187,14 @@ pub fn service_account_token(
 ) -> Result<String, ClusterError> {
     let token = kubectl(
         plane,
-        &["create", "token", account, "-n", namespace, "--duration=1h"],
+        &[
+            "create",
+            "token",
+            account,
+            "-n",
+            namespace,
+            &format!("--duration={TOKEN_LIFETIME}"),
+        ],
         None,
     )?;
     Ok(token.trim().to_string())

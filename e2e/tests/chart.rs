@@ -494,9 +494,24 @@ async fn plane_with_chart(test: &str, components: Components) -> ControlPlane {
 /// A kubeconfig authenticating as the chart's ServiceAccount `account`.
 fn account_kubeconfig(plane: &ControlPlane, account: &str) -> PathBuf {
     let token = rdu_e2e::service_account_token(plane, NAMESPACE, account).expect("token");
+    assert!(
+        token_lifetime_seconds(&token) >= 23 * 3600,
+        "a harness token must outlive a long soak (the Kueue manager keeps one for the whole run)"
+    );
     plane
         .write_kubeconfig(account, account, &token, NAMESPACE)
         .expect("kubeconfig")
+}
+
+/// `exp - iat` of a JWT, as the API server issued it.
+fn token_lifetime_seconds(token: &str) -> i64 {
+    use base64::Engine as _;
+    let payload = token.split('.').nth(1).expect("a JWT has a payload");
+    let claims = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload)
+        .expect("base64url claims");
+    let claims: serde_json::Value = serde_json::from_slice(&claims).expect("JSON claims");
+    claims["exp"].as_i64().expect("exp") - claims["iat"].as_i64().expect("iat")
 }
 
 /// `kubectl auth can-i` as the kubeconfig's user; `kind/status` style resources are asked as a subresource
