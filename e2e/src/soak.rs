@@ -168,6 +168,7 @@ impl Soak {
             // Each of these jobs' checksums was asserted equal to the undisturbed run's.
             "checksums_equal": jobs.checked.iter().filter(|c| c.checksum_checked).count(),
             "rank_pods_gone_before_read": jobs.checked.iter().map(|c| u64::from(c.pods_gone)).sum::<u64>(),
+            "rank_logs_without_checksum": jobs.checked.iter().map(|c| u64::from(c.logs_without_checksum)).sum::<u64>(),
             "gang_restarts": jobs.checked.iter().map(|c| c.restarts).sum::<u64>(),
             "failure_restarts": jobs.checked.iter().map(|c| c.failure_restarts).sum::<u64>(),
             "oom_kills_blamed_otherwise": jobs.oom_blamed_otherwise,
