@@ -514,6 +514,57 @@ fn token_lifetime_seconds(token: &str) -> i64 {
     claims["exp"].as_i64().expect("exp") - claims["iat"].as_i64().expect("iat")
 }
 
+/// A kubeconfig with `account`'s token as the kubelet mounts it: bound to pod `pod` (in the system namespace),
+/// so that the token names the pod's node.
+fn bound_kubeconfig(plane: &ControlPlane, account: &str, pod: &str, name: &str) -> PathBuf {
+    let token = kubectl(
+        plane,
+        &[
+            "create",
+            "token",
+            account,
+            "-n",
+            NAMESPACE,
+            "--duration=1h",
+            "--bound-object-kind=Pod",
+            &format!("--bound-object-name={pod}"),
+        ],
+        None,
+    )
+    .expect("a token bound to the pod");
+    plane
+        .write_kubeconfig(name, account, token.trim(), NAMESPACE)
+        .expect("kubeconfig")
+}
+
+/// The `status.typeChecking` of ValidatingAdmissionPolicy `policy`, once the controller checked its generation.
+async fn type_checking(plane: &ControlPlane, policy: &str) -> serde_json::Value {
+    poll_until(
+        "the policy type-checked",
+        Duration::from_secs(30),
+        || async {
+            let policy = kubectl(
+                plane,
+                &["get", "validatingadmissionpolicy", policy, "-o", "json"],
+                None,
+            )
+            .map_err(|e| e.to_string())?;
+            let policy: serde_json::Value =
+                serde_json::from_str(&policy).map_err(|e| e.to_string())?;
+            let status = &policy["status"];
+            if status["observedGeneration"] == policy["metadata"]["generation"]
+                && !status["typeChecking"].is_null()
+            {
+                Ok(status["typeChecking"].clone())
+            } else {
+                Err(format!("status {status}"))
+            }
+        },
+    )
+    .await
+    .expect("type checking")
+}
+
 /// `kubectl auth can-i` as the kubeconfig's user; `kind/status` style resources are asked as a subresource
 /// (as one argument they would name an object called "status").
 fn can_i(kubeconfig: &Path, verb: &str, resource: &str, namespace: &str) -> bool {
@@ -827,25 +878,7 @@ async fn the_device_plugin_may_only_annotate_pods_on_its_own_node() {
         let pod = pod_on(name, namespace, node, account);
         kit::apply(&plane, &pod).expect("a pod");
     }
-    // The plugin's token as the kubelet mounts it: bound to its pod, which names the node.
-    let token = kubectl(
-        &plane,
-        &[
-            "create",
-            "token",
-            PLUGIN,
-            "-n",
-            NAMESPACE,
-            "--duration=1h",
-            "--bound-object-kind=Pod",
-            "--bound-object-name=plugin-a",
-        ],
-        None,
-    )
-    .expect("a token bound to the plugin's pod");
-    let kubeconfig = plane
-        .write_kubeconfig("plugin-on-node-a", PLUGIN, token.trim(), NAMESPACE)
-        .expect("kubeconfig");
+    let kubeconfig = bound_kubeconfig(&plane, PLUGIN, "plugin-a", "plugin-on-node-a");
     // The API server enforces a new policy once its informer has it: wait for a server-side dry run
     // (admitted, never stored) of an annotation the policy refuses to be refused.
     let client = rdu_e2e::kubeconfig::client(&kubeconfig)
@@ -867,36 +900,7 @@ async fn the_device_plugin_may_only_annotate_pods_on_its_own_node() {
     .await
     .expect("policy in force");
     // The API server type-checks the policy's CEL against the Pod schema; it must find nothing to warn of.
-    let checked = poll_until(
-        "the policy type-checked",
-        Duration::from_secs(30),
-        || async {
-            let policy = kubectl(
-                &plane,
-                &[
-                    "get",
-                    "validatingadmissionpolicy",
-                    "rdu-rdu-operator-device-plugin-own-node",
-                    "-o",
-                    "json",
-                ],
-                None,
-            )
-            .map_err(|e| e.to_string())?;
-            let policy: serde_json::Value =
-                serde_json::from_str(&policy).map_err(|e| e.to_string())?;
-            let status = &policy["status"];
-            if status["observedGeneration"] == policy["metadata"]["generation"]
-                && !status["typeChecking"].is_null()
-            {
-                Ok(status["typeChecking"].clone())
-            } else {
-                Err(format!("status {status}"))
-            }
-        },
-    )
-    .await
-    .expect("type checking");
+    let checked = type_checking(&plane, "rdu-rdu-operator-device-plugin-own-node").await;
     assert!(checked.get("expressionWarnings").is_none(), "{checked}");
     let annotator = KubeAnnotator::new(client.clone());
     annotator

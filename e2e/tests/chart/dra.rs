@@ -2,7 +2,7 @@
 //! ResourceSlices of driver rdu.dev on its own node only (a ValidatingAdmissionPolicy, as for the device plugin's
 //! annotations), and read ResourceClaims; nothing else.
 
-use super::{NAMESPACE, can_i, kubectl, plane_with_namespaces, pod_on};
+use super::{NAMESPACE, can_i, plane_with_namespaces, pod_on};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, DeleteParams, Patch};
 use rdu_dra::publish::{apply_params, publish};
@@ -33,25 +33,7 @@ async fn the_dra_plugin_may_publish_and_delete_only_its_own_nodes_slices() {
         kit::apply(&plane, &node).expect("a node");
     }
     kit::apply(&plane, &pod_on("dra-a", NAMESPACE, "node-a", PLUGIN)).expect("the plugin's pod");
-    // The plugin's token as the kubelet mounts it: bound to its pod, which names the node.
-    let token = kubectl(
-        &plane,
-        &[
-            "create",
-            "token",
-            PLUGIN,
-            "-n",
-            NAMESPACE,
-            "--duration=1h",
-            "--bound-object-kind=Pod",
-            "--bound-object-name=dra-a",
-        ],
-        None,
-    )
-    .expect("a token bound to the plugin's pod");
-    let kubeconfig = plane
-        .write_kubeconfig("dra-on-node-a", PLUGIN, token.trim(), NAMESPACE)
-        .expect("kubeconfig");
+    let kubeconfig = super::bound_kubeconfig(&plane, PLUGIN, "dra-a", "dra-on-node-a");
     let plugin = rdu_e2e::kubeconfig::client(&kubeconfig)
         .await
         .expect("client");
@@ -82,40 +64,8 @@ async fn the_dra_plugin_may_publish_and_delete_only_its_own_nodes_slices() {
         ),
         "{refused}"
     );
-    let policy = kubectl(
-        &plane,
-        &["get", "validatingadmissionpolicy", POLICY, "-o", "json"],
-        None,
-    )
-    .expect("the policy");
-    let policy: serde_json::Value = serde_json::from_str(&policy).expect("policy JSON");
-    let checked = poll_until("the policy type-checked", Duration::from_secs(30), || {
-        let plane = &plane;
-        async move {
-            let policy = kubectl(
-                plane,
-                &["get", "validatingadmissionpolicy", POLICY, "-o", "json"],
-                None,
-            )
-            .map_err(|e| e.to_string())?;
-            let policy: serde_json::Value =
-                serde_json::from_str(&policy).map_err(|e| e.to_string())?;
-            let status = &policy["status"];
-            if status["observedGeneration"] == policy["metadata"]["generation"]
-                && !status["typeChecking"].is_null()
-            {
-                Ok(status["typeChecking"].clone())
-            } else {
-                Err(format!("status {status}"))
-            }
-        }
-    })
-    .await
-    .expect("type checking");
-    assert!(
-        checked.get("expressionWarnings").is_none(),
-        "{checked} in {policy}"
-    );
+    let checked = super::type_checking(&plane, POLICY).await;
+    assert!(checked.get("expressionWarnings").is_none(), "{checked}");
 
     // Its own node's slices: created, applied again, and stale ones deleted (a smaller topology).
     let stored = publish(plugin.clone(), "node-a", &topology, "SN10", 1)
