@@ -16,6 +16,7 @@ pub mod rank_env;
 pub mod schema;
 pub mod spec;
 pub mod status;
+pub mod tile_allocation;
 pub mod token;
 pub mod validation;
 
@@ -28,6 +29,7 @@ pub use progress_report::{ProgressReport, ReportError};
 pub use rank_env::{ProgressEndpoint, RankEnv};
 pub use spec::*;
 pub use status::*;
+pub use tile_allocation::{TileAllocation, TileApi};
 pub use validation::{FieldError, validate_job, validate_spec};
 
 use kube::CustomResourceExt;

@@ -41,6 +41,10 @@ pub struct RduJobSpec {
     #[serde(default = "default_tiles_per_worker")]
     #[x_kube(validation = Rule::new("self in [1, 2, 4, 8]").message("spec.tilesPerWorker must be 1, 2, 4 or 8"))]
     pub tiles_per_worker: u32,
+    /// How each rank's tiles are asked for: the device plugin's extended resource `rdu.dev/tile` (the default), or
+    /// a ResourceClaim per rank through Dynamic Resource Allocation, which can also keep them on one RDU.
+    #[serde(default)]
+    pub tile_allocation: crate::TileAllocation,
     /// Container image of the worker.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,

@@ -94,6 +94,7 @@ fn check_world(c: &mut Checks, spec: &RduJobSpec) {
             )
         },
     );
+    crate::tile_allocation::check(c, &spec.tile_allocation);
     if let Some(compile) = &spec.compile {
         c.check(
             compile.min_world_size >= 1,

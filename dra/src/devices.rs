@@ -5,17 +5,19 @@ use k8s_openapi::api::resource::v1::{
     Device, DeviceAttribute, ResourcePool, ResourceSlice, ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use rdu_crds::tile_allocation;
 use rdu_tiles::topology::{ResourceMode, Topology};
 use std::collections::BTreeMap;
 
-/// The DRA driver name: DeviceClasses select it, allocation results and ResourceSlices carry it.
-pub const DRIVER_NAME: &str = "rdu.dev";
+/// The DRA driver name: DeviceClasses select it, allocation results and ResourceSlices carry it; the operator's
+/// claim templates name it (one constant for both sides: `rdu_crds::tile_allocation`).
+pub const DRIVER_NAME: &str = tile_allocation::DRIVER;
 /// Attribute: the tile's RDU (int).
-pub const ATTR_RDU: &str = "rdu.dev/rdu";
+pub const ATTR_RDU: &str = tile_allocation::RDU_ATTRIBUTE;
 /// Attribute: the tile's index within its RDU (int).
-pub const ATTR_TILE: &str = "rdu.dev/tile";
+pub const ATTR_TILE: &str = tile_allocation::TILE_ATTRIBUTE;
 /// Attribute: the RDU model (string), e.g. `SN30`.
-pub const ATTR_MODEL: &str = "rdu.dev/model";
+pub const ATTR_MODEL: &str = tile_allocation::MODEL_ATTRIBUTE;
 /// Most devices one ResourceSlice may hold (`resource.k8s.io/v1` `ResourceSliceMaxDevices`).
 pub const MAX_DEVICES_PER_SLICE: usize = 128;
 /// Longest DNS subdomain, the limit of an object name and of a pool name.

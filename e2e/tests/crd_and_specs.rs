@@ -197,6 +197,29 @@ fn bad_specs() -> Vec<(&'static str, Value, &'static str)> {
             "spec.runPolicy.schedulingPolicy.minAvailable must be between 1 and spec.workers",
         ),
         (
+            "tiles on one RDU through the device plugin",
+            with(b(), "/spec/tileAllocation", json!({"sameRdu": true})),
+            rdu_crds::tile_allocation::SAME_RDU_NEEDS_DRA,
+        ),
+        (
+            "an RDU model through the device plugin",
+            with(
+                b(),
+                "/spec/tileAllocation",
+                json!({"api": "devicePlugin", "model": "SN30"}),
+            ),
+            rdu_crds::tile_allocation::MODEL_NEEDS_DRA,
+        ),
+        (
+            "an RDU model that would break out of its selector",
+            with(
+                b(),
+                "/spec/tileAllocation",
+                json!({"api": "dra", "model": "SN30\" || true || \""}),
+            ),
+            rdu_crds::tile_allocation::MODEL_FORM,
+        ),
+        (
             "a failure rule with no exit code",
             rules(json!([{"action": "FailJob", "onExitCodes": {"operator": "In"}}])),
             fp::EMPTY_EXIT_CODES,
