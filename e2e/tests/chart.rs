@@ -111,6 +111,12 @@ const JOB_NAMESPACE_RULES: &[Rule] = &[
     ("", &["secrets"], &["create", "delete"], &[]),
     ("", &["persistentvolumeclaims"], &["get", "create"], &[]),
     (
+        "resource.k8s.io",
+        &["resourceclaimtemplates"],
+        &["get", "create"],
+        &[],
+    ),
+    (
         "networking.k8s.io",
         &["networkpolicies"],
         &["get", "create", "patch"],

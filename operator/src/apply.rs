@@ -9,6 +9,7 @@ use std::fmt::Debug;
 
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
@@ -23,7 +24,7 @@ use crate::lifecycle::Change;
 use crate::ownership::{ChildConflict, JobIdentity, Ownership, ownership};
 use crate::slow_start::{MAX_IN_FLIGHT, slow_start};
 use crate::step::ReconcileError;
-use crate::validate::ValidJob;
+use crate::validate::{Tiles, ValidJob};
 
 /// Why the apply step stopped before carrying out every action.
 #[derive(Debug)]
@@ -186,7 +187,8 @@ enum Existing {
     Keep,
 }
 
-/// The Service, the checkpoint claim, the NetworkPolicy and the PodGroup.
+/// The Service, the checkpoint claim, the tiles' ResourceClaimTemplate (kept: a template's spec is immutable, and
+/// a changed ask gets a template of another name), the NetworkPolicy and the PodGroup.
 async fn ensure_shared_children(job: &ValidJob<'_>, ctx: &Context) -> Result<(), Stop> {
     let ns = job.namespace;
     let client = &ctx.client;
@@ -205,6 +207,18 @@ async fn ensure_shared_children(job: &ValidJob<'_>, ctx: &Context) -> Result<(),
             &claims,
             "PersistentVolumeClaim",
             &claim,
+            job,
+            Existing::Keep,
+        )
+        .await?;
+    }
+    if let Tiles::Claim(claim) = &job.tiles {
+        let templates: Api<ResourceClaimTemplate> = Api::namespaced(client.clone(), ns);
+        let template = builders::claim_template(job, claim);
+        ensure_child(
+            &templates,
+            "ResourceClaimTemplate",
+            &template,
             job,
             Existing::Keep,
         )

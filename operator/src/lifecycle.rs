@@ -543,7 +543,7 @@ impl Look<'_> {
             if let Some(room) = &self.cluster.room {
                 let workers = u64::from(self.job.workers);
                 if room.ranks() < workers {
-                    let tiles = self.job.tiles_per_worker;
+                    let tiles = self.job.tiles.count();
                     let mut message = format!(
                         "the gang needs {workers} rank(s) of {tiles} {} each; the schedulable nodes have room for {} rank(s): {}",
                         consts::TILE_RESOURCE,

@@ -72,11 +72,12 @@ impl NodeCache {
             })
             .filter(|(_, l)| !(every_node_unreachable && *l == Loss::Unreachable))
             .collect();
-        let room = (self.wait_for_room && pods.is_empty())
-            .then(|| {
+        let room = rank_needs(job)
+            .filter(|_| self.wait_for_room && pods.is_empty())
+            .map(|needs| {
                 let (nodes, all_pods) = (self.store.state(), all_pods.state());
                 room(
-                    &rank_needs(job),
+                    &needs,
                     nodes.iter().map(AsRef::as_ref),
                     all_pods.iter().map(AsRef::as_ref),
                 )
@@ -86,10 +87,15 @@ impl NodeCache {
     }
 }
 
-/// What one rank pod of `job` asks of a node: its tiles, and the template's tolerations and node selector.
-pub(crate) fn rank_needs(job: &RduJob) -> RankNeeds {
+/// What one rank pod of `job` asks of a node: its tiles, and the template's tolerations and node selector. None for
+/// tiles claimed through DRA: the scheduler allocates them from ResourceSlices, which this cache does not hold, so
+/// the job does not wait for room (the scheduler's reason for a pending rank is reported instead).
+pub(crate) fn rank_needs(job: &RduJob) -> Option<RankNeeds> {
+    if job.spec.tile_allocation.is_dra() {
+        return None;
+    }
     let template = job.spec.template.as_ref().and_then(|t| t.spec.as_ref());
-    RankNeeds {
+    Some(RankNeeds {
         resource: consts::TILE_RESOURCE.to_string(),
         count: u64::from(job.spec.tiles_per_worker),
         tolerations: template
@@ -98,5 +104,23 @@ pub(crate) fn rank_needs(job: &RduJob) -> RankNeeds {
         node_selector: template
             .and_then(|s| s.node_selector.clone())
             .unwrap_or_default(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_fixtures::job;
+
+    #[test]
+    fn a_rank_needs_its_extended_resource_and_nothing_the_cache_can_count_through_dra() {
+        let mut j = job("mnist", Some("ml"), 4);
+        let needs = rank_needs(&j).expect("the device plugin's tiles");
+        assert_eq!(
+            (needs.resource.as_str(), needs.count),
+            (consts::TILE_RESOURCE, 2)
+        );
+        j.spec.tile_allocation.api = rdu_crds::TileApi::Dra;
+        assert!(rank_needs(&j).is_none());
     }
 }

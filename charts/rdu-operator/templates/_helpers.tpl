@@ -101,6 +101,12 @@ app.kubernetes.io/component: dra-plugin
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
   verbs: ["get", "create"]
+# The ResourceClaimTemplate of a job with spec.tileAllocation.api dra: created once and kept (a template's spec
+# is immutable; a changed ask gets a template of another name); garbage-collected with the job. The rank pods'
+# ResourceClaims are made from it by Kubernetes, not by the operator.
+- apiGroups: ["resource.k8s.io"]
+  resources: ["resourceclaimtemplates"]
+  verbs: ["get", "create"]
 {{- if .Values.networkPolicy.enabled }}
 # The per-job NetworkPolicy, created; the job's own re-applied (patch); garbage-collected with the job.
 - apiGroups: ["networking.k8s.io"]

@@ -15,7 +15,7 @@ use rdu_crds::consts::{self, WORKER_CONTAINER};
 use super::checkpoint::{CHECKPOINT_MOUNT, CheckpointStorage};
 use super::env::container_env;
 use super::meta::{child_meta, job_labels};
-use crate::validate::{Gang, ValidJob};
+use crate::validate::{Gang, Tiles, ValidJob};
 
 /// Label scheduler-plugins' coscheduling uses to tie a pod to its PodGroup.
 pub(crate) const POD_GROUP_LABEL: &str = "scheduling.x-k8s.io/pod-group";
@@ -104,6 +104,9 @@ pub(crate) fn contract_pod(job: &ValidJob, contract: &RankEnv) -> Pod {
     let container = take_worker_container(&mut spec);
     let worker = worker_container(job, contract, container);
     spec.containers.insert(0, worker);
+    if let Tiles::Claim(claim) = &job.tiles {
+        super::tile_claim::claim_tiles(&mut spec, name, claim);
+    }
     CheckpointStorage::of(&job.checkpoint, rank).add_to_pod(name, &mut spec);
     spec.restart_policy = Some("Never".to_string());
     spec.hostname = Some(pod_name);
@@ -167,11 +170,22 @@ fn worker_container(job: &ValidJob, contract: &RankEnv, mut container: Container
     env.extend(extra);
     container.env = Some(env);
 
-    let tiles = Quantity(job.tiles_per_worker.to_string());
     let mut resources: ResourceRequirements = container.resources.take().unwrap_or_default();
     for list in [&mut resources.requests, &mut resources.limits] {
-        list.get_or_insert_with(BTreeMap::new)
-            .insert(consts::TILE_RESOURCE.to_string(), tiles.clone());
+        let list = list.get_or_insert_with(BTreeMap::new);
+        // The operator owns the tiles: the spec's count of the extended resource, or (dra) none of it, the
+        // pod's claim giving them (`tile_claim`), so that no pod asks for tiles both ways.
+        match &job.tiles {
+            Tiles::ExtendedResource { count } => {
+                list.insert(
+                    consts::TILE_RESOURCE.to_string(),
+                    Quantity(count.to_string()),
+                );
+            }
+            Tiles::Claim(_) => {
+                list.remove(consts::TILE_RESOURCE);
+            }
+        }
     }
     container.resources = Some(resources);
     container.termination_message_path = Some(consts::TERMINATION_LOG_PATH.to_string());
@@ -278,6 +292,46 @@ spec:
             .as_ref()
             .expect("limits")["rdu.dev/tile"];
         assert_eq!(tiles.0, "2");
+    }
+
+    #[test]
+    fn a_dra_rank_claims_its_tiles_and_asks_for_no_extended_resource() {
+        let mut j = job("mnist", Some("ml"), 4);
+        j.spec.tile_allocation =
+            serde_json::from_value(serde_json::json!({"api": "dra", "sameRdu": true}))
+                .expect("allocation");
+        // A template's own ask of the extended resource is dropped: a DRA node advertises none.
+        j.spec.template = Some(
+            serde_json::from_value(
+                serde_json::json!({"spec": {"containers": [{"name": "worker",
+                "resources": {"limits": {"rdu.dev/tile": "2", "memory": "1Gi"}}}]}}),
+            )
+            .expect("template"),
+        );
+        let valid = valid(&j);
+        let Tiles::Claim(claim) = &valid.tiles else {
+            panic!("a claim: {:?}", valid.tiles)
+        };
+        let pod = worker_pod(&valid, 1, 0);
+        let spec = pod.spec.as_ref().expect("spec");
+        let claims = spec.resource_claims.as_ref().expect("pod claims");
+        assert_eq!(claims.len(), 1);
+        assert_eq!(claims[0].name, "rdu-tiles");
+        assert_eq!(
+            claims[0].resource_claim_template_name,
+            Some(super::super::tile_claim::template_name("mnist", claim))
+        );
+        let res = worker(&pod).resources.as_ref().expect("res");
+        assert_eq!(res.claims.as_ref().expect("claims")[0].name, "rdu-tiles");
+        for list in [&res.requests, &res.limits] {
+            assert!(
+                !list
+                    .as_ref()
+                    .is_some_and(|l| l.contains_key("rdu.dev/tile")),
+                "{res:?}"
+            );
+        }
+        assert_eq!(res.limits.as_ref().expect("lim")["memory"].0, "1Gi");
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub(crate) mod network;
 pub(crate) mod progress;
 pub(crate) mod rank;
 pub(crate) mod tensorboard;
+pub(crate) mod tile_claim;
 pub(crate) mod worker_container;
 
 #[cfg(test)]
@@ -22,3 +23,4 @@ pub(crate) use network::network_policy;
 pub(crate) use rank::rank_pod;
 pub use rank::worker_pod;
 pub(crate) use rdu_crds::{job_name, job_namespace};
+pub(crate) use tile_claim::claim_template;

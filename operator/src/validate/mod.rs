@@ -15,7 +15,9 @@ use rdu_crds::{FieldError, RankEnv, RduJob, RduJobStatus, RunPolicy, job_namespa
 mod pod_policy;
 mod settings;
 pub use pod_policy::{Exception, Guard, PodPolicy, RULES as POD_POLICY_RULES, Rule};
-pub(crate) use settings::{Checkpointing, Gang, Scheduling, TensorBoardLog};
+pub(crate) use settings::{
+    Checkpointing, Gang, Scheduling, TILE_CLAIM_NAME, TensorBoardLog, TileClaim, Tiles,
+};
 
 /// The operator's default of `--max-workers-per-job`.
 pub const DEFAULT_MAX_WORKERS_PER_JOB: u32 = 1024;
@@ -65,8 +67,8 @@ pub struct ValidJob<'a> {
     pub image: String,
     /// `spec.imagePullPolicy` as the pod spells it.
     pub image_pull_policy: Option<&'static str>,
-    /// `spec.tilesPerWorker`.
-    pub tiles_per_worker: u32,
+    /// `spec.tilesPerWorker` and how they are asked for (`spec.tileAllocation`).
+    pub tiles: Tiles,
     /// `spec.template`, merged into every rank's pod.
     pub template: Option<&'a PodTemplateSpec>,
     pub checkpoint: Checkpointing,
@@ -133,6 +135,7 @@ pub fn validate<'a>(job: &'a RduJob, limits: &Limits) -> Result<ValidJob<'a>, Va
         )
     });
     pod_policy::check_template(&mut cluster, job.spec.template.as_ref(), &limits.pod_policy);
+    check_tile_claim_name(&mut cluster, job);
     let mut errors = rdu_crds::validate_job(job).err().unwrap_or_default();
     errors.extend(cluster.finish().err().unwrap_or_default());
     match (owner, image, job.metadata.name.as_deref()) {
@@ -145,7 +148,7 @@ pub fn validate<'a>(job: &'a RduJob, limits: &Limits) -> Result<ValidJob<'a>, Va
                 owner,
                 image,
                 image_pull_policy: spec.image_pull_policy.map(|p| p.as_str()),
-                tiles_per_worker: spec.tiles_per_worker,
+                tiles: Tiles::of(spec),
                 template: spec.template.as_ref(),
                 checkpoint: Checkpointing::of(spec),
                 tensorboard: TensorBoardLog::of(spec),
@@ -160,6 +163,25 @@ pub fn validate<'a>(job: &'a RduJob, limits: &Limits) -> Result<ValidJob<'a>, Va
         }
         _ => Err(ValidationErrors(errors)),
     }
+}
+
+/// With `spec.tileAllocation.api: dra` the operator adds the pod claim [`TILE_CLAIM_NAME`]; the template may not
+/// declare one of that name.
+fn check_tile_claim_name(c: &mut Checks, job: &RduJob) {
+    let taken = job.spec.tile_allocation.is_dra()
+        && job
+            .spec
+            .template
+            .as_ref()
+            .and_then(|t| t.spec.as_ref())
+            .and_then(|s| s.resource_claims.as_ref())
+            .is_some_and(|claims| claims.iter().any(|claim| claim.name == TILE_CLAIM_NAME));
+    c.check(!taken, "spec.template.spec.resourceClaims", || {
+        format!(
+            "spec.template.spec.resourceClaims has a claim named {TILE_CLAIM_NAME:?}, the name the operator gives \
+             each rank's tiles with spec.tileAllocation.api dra: rename the template's claim"
+        )
+    });
 }
 
 /// `spec.image`, else the image of the template's worker container (or its first container).
@@ -205,7 +227,7 @@ mod tests {
         assert_eq!(valid.uid(), "uid-mnist");
         assert_eq!(valid.owner.controller, Some(true));
         assert_eq!(valid.rank_env(3, 0).world_size, 4);
-        assert_eq!(valid.tiles_per_worker, 2);
+        assert_eq!(valid.tiles, Tiles::ExtendedResource { count: 2 });
         assert_eq!(valid.checkpoint, Checkpointing::Off);
         assert_eq!((valid.tensorboard.clone(), valid.gang), (None, None));
         assert!(!valid.image.is_empty());
@@ -219,6 +241,17 @@ mod tests {
             (|j| j.spec.image = None, &["spec.image"]),
             (|j| j.spec.image = Some(String::new()), &["spec.image"]),
             (|j| j.spec.workers = 0, &["spec.workers"]),
+            (
+                |j| {
+                    j.spec.tile_allocation.api = rdu_crds::TileApi::Dra;
+                    j.spec.template = Some(
+                        serde_json::from_value(serde_json::json!({"spec": {"containers": [],
+                            "resourceClaims": [{"name": "rdu-tiles", "resourceClaimName": "mine"}]}}))
+                        .expect("template"),
+                    );
+                },
+                &["spec.template.spec.resourceClaims"],
+            ),
             (
                 |j| {
                     j.metadata.name = None;

@@ -61,6 +61,53 @@ impl TensorBoardLog {
     }
 }
 
+/// The name of a rank pod's claim of its tiles (`spec.resourceClaims[].name`, `api: dra`), which the template may
+/// not use for a claim of its own.
+pub(crate) const TILE_CLAIM_NAME: &str = "rdu-tiles";
+
+/// How each rank asks for its tiles (`spec.tilesPerWorker`, `spec.tileAllocation`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Tiles {
+    /// `count` of the device plugin's extended resource `rdu.dev/tile` (`api: devicePlugin`).
+    ExtendedResource { count: u32 },
+    /// A ResourceClaim per rank from the job's ResourceClaimTemplate (`api: dra`).
+    Claim(TileClaim),
+}
+
+/// What every rank's ResourceClaim asks for (`spec.tileAllocation.api: dra`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct TileClaim {
+    /// Tiles per rank.
+    pub count: u32,
+    /// All on one RDU.
+    pub same_rdu: bool,
+    /// Of this RDU model only (checked to be a plain name: it goes into a CEL selector).
+    pub model: Option<String>,
+}
+
+impl Tiles {
+    pub fn of(spec: &RduJobSpec) -> Self {
+        let allocation = &spec.tile_allocation;
+        let count = spec.tiles_per_worker;
+        if allocation.is_dra() {
+            Tiles::Claim(TileClaim {
+                count,
+                same_rdu: allocation.same_rdu,
+                model: allocation.model.clone(),
+            })
+        } else {
+            Tiles::ExtendedResource { count }
+        }
+    }
+
+    /// Tiles per rank.
+    pub fn count(&self) -> u32 {
+        match self {
+            Tiles::ExtendedResource { count } | Tiles::Claim(TileClaim { count, .. }) => *count,
+        }
+    }
+}
+
 /// Gang scheduling through a coscheduling PodGroup (`spec.runPolicy.schedulingPolicy.minAvailable`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Gang {
@@ -147,6 +194,27 @@ mod tests {
             let s = spec(|v| v["checkpoint"] = checkpoint.clone());
             assert_eq!(Checkpointing::of(&s), want, "{checkpoint}");
         }
+    }
+
+    #[test]
+    fn tiles_follow_the_allocation_api() {
+        let plugin = spec(|v| v["tilesPerWorker"] = serde_json::json!(2));
+        assert_eq!(Tiles::of(&plugin), Tiles::ExtendedResource { count: 2 });
+        let dra = spec(|v| {
+            v["tilesPerWorker"] = serde_json::json!(4);
+            v["tileAllocation"] =
+                serde_json::json!({"api": "dra", "sameRdu": true, "model": "SN30"});
+        });
+        let tiles = Tiles::of(&dra);
+        assert_eq!(
+            tiles,
+            Tiles::Claim(TileClaim {
+                count: 4,
+                same_rdu: true,
+                model: Some("SN30".into())
+            })
+        );
+        assert_eq!((Tiles::of(&plugin).count(), tiles.count()), (2, 4));
     }
 
     #[test]
