@@ -4,16 +4,18 @@
 //! `examples/dra/claim-templates.yaml` get exactly their claim's tiles in `SF_RNT_TILE_AFFINITY` and
 //! `RDU_VISIBLE_TILES` (through CDI); claims pack (four 2-tile claims fill two RDUs, a 3-tile claim never spans
 //! two); prepared claims survive a restart of the plugin and are unprepared by the new one; the slices come back
-//! after a kubelet restart; no CDI spec is left behind. Its summary is `node.rs`'s third JSON line
+//! after a kubelet restart; no CDI spec is left behind; `examples/digits-dra.yaml` trains with each rank's tiles
+//! claimed through the operator's claim template. Its summary is `node.rs`'s third JSON line
 //! (`{"bench":"dra",…}`).
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate, ResourceSlice};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams};
+use rdu_e2e::logs::field_of;
 use rdu_e2e::testbed::{SYSTEM_NAMESPACE, Testbed};
 use rdu_e2e::workspace_root;
 use rdu_tiles::affinity::affinity_mask;
@@ -203,7 +205,118 @@ pub(crate) async fn run(bed: &Testbed) -> serde_json::Map<String, Value> {
     })
     .await;
     summary.insert("cdi_specs_left".into(), json!(0));
+
+    digits_through_dra(bed, &topology, &mut summary).await;
     summary
+}
+
+/// `examples/digits-dra.yaml` as a user applies it: the operator makes the job's ResourceClaimTemplate (two tiles on
+/// one RDU), each rank's pod gets a claim of its own from it and its ranks train with exactly their claim's tiles;
+/// deleting the job frees every claim, its CDI spec and the template.
+async fn digits_through_dra(
+    bed: &Testbed,
+    topology: &Topology,
+    summary: &mut serde_json::Map<String, Value>,
+) {
+    const JOB: &str = "digits-dra";
+    let yaml = std::fs::read_to_string(workspace_root().join("examples/digits-dra.yaml"))
+        .expect("examples/digits-dra.yaml");
+    let applied = Instant::now();
+    bed.apply(&yaml);
+    let job = bed.wait_phase(JOB, "Succeeded", LONG).await;
+    summary.insert(
+        "digits_dra_apply_to_succeeded_seconds".into(),
+        json!(applied.elapsed().as_secs_f64()),
+    );
+    let accuracy = job["status"]["result"]["testAccuracy"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no status.result.testAccuracy: {}", job["status"]));
+    assert!(accuracy > 0.8, "test accuracy {accuracy}");
+    summary.insert("digits_dra_test_accuracy".into(), json!(accuracy));
+
+    let templates: Api<ResourceClaimTemplate> = Api::namespaced(bed.client.clone(), "default");
+    let by_job = ListParams::default().labels(&format!("rdu.dev/job-name={JOB}"));
+    let made = templates
+        .list(&by_job)
+        .await
+        .expect("claim templates")
+        .items;
+    assert_eq!(made.len(), 1, "one template for the job's one ask");
+    let owner = made[0]
+        .metadata
+        .owner_references
+        .clone()
+        .unwrap_or_default();
+    assert!(
+        owner.iter().any(|o| o.kind == "RduJob" && o.name == JOB),
+        "{owner:?}"
+    );
+    let devices = serde_json::to_value(&made[0].spec.spec.devices).expect("json");
+    assert_eq!(devices["requests"][0]["exactly"]["count"], 2, "{devices}");
+    assert_eq!(
+        devices["constraints"][0]["matchAttribute"], "rdu.dev/rdu",
+        "{devices}"
+    );
+
+    let mut held = BTreeSet::new();
+    let workers = job["spec"]["workers"].as_u64().expect("workers");
+    for rank in 0..workers {
+        let pod = format!("{JOB}-worker-{rank}");
+        let mut tiles: Vec<u32> = allocated_devices(bed, &pod, "rdu-tiles")
+            .await
+            .iter()
+            .map(|id| {
+                topology
+                    .parse_device(ResourceMode::Tile, id)
+                    .unwrap_or_else(|e| panic!("{pod}: device {id:?}: {e}"))[0]
+            })
+            .collect();
+        tiles.sort_unstable();
+        assert_eq!(tiles.len(), 2, "{pod}: {tiles:?}");
+        one_rdu(&tiles);
+        let log = bed.logs_in("default", &pod).await.expect("rank log");
+        let affinity = field_of(&log, "tile_affinity")
+            .unwrap_or_else(|| panic!("{pod}: no tile_affinity\n{log}"));
+        assert_eq!(
+            affinity,
+            affinity_mask(topology, &tiles),
+            "{pod}: SF_RNT_TILE_AFFINITY against its claim's tiles {tiles:?}"
+        );
+        held.extend(tiles);
+    }
+    assert_eq!(
+        held.len() as u64,
+        2 * workers,
+        "ranks share tiles: {held:?}"
+    );
+
+    bed.kubectl(&["delete", "rdujob", JOB, "-n", "default", "--wait=true"]);
+    let claims: Api<ResourceClaim> = Api::namespaced(bed.client.clone(), "default");
+    bed.wait(
+        "the job's claims, CDI specs and template gone",
+        LONG,
+        async || {
+            let left = claims
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?
+                .items
+                .len();
+            let made = templates
+                .list(&by_job)
+                .await
+                .map_err(|e| e.to_string())?
+                .items
+                .len();
+            match (left, made, cdi_specs(bed)) {
+                (0, 0, specs) if specs.is_empty() => Ok(()),
+                (left, made, specs) => Err(format!(
+                    "{left} claims, {made} templates, CDI specs {specs:?}"
+                )),
+            }
+        },
+    )
+    .await;
 }
 
 /// The device names of `node`'s ResourceSlices of driver rdu.dev, once every slice of its pool is there.
@@ -302,7 +415,7 @@ async fn wait_tiles(bed: &Testbed, name: &str, topology: &Topology) -> Vec<u32> 
         })
         .collect();
     assert_eq!(affinity, affinity_mask(topology, &tiles), "{name}: {line}");
-    let mut allocated: Vec<String> = allocated_devices(bed, name).await;
+    let mut allocated: Vec<String> = allocated_devices(bed, name, "tiles").await;
     allocated.sort_by_key(|id| {
         topology
             .parse_device(ResourceMode::Tile, id)
@@ -317,8 +430,8 @@ async fn wait_tiles(bed: &Testbed, name: &str, topology: &Topology) -> Vec<u32> 
     tiles
 }
 
-/// The ResourceClaim made for pod `name`'s claim `tiles`.
-async fn claim_of(bed: &Testbed, name: &str) -> ResourceClaim {
+/// The ResourceClaim made for pod `name`'s claim `claim_name`.
+async fn claim_of(bed: &Testbed, name: &str, claim_name: &str) -> ResourceClaim {
     let pod: Pod = Api::<Pod>::namespaced(bed.client.clone(), "default")
         .get(name)
         .await
@@ -326,7 +439,7 @@ async fn claim_of(bed: &Testbed, name: &str) -> ResourceClaim {
     let claim = pod
         .status
         .and_then(|s| s.resource_claim_statuses)
-        .and_then(|c| c.into_iter().find(|c| c.name == "tiles"))
+        .and_then(|c| c.into_iter().find(|c| c.name == claim_name))
         .and_then(|c| c.resource_claim_name)
         .unwrap_or_else(|| panic!("pod {name} names no claim"));
     Api::<ResourceClaim>::namespaced(bed.client.clone(), "default")
@@ -335,8 +448,8 @@ async fn claim_of(bed: &Testbed, name: &str) -> ResourceClaim {
         .unwrap_or_else(|e| panic!("claim {claim}: {e}"))
 }
 
-async fn allocated_devices(bed: &Testbed, name: &str) -> Vec<String> {
-    claim_of(bed, name)
+async fn allocated_devices(bed: &Testbed, name: &str, claim_name: &str) -> Vec<String> {
+    claim_of(bed, name, claim_name)
         .await
         .status
         .and_then(|s| s.allocation)
@@ -349,7 +462,7 @@ async fn allocated_devices(bed: &Testbed, name: &str) -> Vec<String> {
 }
 
 async fn claim_uid(bed: &Testbed, name: &str) -> String {
-    claim_of(bed, name)
+    claim_of(bed, name, "tiles")
         .await
         .metadata
         .uid
