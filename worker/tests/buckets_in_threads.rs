@@ -1,8 +1,9 @@
 //! Two ranks in one process over loopback gRPC, trained once with one gradient bucket and once with
 //! several (bucketSizeMiB 1 and a first layer over 1 MiB): the parameters end bitwise the same.
 
+mod common;
+
 use std::collections::HashMap;
-use std::net::TcpListener;
 
 use rdu_crds::consts::env;
 use rdu_worker::Mlp;
@@ -16,17 +17,9 @@ const SPEC: &str = r#"{"workers":2,"tilesPerWorker":2,
  "training":{"steps":6,"batchSize":16,"learningRate":0.01,"optimizer":"adam"},
  "dataParallel":{"timeoutSeconds":20,"bucketSizeMiB":BUCKET}}"#;
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Trains 2 ranks with `bucket_mib`; returns each rank's final parameter checksum.
 fn train_two_ranks(bucket_mib: u32) -> Vec<u64> {
-    let master_port = free_port();
+    let master_port = common::free_port();
     let spec = SPEC.replace("BUCKET", &bucket_mib.to_string());
     let handles: Vec<_> = (0..2u32)
         .map(|rank| {
@@ -35,7 +28,7 @@ fn train_two_ranks(bucket_mib: u32) -> Vec<u64> {
                 (env::WORLD_SIZE, "2".into()),
                 (env::MASTER_ADDR, "127.0.0.1".into()),
                 (env::MASTER_PORT, master_port.to_string()),
-                (env::COLLECTIVE_PORT, free_port().to_string()),
+                (env::COLLECTIVE_PORT, common::free_port().to_string()),
                 (env::JOB_NAME, "b".into()),
                 (env::JOB_UID, "uid-b".into()),
                 (env::JOB_TOKEN, "tok".into()),

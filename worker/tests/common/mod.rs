@@ -1,8 +1,9 @@
 //! The harness of the multi-rank tests: one job's env for each rank, on loopback.
 #![allow(dead_code)]
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::net::TcpListener;
+use std::sync::Mutex;
 
 use rdu_crds::consts::env;
 
@@ -12,12 +13,21 @@ pub(crate) const SPEC: &str = r#"{"workers":3,"tilesPerWorker":2,
  "training":{"epochs":3,"batchSize":16,"learningRate":0.01,"optimizer":"adam"},
  "dataParallel":{"timeoutSeconds":5}}"#;
 
+/// A loopback port free now and never handed out before in this process: the kernel may give a port just
+/// released to the next `bind(0)`, and a job's master and collective ports must differ (tests run in parallel).
 pub(crate) fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static GIVEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if given.insert(port) {
+            return port;
+        }
+    }
 }
 
 pub(crate) fn rank_vars(
