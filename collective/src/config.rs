@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -120,6 +121,74 @@ impl RingMemory {
                     ),
                 )
             })
+    }
+}
+
+/// The variable naming the directory of a rank's ring sockets ([`RingSockets::FromEnv`]): the
+/// shared-memory domain the DRA plugin mounts into the pods of one job on one node.
+pub const RING_DIR_ENV: &str = "RDU_SHM_DOMAIN";
+/// Longest ring socket directory: a unix socket's path is at most 107 bytes, and the socket's
+/// name (`/rdu-rings-` and 32 hex digits) takes 43 of them.
+pub const MAX_RING_DIR_BYTES: usize = 64;
+
+/// Where a rank's ring socket is served, and where it finds those of the peers whose rings it
+/// takes (`DataPath::Auto`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum RingSockets {
+    /// The directory [`RING_DIR_ENV`] names if it is set, else the abstract namespace.
+    #[default]
+    FromEnv,
+    /// The abstract socket namespace.
+    Abstract,
+    /// Files in this directory.
+    Dir(PathBuf),
+}
+
+/// A resolved [`RingSockets`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum RingPlace {
+    /// The abstract namespace: every process of the network namespace can reach the socket (ranks
+    /// of one host, as local mode runs them).
+    #[default]
+    Abstract,
+    /// A directory: only processes that see it (its mount) can reach the sockets in it.
+    Dir(PathBuf),
+}
+
+impl RingSockets {
+    /// Where the sockets are; a bad directory is an error naming it and the fix.
+    pub fn resolve(&self) -> Result<RingPlace, CollectiveError> {
+        match self {
+            RingSockets::Abstract => Ok(RingPlace::Abstract),
+            RingSockets::Dir(dir) => RingSockets::check_dir(RING_DIR_ENV, dir),
+            RingSockets::FromEnv => match std::env::var_os(RING_DIR_ENV) {
+                None => Ok(RingPlace::Abstract),
+                Some(dir) => RingSockets::check_dir(RING_DIR_ENV, Path::new(&dir)),
+            },
+        }
+    }
+
+    /// `dir` must be an absolute path of at most [`MAX_RING_DIR_BYTES`] to a directory.
+    fn check_dir(field: &'static str, dir: &Path) -> Result<RingPlace, CollectiveError> {
+        let bad = |reason: String| CollectiveError::invalid_config(field, reason);
+        let shown = dir.display();
+        if !dir.is_absolute() {
+            return Err(bad(format!(
+                "{shown:?} is not an absolute path: name the shared-memory domain's directory, or unset it"
+            )));
+        }
+        if dir.as_os_str().len() > MAX_RING_DIR_BYTES {
+            return Err(bad(format!(
+                "{shown:?} is longer than {MAX_RING_DIR_BYTES} bytes, too long for a socket path in it: \
+                 mount the domain at a shorter path"
+            )));
+        }
+        if !dir.is_dir() {
+            return Err(bad(format!(
+                "{shown:?} is not a directory: the pod did not get its shared-memory domain mounted there"
+            )));
+        }
+        Ok(RingPlace::Dir(dir.to_path_buf()))
     }
 }
 
@@ -398,6 +467,38 @@ mod tests {
         assert_eq!(listen_ip_for("10.1.2.3"), IpAddr::V4(Ipv4Addr::UNSPECIFIED));
         assert_eq!(host_port("::1", 5), "[::1]:5");
         assert_eq!(host_port("a", 5), "a:5");
+    }
+
+    #[test]
+    fn ring_sockets_resolve_to_a_usable_directory_or_name_the_variable() {
+        assert_eq!(
+            RingSockets::Abstract.resolve().unwrap(),
+            RingPlace::Abstract
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let domain = dir.path().to_path_buf();
+        assert_eq!(
+            RingSockets::Dir(domain.clone()).resolve().unwrap(),
+            RingPlace::Dir(domain.clone())
+        );
+        let long = PathBuf::from(format!("/{}", "d".repeat(MAX_RING_DIR_BYTES)));
+        let file = domain.join("file");
+        std::fs::write(&file, b"").unwrap();
+        for (bad, part) in [
+            (PathBuf::from("relative/dir"), "not an absolute path"),
+            (long, "longer than 64 bytes"),
+            (domain.join("missing"), "not a directory"),
+            (file, "not a directory"),
+        ] {
+            let error = RingSockets::Dir(bad.clone())
+                .resolve()
+                .unwrap_err()
+                .to_string();
+            assert!(
+                error.contains(RING_DIR_ENV) && error.contains(part),
+                "{bad:?}: {error}"
+            );
+        }
     }
 
     #[test]

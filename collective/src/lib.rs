@@ -33,7 +33,8 @@ pub use communicator::{Communicator, ConnectOptions, ReduceOptions};
 pub use compression::Compression;
 pub use config::{
     Algorithm, CommConfig, DEFAULT_CHUNK_BYTES, DEFAULT_RING_MEMORY, DataPath, JobIdentity,
-    MAX_CHUNK_BYTES, PeerInfo, RING_MEMORY_ENV, RingMemory,
+    MAX_CHUNK_BYTES, MAX_RING_DIR_BYTES, PeerInfo, RING_DIR_ENV, RING_MEMORY_ENV, RingMemory,
+    RingPlace, RingSockets,
 };
 pub use error::CollectiveError;
 pub use rendezvous::{RendezvousHandler, RendezvousService, RendezvousTable};

@@ -17,7 +17,9 @@ use super::abort::{self, AbortTree};
 use super::{ABORT_GRACE, Communicator, OpState};
 use crate::algorithms::choice::NodeGroups;
 use crate::auth::{AttachToken, RequireToken};
-use crate::config::{CommConfig, DataPath, PeerInfo, RingMemory, host_port, listen_ip_for};
+use crate::config::{
+    CommConfig, DataPath, PeerInfo, RingMemory, RingPlace, RingSockets, host_port, listen_ip_for,
+};
 use crate::error::CollectiveError;
 use crate::fault::FailState;
 use crate::kernels::BufferPool;
@@ -46,6 +48,8 @@ pub struct ConnectOptions {
     pub spin: Spin,
     /// How much memory this rank's shared-memory rings may hold (`DataPath::Auto`).
     pub ring_memory: RingMemory,
+    /// Where this rank's ring socket is, and where it finds its peers' (`DataPath::Auto`).
+    pub ring_sockets: RingSockets,
 }
 
 impl Communicator {
@@ -80,6 +84,7 @@ impl Communicator {
             rendezvous_listener,
             spin,
             ring_memory,
+            ring_sockets,
         } = options;
         if rendezvous_listener.is_some() && cfg.rank != 0 {
             return Err(CollectiveError::invalid_config(
@@ -89,6 +94,7 @@ impl Communicator {
         }
         cfg.validate()?;
         let ring_bytes = ring_memory.resolve()?;
+        let ring_place = ring_sockets.resolve()?;
         let token = AttachToken::new(&cfg.identity.token)?;
         let mut comm = Communicator::unconnected(cfg);
         if comm.cfg.world_size == 1 {
@@ -101,13 +107,13 @@ impl Communicator {
             return Ok(comm);
         }
         // Dropping `comm` on an error below stops whatever was already served.
-        let address = comm.serve().await?;
+        let address = comm.serve(&ring_place).await?;
         if comm.cfg.rank == 0 {
             comm.serve_rendezvous(rendezvous_listener).await?;
         }
         let peers = comm.join(&address).await?;
         comm.spin = spin.duration();
-        comm.dial(peers, data_path, ring_bytes, token)?;
+        comm.dial(peers, data_path, (ring_bytes, &ring_place), token)?;
         Ok(comm)
     }
 
@@ -139,8 +145,9 @@ impl Communicator {
     }
 
     /// Step 1: serves `Collective` on the collective port, with the TCP data port on the same
-    /// listener, and opens the inboxes they fill; returns the address peers reach this rank at.
-    async fn serve(&mut self) -> Result<String, CollectiveError> {
+    /// listener, and opens the inboxes they fill, taking the rings offered to it from sockets in
+    /// `rings_from`; returns the address peers reach this rank at.
+    async fn serve(&mut self, rings_from: &RingPlace) -> Result<String, CollectiveError> {
         let cfg = &self.cfg;
         let listener = net::bind(listen_ip_for(&cfg.advertise_host), cfg.collective_port).await?;
         let port = listener
@@ -162,7 +169,7 @@ impl Communicator {
             router.clone(),
             RequireToken::new(&cfg.identity.token),
             cfg.timeout,
-            true,
+            Some(rings_from.clone()),
         );
         let connections = {
             let _entered = self.span.enter();
@@ -216,14 +223,15 @@ impl Communicator {
     }
 
     /// Step 3: this rank's links on `data_path`, each dialled when a collective first sends to
-    /// its peer (with a ring socket to hand out rings, under `ring_bytes`, on `DataPath::Auto`),
+    /// its peer (with a ring socket in `rings.1` to hand out rings, under `rings.0` bytes, on
+    /// `DataPath::Auto`),
     /// an abort client to every peer (connected when first called) and the forwarding of the
     /// abort that fails this rank, and the node groups.
     fn dial(
         &mut self,
         peers: Vec<PeerInfo>,
         data_path: DataPath,
-        ring_bytes: u64,
+        (ring_bytes, ring_place): (u64, &RingPlace),
         token: AttachToken,
     ) -> Result<(), CollectiveError> {
         let cfg = &self.cfg;
@@ -254,7 +262,7 @@ impl Communicator {
         let rings = match data_path {
             DataPath::Auto => {
                 let _entered = self.span.enter();
-                match RingMaker::start(ring_bytes) {
+                match RingMaker::start(ring_bytes, ring_place) {
                     Ok(maker) => Some(maker),
                     Err(error) => {
                         tracing::warn!(error = %rdu_error_chain::Chain(&error), "no socket to hand out shared-memory rings; frames go on TCP");

@@ -15,6 +15,7 @@ use tonic::{Code, Status};
 use tracing::Instrument;
 
 use crate::auth::RequireToken;
+use crate::config::RingPlace;
 use crate::transport::hello::{self, HELLO_FIXED};
 use crate::transport::inbox::Handoff;
 use crate::transport::router::{ChunkReceiver, InboundRouter};
@@ -29,8 +30,8 @@ pub(crate) struct DataPort {
     router: Arc<InboundRouter>,
     token: RequireToken,
     handshake_timeout: Duration,
-    /// Whether offered rings are taken; if not, every stream's frames stay on TCP.
-    take_rings: bool,
+    /// Where offered rings are fetched from; `None`: not taken, every stream's frames stay on TCP.
+    rings_from: Option<RingPlace>,
 }
 
 /// An admitted stream's inbox slot, and the ring it offered, if any.
@@ -44,13 +45,13 @@ impl DataPort {
         router: Arc<InboundRouter>,
         token: RequireToken,
         handshake_timeout: Duration,
-        take_rings: bool,
+        rings_from: Option<RingPlace>,
     ) -> Arc<Self> {
         Arc::new(DataPort {
             router,
             token,
             handshake_timeout,
-            take_rings,
+            rings_from,
         })
     }
 
@@ -79,8 +80,8 @@ impl DataPort {
 
     /// The offered ring, if this rank can fetch and check the very segment offered.
     async fn take_ring(&self, offer: Option<Offer>) -> Option<RingReader> {
-        let offer = offer.filter(|_| self.take_rings)?;
-        match tokio::time::timeout(self.handshake_timeout, shm::take(&offer)).await {
+        let (offer, place) = offer.zip(self.rings_from.as_ref())?;
+        match tokio::time::timeout(self.handshake_timeout, shm::take(&offer, place)).await {
             Ok(Ok(ring)) => Some(ring),
             Ok(Err(error)) => {
                 tracing::debug!(error = %rdu_error_chain::Chain(&error), "offered ring not taken; frames stay on TCP");

@@ -15,6 +15,7 @@ use tonic::Code;
 
 use crate::auth::RequireToken;
 use crate::compression::Compression;
+use crate::config::RingPlace;
 use crate::error::CollectiveError;
 use crate::fault::FailState;
 use crate::kernels::Apply;
@@ -45,11 +46,11 @@ struct Harness {
 }
 
 async fn harness() -> Harness {
-    harness_sharing(true).await
+    harness_sharing(Some(RingPlace::Abstract)).await
 }
 
-/// Rank 1 of 3, taking offered rings or not.
-async fn harness_sharing(take_rings: bool) -> Harness {
+/// Rank 1 of 3, taking offered rings from sockets in `rings_from`, or not at all.
+async fn harness_sharing(rings_from: Option<RingPlace>) -> Harness {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap().to_string();
     let (shutdown, rx) = watch::channel(false);
@@ -60,7 +61,7 @@ async fn harness_sharing(take_rings: bool) -> Harness {
         Arc::new(router),
         RequireToken::new(TOKEN),
         Duration::from_secs(10),
-        take_rings,
+        rings_from,
     );
     Harness {
         address,
@@ -247,7 +248,7 @@ async fn stream_chunks(h: &mut Harness, link: &Link, chunks: u32, len: usize) {
 async fn links_share_a_ring_when_the_receiver_takes_it_and_give_its_memory_back() {
     let mut h = harness().await;
     let deadline = Instant::now() + Duration::from_secs(10);
-    let maker = RingMaker::start(ROOM).unwrap();
+    let maker = RingMaker::start(ROOM, &RingPlace::Abstract).unwrap();
     let ring = RingChoice {
         maker: Some(&maker),
         spin: None,
@@ -273,9 +274,9 @@ async fn links_share_a_ring_when_the_receiver_takes_it_and_give_its_memory_back(
 
 #[tokio::test]
 async fn a_ring_the_receiver_does_not_take_is_declined_and_frames_stay_on_tcp() {
-    let mut h = harness_sharing(false).await;
+    let mut h = harness_sharing(None).await;
     let deadline = Instant::now() + Duration::from_secs(10);
-    let maker = RingMaker::start(ROOM).unwrap();
+    let maker = RingMaker::start(ROOM, &RingPlace::Abstract).unwrap();
     let ring = RingChoice {
         maker: Some(&maker),
         spin: None,
@@ -292,11 +293,42 @@ async fn a_ring_the_receiver_does_not_take_is_declined_and_frames_stay_on_tcp() 
     stream_chunks(&mut h, &link, 4, 1000).await;
 }
 
+/// Whether a ring offered from a socket in `offered_in` is taken by a receiver that looks in
+/// `taken_from`; frames flow either way.
+async fn shares_across(offered_in: RingPlace, taken_from: RingPlace) -> bool {
+    let mut h = harness_sharing(Some(taken_from)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let maker = RingMaker::start(ROOM, &offered_in).unwrap();
+    let ring = RingChoice {
+        maker: Some(&maker),
+        spin: None,
+    };
+    let link = open_link(0, 1, GENERATION, &h.address, TOKEN, deadline, ring)
+        .await
+        .unwrap();
+    stream_chunks(&mut h, &link, 4, 1000).await;
+    link.shares_memory()
+}
+
+#[tokio::test]
+async fn ranks_that_see_the_same_socket_directory_share_a_ring_and_others_stay_on_tcp() {
+    let domain = tempfile::tempdir().unwrap();
+    let other = tempfile::tempdir().unwrap();
+    let dir = |d: &tempfile::TempDir| RingPlace::Dir(d.path().to_path_buf());
+    assert!(shares_across(dir(&domain), dir(&domain)).await);
+    // Another job's domain, or none (the abstract namespace), does not reach the socket.
+    assert!(!shares_across(dir(&domain), dir(&other)).await);
+    assert!(!shares_across(dir(&domain), RingPlace::Abstract).await);
+    assert!(!shares_across(RingPlace::Abstract, dir(&domain)).await);
+    let left: Vec<_> = std::fs::read_dir(domain.path()).unwrap().collect();
+    assert!(left.is_empty(), "ring sockets left behind: {left:?}");
+}
+
 #[tokio::test]
 async fn a_ring_over_the_budget_is_never_made_and_frames_stay_on_tcp() {
     let mut h = harness().await;
     let deadline = Instant::now() + Duration::from_secs(10);
-    let maker = RingMaker::start(SEGMENT_BYTES as u64 - 1).unwrap();
+    let maker = RingMaker::start(SEGMENT_BYTES as u64 - 1, &RingPlace::Abstract).unwrap();
     let ring = RingChoice {
         maker: Some(&maker),
         spin: None,

@@ -7,7 +7,7 @@ use std::time::Duration;
 use futures::future::join_all;
 use rdu_collective::{
     CommConfig, Communicator, ConnectOptions, DEFAULT_RING_MEMORY, DataPath, JobIdentity,
-    ReduceOptions, RingMemory, Spin,
+    ReduceOptions, RingMemory, RingSockets, Spin,
 };
 
 pub(crate) const TOKEN: &str = "test-token";
@@ -116,6 +116,7 @@ async fn world_with(
             rendezvous_listener: if rank == 0 { listener.take() } else { None },
             spin,
             ring_memory,
+            ring_sockets: RingSockets::Abstract,
         };
         Communicator::connect_with(cfg, options)
     });

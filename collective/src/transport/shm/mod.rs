@@ -6,7 +6,8 @@
 //! on the pair's frames go through the ring (`link` writes, `source` reads) while the data
 //! stream only wakes a sleeping end (`bell`) and tells each end when the other is gone. Ranks
 //! that cannot share (other hosts; pods, whose network namespaces keep them from each other's
-//! socket) keep frames on TCP. Whatever the other process writes into the segment is checked
+//! abstract socket, unless their job's shared-memory domain gives them a directory for the
+//! sockets: `RingPlace`) keep frames on TCP. Whatever the other process writes into the segment is checked
 //! before it is used.
 
 mod bell;
@@ -20,6 +21,8 @@ mod source;
 mod tests;
 
 use std::time::Duration;
+
+use crate::config::RingPlace;
 
 pub(crate) use link::ShmLink;
 pub(crate) use ring::RingReader;
@@ -73,10 +76,10 @@ pub(crate) struct RingMaker {
 }
 
 impl RingMaker {
-    /// Starts this rank's ring socket; its rings may hold `max_bytes` at once.
-    pub(crate) fn start(max_bytes: u64) -> std::io::Result<RingMaker> {
+    /// Starts this rank's ring socket in `place`; its rings may hold `max_bytes` at once.
+    pub(crate) fn start(max_bytes: u64, place: &RingPlace) -> std::io::Result<RingMaker> {
         Ok(RingMaker {
-            server: RingServer::start()?,
+            server: RingServer::start(place)?,
             budget: RingBudget::new(max_bytes),
         })
     }
@@ -139,9 +142,10 @@ pub(crate) enum TakeError {
     Segment(#[from] SegmentError),
 }
 
-/// Takes the ring `offer` names: fetches its memory from the sender's socket and checks it.
-pub(crate) async fn take(offer: &Offer) -> Result<RingReader, TakeError> {
-    let fd = pass::fetch(&offer.server, &offer.nonce).await?;
+/// Takes the ring `offer` names: fetches its memory from the sender's socket in `place` and checks
+/// it.
+pub(crate) async fn take(offer: &Offer, place: &RingPlace) -> Result<RingReader, TakeError> {
+    let fd = pass::fetch(place, &offer.server, &offer.nonce).await?;
     let segment = Segment::attach(fd, &offer.nonce)?;
     Ok(RingReader::new(segment))
 }

@@ -2,8 +2,11 @@
 //! `SCM_RIGHTS`, the kernel copying the descriptor into the receiving process, so the memory is
 //! never named anywhere a third process could open it.
 //!
-//! Each rank that offers rings serves one abstract-namespace socket (`@rdu-rings-<random>`; no
-//! file, gone with the process) and keeps each offered segment's descriptor under its nonce. The
+//! Each rank that offers rings serves one socket and keeps each offered segment's descriptor under
+//! its nonce. The socket is in the abstract namespace (`@rdu-rings-<random>`; no file, gone with the
+//! process) for ranks of one host and network namespace, or a file `rdu-rings-<random>` in a
+//! directory the ranks share ([`RingPlace::Dir`]: pods of one job on one node, whose network
+//! namespaces keep abstract sockets apart, given the same directory by the DRA plugin). The
 //! hello offering a ring names the socket and the nonce; the receiving rank, having checked the
 //! hello's job token, connects and sends the nonce, and gets the descriptor back. Both ends check
 //! that the other runs as their own user (`SO_PEERCRED`). The nonce proves the asker is the rank
@@ -17,6 +20,7 @@ use std::collections::HashMap;
 use std::io::{self, IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, OwnedFd};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -31,6 +35,7 @@ use tokio::task::JoinHandle;
 use tracing::Instrument;
 
 use super::segment::Nonce;
+use crate::config::RingPlace;
 
 /// Random bytes naming one rank's socket.
 pub(crate) type ServerId = [u8; 16];
@@ -55,10 +60,14 @@ pub(crate) enum PassError {
     Descriptors(usize),
 }
 
-/// The abstract socket name of server `id` (without the leading NUL).
-fn socket_name(id: &ServerId) -> String {
+/// The address of server `id`'s socket in `place`: an abstract name (leading NUL) or a path.
+fn address(place: &RingPlace, id: &ServerId) -> PathBuf {
     let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
-    format!("rdu-rings-{hex}")
+    let name = format!("rdu-rings-{hex}");
+    match place {
+        RingPlace::Abstract => PathBuf::from(format!("\0{name}")),
+        RingPlace::Dir(dir) => dir.join(name),
+    }
 }
 
 /// This rank's socket for handing out offered segments, and the segments offered.
@@ -66,16 +75,24 @@ pub(crate) struct RingServer {
     id: ServerId,
     offered: Arc<Mutex<HashMap<Nonce, OwnedFd>>>,
     task: JoinHandle<()>,
+    /// The socket's file, removed with the server ([`RingPlace::Dir`]).
+    file: Option<PathBuf>,
 }
 
 impl RingServer {
-    /// Binds a fresh abstract socket and serves it until dropped.
-    pub(crate) fn start() -> io::Result<RingServer> {
-        let (id, listener) = bind_fresh()?;
+    /// Binds a fresh socket in `place` and serves it until dropped.
+    pub(crate) fn start(place: &RingPlace) -> io::Result<RingServer> {
+        let (id, listener) = bind_fresh(place)?;
         let offered: Arc<Mutex<HashMap<Nonce, OwnedFd>>> = Arc::default();
         let task =
             tokio::spawn(serve(listener, offered.clone()).instrument(tracing::Span::current()));
-        Ok(RingServer { id, offered, task })
+        let file = matches!(place, RingPlace::Dir(_)).then(|| address(place, &id));
+        Ok(RingServer {
+            id,
+            offered,
+            task,
+            file,
+        })
     }
 
     pub(crate) fn id(&self) -> ServerId {
@@ -98,6 +115,10 @@ impl RingServer {
 impl Drop for RingServer {
     fn drop(&mut self) {
         self.task.abort();
+        if let Some(file) = &self.file {
+            // A killed rank leaves its file; the directory goes with the job's last pod on the node.
+            let _ = std::fs::remove_file(file);
+        }
     }
 }
 
@@ -116,13 +137,13 @@ impl Drop for Offered {
     }
 }
 
-/// A listener on an abstract name nobody holds yet.
-fn bind_fresh() -> io::Result<(ServerId, UnixListener)> {
+/// A listener on a name in `place` nobody holds yet.
+fn bind_fresh(place: &RingPlace) -> io::Result<(ServerId, UnixListener)> {
     let mut last = None;
     for _ in 0..8 {
         let mut id = [0u8; 16];
         getrandom::fill(&mut id).map_err(io::Error::other)?;
-        match UnixListener::bind(format!("\0{}", socket_name(&id))) {
+        match UnixListener::bind(address(place, &id)) {
             Ok(listener) => return Ok((id, listener)),
             Err(e) if e.kind() == io::ErrorKind::AddrInUse => last = Some(e),
             Err(e) => return Err(e),
@@ -193,9 +214,13 @@ async fn answer(
     Ok(())
 }
 
-/// Asks server `id` for the descriptor offered under `nonce`.
-pub(crate) async fn fetch(id: &ServerId, nonce: &Nonce) -> Result<OwnedFd, PassError> {
-    let mut stream = UnixStream::connect(format!("\0{}", socket_name(id)))
+/// Asks server `id`, whose socket is in `place`, for the descriptor offered under `nonce`.
+pub(crate) async fn fetch(
+    place: &RingPlace,
+    id: &ServerId,
+    nonce: &Nonce,
+) -> Result<OwnedFd, PassError> {
+    let mut stream = UnixStream::connect(address(place, id))
         .await
         .map_err(PassError::Connect)?;
     let me = rustix::process::geteuid().as_raw();
@@ -247,31 +272,33 @@ mod tests {
 
     #[tokio::test]
     async fn an_offered_descriptor_is_handed_out_once_under_its_nonce() {
-        let server = RingServer::start().unwrap();
+        let server = RingServer::start(&RingPlace::Abstract).unwrap();
         let made = Segment::create(4096, None).unwrap();
         let _offered = server.offer(made.nonce, made.fd);
         let mut wrong = made.nonce;
         wrong[15] ^= 1;
         assert!(matches!(
-            fetch(&server.id(), &wrong).await,
+            fetch(&RingPlace::Abstract, &server.id(), &wrong).await,
             Err(PassError::Unknown)
         ));
-        let fd = fetch(&server.id(), &made.nonce).await.unwrap();
+        let fd = fetch(&RingPlace::Abstract, &server.id(), &made.nonce)
+            .await
+            .unwrap();
         let attached = Segment::attach(fd, &made.nonce).unwrap();
         assert_eq!(attached.capacity(), 4096);
         assert!(matches!(
-            fetch(&server.id(), &made.nonce).await,
+            fetch(&RingPlace::Abstract, &server.id(), &made.nonce).await,
             Err(PassError::Unknown)
         ));
     }
 
     #[tokio::test]
     async fn a_withdrawn_offer_or_a_server_that_is_gone_gives_nothing() {
-        let server = RingServer::start().unwrap();
+        let server = RingServer::start(&RingPlace::Abstract).unwrap();
         let made = Segment::create(4096, None).unwrap();
         drop(server.offer(made.nonce, made.fd));
         assert!(matches!(
-            fetch(&server.id(), &made.nonce).await,
+            fetch(&RingPlace::Abstract, &server.id(), &made.nonce).await,
             Err(PassError::Unknown)
         ));
         let id = server.id();
@@ -279,7 +306,7 @@ mod tests {
         // The listener goes with the task; wait until the name is free (bounded).
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         loop {
-            match fetch(&id, &made.nonce).await {
+            match fetch(&RingPlace::Abstract, &id, &made.nonce).await {
                 Err(PassError::Connect(_)) => break,
                 _ if std::time::Instant::now() < deadline => tokio::task::yield_now().await,
                 other => panic!("the server's socket outlived it: {other:?}"),
@@ -288,11 +315,53 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_received_segment_cannot_be_truncated_by_its_receiver_either() {
-        let server = RingServer::start().unwrap();
+    async fn a_socket_in_a_directory_is_reached_there_alone_and_removed_with_its_server() {
+        let dir = tempfile::tempdir().unwrap();
+        let place = RingPlace::Dir(dir.path().to_path_buf());
+        let server = RingServer::start(&place).unwrap();
         let made = Segment::create(4096, None).unwrap();
         let _offered = server.offer(made.nonce, made.fd);
-        let fd = fetch(&server.id(), &made.nonce).await.unwrap();
+        let file = address(&place, &server.id());
+        assert!(file.starts_with(dir.path()) && file.exists(), "{file:?}");
+        // A rank that does not see the directory (here: looks in the abstract namespace) cannot.
+        assert!(matches!(
+            fetch(&RingPlace::Abstract, &server.id(), &made.nonce).await,
+            Err(PassError::Connect(_))
+        ));
+        let other = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            fetch(
+                &RingPlace::Dir(other.path().to_path_buf()),
+                &server.id(),
+                &made.nonce
+            )
+            .await,
+            Err(PassError::Connect(_))
+        ));
+        let fd = fetch(&place, &server.id(), &made.nonce).await.unwrap();
+        assert_eq!(Segment::attach(fd, &made.nonce).unwrap().capacity(), 4096);
+        drop(server);
+        assert!(!file.exists(), "the socket file outlived its server");
+    }
+
+    #[test]
+    fn the_longest_directory_leaves_room_for_the_socket_name() {
+        let dir = PathBuf::from(format!(
+            "/{}",
+            "d".repeat(crate::config::MAX_RING_DIR_BYTES - 1)
+        ));
+        let path = address(&RingPlace::Dir(dir), &[0xab; 16]);
+        assert_eq!(path.as_os_str().len(), 107);
+    }
+
+    #[tokio::test]
+    async fn a_received_segment_cannot_be_truncated_by_its_receiver_either() {
+        let server = RingServer::start(&RingPlace::Abstract).unwrap();
+        let made = Segment::create(4096, None).unwrap();
+        let _offered = server.offer(made.nonce, made.fd);
+        let fd = fetch(&RingPlace::Abstract, &server.id(), &made.nonce)
+            .await
+            .unwrap();
         assert_eq!(rustix::fs::ftruncate(&fd, 0), Err(rustix::io::Errno::PERM));
         let attached = Segment::attach(fd, &made.nonce).unwrap();
         attached

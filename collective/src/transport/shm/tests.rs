@@ -29,7 +29,7 @@ fn offering_rank_process() {
         .build()
         .unwrap();
     runtime.block_on(async {
-        let maker = RingMaker::start(8 << 20).unwrap();
+        let maker = RingMaker::start(8 << 20, &crate::config::RingPlace::Abstract).unwrap();
         let offering = maker.offer(1).expect("room for one ring");
         let mut stream = TcpStream::connect(&address).unwrap();
         stream.write_all(&offering.offer.encode()).unwrap();
@@ -135,7 +135,13 @@ async fn a_rank_killed_between_offering_a_ring_and_the_reply_leaves_nothing_behi
     let (mut child, offer, _unanswered) = offering_rank();
     let child_pid = child.0.id();
     // The peer takes the ring, as a receiving rank does before it replies.
-    let fd = fetch(&offer.server, &offer.nonce).await.unwrap();
+    let fd = fetch(
+        &crate::config::RingPlace::Abstract,
+        &offer.server,
+        &offer.nonce,
+    )
+    .await
+    .unwrap();
     let ino = rustix::fs::fstat(&fd).unwrap().st_ino;
     let segment = Segment::attach(fd, &offer.nonce).unwrap();
     assert_eq!(segment.capacity(), RING_BYTES);
@@ -163,7 +169,12 @@ async fn a_ring_offered_by_a_rank_killed_before_the_peer_took_it_cannot_be_taken
     child.0.wait().unwrap();
     // The socket went with the process: there is nothing to fetch, and nothing was named.
     assert!(matches!(
-        fetch(&offer.server, &offer.nonce).await,
+        fetch(
+            &crate::config::RingPlace::Abstract,
+            &offer.server,
+            &offer.nonce
+        )
+        .await,
         Err(PassError::Connect(_))
     ));
     assert_eq!(new_dev_shm_entries(&shm_before), Vec::<String>::new());
