@@ -211,8 +211,8 @@ pub(crate) async fn run(bed: &Testbed) -> serde_json::Map<String, Value> {
 }
 
 /// `examples/digits-dra.yaml` as a user applies it: the operator makes the job's ResourceClaimTemplate (two tiles on
-/// one RDU), each rank's pod gets a claim of its own from it and its ranks train with exactly their claim's tiles;
-/// deleting the job frees every claim, its CDI spec and the template.
+/// one RDU), each rank's pod gets a claim of its own from it and trains with two tiles of one RDU, no tile shared;
+/// deleting the job leaves no claim, CDI spec or template.
 async fn digits_through_dra(
     bed: &Testbed,
     topology: &Topology,
@@ -258,29 +258,41 @@ async fn digits_through_dra(
         "{devices}"
     );
 
+    // Kubernetes deletes a pod's generated claim once the pod has finished, so each rank's tiles are read from
+    // what its claim's CDI spec gave it (its log's RDU_VISIBLE_TILES and SF_RNT_TILE_AFFINITY); that the CDI
+    // spec gives exactly the claim's allocation is checked above with pods that keep running.
     let mut held = BTreeSet::new();
     let workers = job["spec"]["workers"].as_u64().expect("workers");
     for rank in 0..workers {
         let pod = format!("{JOB}-worker-{rank}");
-        let mut tiles: Vec<u32> = allocated_devices(bed, &pod, "rdu-tiles")
-            .await
-            .iter()
+        let statuses =
+            bed.pod(&pod).await.expect("rank pod")["status"]["resourceClaimStatuses"].clone();
+        assert!(
+            statuses.as_array().is_some_and(|s| s
+                .iter()
+                .any(|c| c["name"] == "rdu-tiles" && c["resourceClaimName"].is_string())),
+            "{pod}: no claim made for rdu-tiles: {statuses}"
+        );
+        let log = bed.logs_in("default", &pod).await.expect("rank log");
+        let visible = list_field(&log, "visible_tiles")
+            .unwrap_or_else(|| panic!("{pod}: no visible_tiles\n{log}"));
+        let mut tiles: Vec<u32> = visible
+            .split(',')
             .map(|id| {
                 topology
                     .parse_device(ResourceMode::Tile, id)
-                    .unwrap_or_else(|e| panic!("{pod}: device {id:?}: {e}"))[0]
+                    .unwrap_or_else(|e| panic!("{pod}: tile {id:?}: {e}"))[0]
             })
             .collect();
         tiles.sort_unstable();
         assert_eq!(tiles.len(), 2, "{pod}: {tiles:?}");
         one_rdu(&tiles);
-        let log = bed.logs_in("default", &pod).await.expect("rank log");
         let affinity = field_of(&log, "tile_affinity")
             .unwrap_or_else(|| panic!("{pod}: no tile_affinity\n{log}"));
         assert_eq!(
             affinity,
             affinity_mask(topology, &tiles),
-            "{pod}: SF_RNT_TILE_AFFINITY against its claim's tiles {tiles:?}"
+            "{pod}: SF_RNT_TILE_AFFINITY against its tiles {tiles:?}"
         );
         held.extend(tiles);
     }
@@ -415,7 +427,7 @@ async fn wait_tiles(bed: &Testbed, name: &str, topology: &Topology) -> Vec<u32> 
         })
         .collect();
     assert_eq!(affinity, affinity_mask(topology, &tiles), "{name}: {line}");
-    let mut allocated: Vec<String> = allocated_devices(bed, name, "tiles").await;
+    let mut allocated: Vec<String> = allocated_devices(bed, name).await;
     allocated.sort_by_key(|id| {
         topology
             .parse_device(ResourceMode::Tile, id)
@@ -430,8 +442,16 @@ async fn wait_tiles(bed: &Testbed, name: &str, topology: &Topology) -> Vec<u32> 
     tiles
 }
 
-/// The ResourceClaim made for pod `name`'s claim `claim_name`.
-async fn claim_of(bed: &Testbed, name: &str, claim_name: &str) -> ResourceClaim {
+/// The comma-separated `key=a,b,c` of the last tracing line that has it (`field_of` stops at a comma).
+fn list_field(log: &str, key: &str) -> Option<String> {
+    let needle = format!(" {key}=");
+    let at = log.rfind(&needle)? + needle.len();
+    let value = log[at..].split(char::is_whitespace).next()?;
+    Some(value.trim_matches('"').to_string())
+}
+
+/// The ResourceClaim made for pod `name`'s claim `tiles`.
+async fn claim_of(bed: &Testbed, name: &str) -> ResourceClaim {
     let pod: Pod = Api::<Pod>::namespaced(bed.client.clone(), "default")
         .get(name)
         .await
@@ -439,7 +459,7 @@ async fn claim_of(bed: &Testbed, name: &str, claim_name: &str) -> ResourceClaim 
     let claim = pod
         .status
         .and_then(|s| s.resource_claim_statuses)
-        .and_then(|c| c.into_iter().find(|c| c.name == claim_name))
+        .and_then(|c| c.into_iter().find(|c| c.name == "tiles"))
         .and_then(|c| c.resource_claim_name)
         .unwrap_or_else(|| panic!("pod {name} names no claim"));
     Api::<ResourceClaim>::namespaced(bed.client.clone(), "default")
@@ -448,8 +468,8 @@ async fn claim_of(bed: &Testbed, name: &str, claim_name: &str) -> ResourceClaim 
         .unwrap_or_else(|e| panic!("claim {claim}: {e}"))
 }
 
-async fn allocated_devices(bed: &Testbed, name: &str, claim_name: &str) -> Vec<String> {
-    claim_of(bed, name, claim_name)
+async fn allocated_devices(bed: &Testbed, name: &str) -> Vec<String> {
+    claim_of(bed, name)
         .await
         .status
         .and_then(|s| s.allocation)
@@ -462,7 +482,7 @@ async fn allocated_devices(bed: &Testbed, name: &str, claim_name: &str) -> Vec<S
 }
 
 async fn claim_uid(bed: &Testbed, name: &str) -> String {
-    claim_of(bed, name, "tiles")
+    claim_of(bed, name)
         .await
         .metadata
         .uid
@@ -552,4 +572,14 @@ async fn restart_plugin(bed: &Testbed) {
         }
     })
     .await;
+}
+
+#[test]
+fn a_list_field_is_read_whole() {
+    let line = "INFO worker{rank=1}: training starts tile_affinity=0x3 visible_tiles=rdu0-tile0,rdu0-tile1 samples=4";
+    assert_eq!(
+        list_field(line, "visible_tiles").as_deref(),
+        Some("rdu0-tile0,rdu0-tile1")
+    );
+    assert_eq!(list_field(line, "missing"), None);
 }
