@@ -156,18 +156,26 @@ pub(crate) enum Write {
 }
 
 /// What the Workload must be told after the lifecycle produced `status` for a job whose spec asks
-/// `suspend`, with `live_pods` of its pods still there (not yet deleted).
+/// `suspend`, with `live_pods` of its pods still there (not yet deleted). `end_recorded`: the job's stored status
+/// already says it ended. A job's end is written to its own status before the Workload is finished: a Workload
+/// Finished under a job whose status still says it runs (the status write lost to an API server fault) would hold
+/// the job as queued for good, as a finished Workload is never admitted again (found by the long soak).
 pub(crate) fn writes(
     w: &WorkloadView,
     suspend: bool,
     status: &RduJobStatus,
     live_pods: usize,
+    end_recorded: bool,
 ) -> Vec<Write> {
     let mut out = Vec::new();
     if w.finished {
         return out;
     }
     if let Some(phase @ (JobPhase::Succeeded | JobPhase::Failed)) = status.phase {
+        if !end_recorded {
+            // The status write of this reconcile records the end; the next reconcile (woken by it) finishes.
+            return out;
+        }
         let message = status
             .conditions
             .iter()

@@ -229,7 +229,18 @@ pub(crate) async fn after(
     let api: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), namespace, &workload_resource());
     let now = Timestamp::now();
-    let writes = plan::writes(&view, job.spec.run_policy.suspend, status, live_pods);
+    let end_recorded = job
+        .status
+        .as_ref()
+        .and_then(|s| s.phase)
+        .is_some_and(rdu_crds::JobPhase::is_finished);
+    let writes = plan::writes(
+        &view,
+        job.spec.run_policy.suspend,
+        status,
+        live_pods,
+        end_recorded,
+    );
     for write in &writes {
         let (action, result) = match write {
             Write::SetActive(active) => (

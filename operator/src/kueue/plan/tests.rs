@@ -133,7 +133,7 @@ fn pods_ready_follows_kueues_reasons() {
     ];
     for (current, phase, (ready, reason)) in cases {
         let w = with(current.clone());
-        let out = writes(&w, false, &status(phase), 4);
+        let out = writes(&w, false, &status(phase), 4, true);
         let expected = Write::PodsReady {
             ready,
             reason,
@@ -147,20 +147,20 @@ fn pods_ready_follows_kueues_reasons() {
     }
     // Unchanged: nothing written.
     let w = with(cond(true, "Started"));
-    assert!(writes(&w, false, &status(JobPhase::Running), 4).is_empty());
+    assert!(writes(&w, false, &status(JobPhase::Running), 4, true).is_empty());
     let w = with(cond(false, "WaitForRecovery"));
-    assert!(writes(&w, false, &status(JobPhase::Pending), 4).is_empty());
+    assert!(writes(&w, false, &status(JobPhase::Pending), 4, true).is_empty());
 }
 
 #[test]
 fn the_quota_is_released_only_once_the_evicted_gang_is_gone() {
     let w = evicted("Preempted");
     assert!(
-        writes(&w, false, &status(JobPhase::Suspended), 3).is_empty(),
+        writes(&w, false, &status(JobPhase::Suspended), 3, true).is_empty(),
         "pods still there: the quota stays"
     );
     assert_eq!(
-        writes(&w, false, &status(JobPhase::Suspended), 0),
+        writes(&w, false, &status(JobPhase::Suspended), 0, true),
         vec![Write::ReleaseQuota {
             requeued: true,
             reason: "Preempted".into(),
@@ -169,7 +169,7 @@ fn the_quota_is_released_only_once_the_evicted_gang_is_gone() {
     );
     let timeout = evicted("PodsReadyTimeout");
     assert!(matches!(
-        writes(&timeout, false, &status(JobPhase::Suspended), 0)[..],
+        writes(&timeout, false, &status(JobPhase::Suspended), 0, true)[..],
         [Write::ReleaseQuota {
             requeued: false,
             ..
@@ -179,13 +179,13 @@ fn the_quota_is_released_only_once_the_evicted_gang_is_gone() {
         quota_reserved: false,
         ..evicted("Preempted")
     };
-    assert!(writes(&released, false, &status(JobPhase::Suspended), 0).is_empty());
+    assert!(writes(&released, false, &status(JobPhase::Suspended), 0, true).is_empty());
 }
 
 #[test]
 fn suspend_deactivates_and_the_end_finishes() {
     assert_eq!(
-        writes(&admitted(), true, &status(JobPhase::Suspended), 0)[0],
+        writes(&admitted(), true, &status(JobPhase::Suspended), 0, true)[0],
         Write::SetActive(false)
     );
     let inactive = WorkloadView {
@@ -193,7 +193,7 @@ fn suspend_deactivates_and_the_end_finishes() {
         ..admitted()
     };
     assert_eq!(
-        writes(&inactive, false, &status(JobPhase::Pending), 0)[0],
+        writes(&inactive, false, &status(JobPhase::Pending), 0, true)[0],
         Write::SetActive(true)
     );
     let mut done = status(JobPhase::Failed);
@@ -208,7 +208,7 @@ fn suspend_deactivates_and_the_end_finishes() {
         observed_generation: None,
     });
     assert_eq!(
-        writes(&admitted(), false, &done, 0),
+        writes(&admitted(), false, &done, 0, true),
         vec![Write::Finish {
             succeeded: false,
             message: "rank 1 exited with code 64".into()
@@ -218,7 +218,30 @@ fn suspend_deactivates_and_the_end_finishes() {
         finished: true,
         ..admitted()
     };
-    assert!(writes(&finished, false, &done, 0).is_empty());
+    assert!(writes(&finished, false, &done, 0, true).is_empty());
+}
+
+#[test]
+fn the_workload_is_finished_only_once_the_jobs_own_status_records_the_end() {
+    for phase in [JobPhase::Succeeded, JobPhase::Failed] {
+        assert!(
+            writes(&admitted(), false, &status(phase), 0, false).is_empty(),
+            "{phase:?} not yet in the job's status: the Workload waits"
+        );
+        assert!(matches!(
+            writes(&admitted(), false, &status(phase), 0, true)[..],
+            [Write::Finish { succeeded, .. }] if succeeded == (phase == JobPhase::Succeeded)
+        ));
+    }
+    // A job still running is told to Kueue as before, whatever its stored status.
+    let starting = WorkloadView {
+        pods_ready: cond(false, "WaitForStart"),
+        ..admitted()
+    };
+    assert_eq!(
+        writes(&starting, false, &status(JobPhase::Running), 4, false).len(),
+        1
+    );
 }
 
 #[test]
@@ -242,7 +265,7 @@ fn finishing_the_workload_shows_in_the_same_status_write() {
         );
     }
     // What the lifecycle's end produces for an admitted Workload is exactly such a write.
-    let writes = writes(&admitted(), false, &status(JobPhase::Succeeded), 0);
+    let writes = writes(&admitted(), false, &status(JobPhase::Succeeded), 0, true);
     assert_eq!(
         queue_status_after(&admitted_status, &writes).state,
         QueueState::Finished
