@@ -461,7 +461,20 @@ async fn queued_jobs_wait_for_admission_and_survive_preemption() {
         (Some(1), Some(1), None),
         "{done}"
     );
-    assert_eq!(done["queue"]["state"], "Finished", "{done}");
+    // The Workload is finished once the job's status records its end, and status.queue says so in the write after.
+    bed.wait_workload("restarts", "Finished", |w| {
+        kueue::condition_is(w, "Finished", "True")
+    })
+    .await;
+    bed.wait("restarts' status.queue Finished", async || {
+        let job = bed.jobs.get("restarts").await.map_err(|e| e.to_string())?;
+        let status = serde_json::to_value(&job.status).unwrap_or_default();
+        match status["queue"]["state"].as_str() {
+            Some("Finished") => Ok(()),
+            _ => Err(status["queue"].to_string()),
+        }
+    })
+    .await;
 
     // 7. The operator restarted in the middle of an eviction: a preempted job's pods are stopping (a finalizer
     //    the test holds keeps them Terminating, as a slow kubelet would) when the operator goes away; they go

@@ -8,7 +8,7 @@
 //! its quota: the Workload stays admitted with the same admission, never evicted. The summary's `kueue` object has
 //! the numbers.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::{AsyncBufReadExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
@@ -88,15 +88,23 @@ impl Faults {
         pods.len()
     }
 
-    /// Job `name`'s Workload, which must be Finished.
+    /// Job `name`'s Workload once it is Finished (the operator finishes it once the job's status records the
+    /// end, the reconcile after the one that saw it).
     async fn finished_workload(&self, name: &str) -> Value {
-        let finished = self.workload_of(name).await.expect("workload");
-        assert!(
-            kueue::condition_is(&finished, "Finished", "True"),
-            "{}",
-            finished["status"]
-        );
-        finished
+        self.bed
+            .wait(
+                &format!("{name}'s Workload Finished"),
+                Duration::from_secs(60),
+                async || {
+                    let workload = self.workload_of(name).await?;
+                    if kueue::condition_is(&workload, "Finished", "True") {
+                        Ok(workload)
+                    } else {
+                        Err(workload["status"].to_string())
+                    }
+                },
+            )
+            .await
     }
 
     /// Job `name`'s Workload in `default`.
