@@ -1,11 +1,9 @@
 //! `spec.tileAllocation`: how a rank's tiles are asked for, the device plugin's extended resource or a
-//! ResourceClaim through Dynamic Resource Allocation (DESIGN 4.3.1), with its schema, CEL and the Rust check that
-//! repeats them with the same messages.
+//! ResourceClaim through Dynamic Resource Allocation (DESIGN 4.3.1). Its schema and CEL live here with the messages
+//! `validation::tiles` repeats.
 
 use kube::KubeSchema;
 use serde::{Deserialize, Serialize};
-
-use crate::validation::Checks;
 
 /// The DRA driver of RDU tiles, and the name of the DeviceClass the chart installs with it
 /// (`devicePlugin.kubeletApi: dra`).
@@ -69,26 +67,6 @@ impl TileAllocation {
     }
 }
 
-/// The CRD's rules on `spec.tileAllocation`, with its messages.
-pub(crate) fn check(c: &mut Checks, allocation: &TileAllocation) {
-    let dra = allocation.is_dra();
-    c.check(
-        dra || !allocation.same_rdu,
-        "spec.tileAllocation.sameRdu",
-        || SAME_RDU_NEEDS_DRA.into(),
-    );
-    c.check(
-        dra || allocation.model.is_none(),
-        "spec.tileAllocation.model",
-        || MODEL_NEEDS_DRA.into(),
-    );
-    if let Some(model) = &allocation.model {
-        c.check(model_is_valid(model), "spec.tileAllocation.model", || {
-            format!("{MODEL_FORM} (got {:?})", truncated(model))
-        });
-    }
-}
-
 /// `^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`, the CEL rule's pattern: nothing a CEL string literal or selector could be
 /// broken out of.
 pub fn model_is_valid(model: &str) -> bool {
@@ -101,91 +79,18 @@ pub fn model_is_valid(model: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
-/// At most the first 80 characters of `text`, for a message that quotes bad input.
-fn truncated(text: &str) -> String {
-    text.chars().take(80).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn fields(allocation: &TileAllocation) -> Vec<String> {
-        let mut c = Checks::default();
-        check(&mut c, allocation);
-        c.finish()
-            .err()
-            .unwrap_or_default()
-            .into_iter()
-            .map(|e| e.field)
-            .collect()
-    }
-
-    fn dra(same_rdu: bool, model: Option<&str>) -> TileAllocation {
-        TileAllocation {
-            api: TileApi::Dra,
-            same_rdu,
-            model: model.map(Into::into),
-        }
-    }
-
     #[test]
-    fn the_default_is_the_device_plugin_and_valid() {
+    fn the_default_is_the_device_plugin() {
         let parsed: TileAllocation = serde_json::from_str("{}").expect("empty");
         assert_eq!(parsed, TileAllocation::default());
         assert!(!parsed.is_dra());
-        assert_eq!(fields(&parsed), Vec::<String>::new());
         assert_eq!(
             serde_json::to_value(&parsed).expect("json"),
             serde_json::json!({"api": "devicePlugin"})
         );
-    }
-
-    #[test]
-    fn placement_and_model_need_dra() {
-        let cases = [
-            (dra(true, Some("SN30")), vec![]),
-            (dra(false, None), vec![]),
-            (
-                TileAllocation {
-                    same_rdu: true,
-                    ..Default::default()
-                },
-                vec!["spec.tileAllocation.sameRdu"],
-            ),
-            (
-                TileAllocation {
-                    model: Some("SN30".into()),
-                    ..Default::default()
-                },
-                vec!["spec.tileAllocation.model"],
-            ),
-        ];
-        for (allocation, expected) in cases {
-            assert_eq!(fields(&allocation), expected, "{allocation:?}");
-        }
-    }
-
-    #[test]
-    fn a_model_is_a_plain_name_of_at_most_64_characters() {
-        for good in ["SN30", "sn10-8r", "a", "A.b_c-9", &"x".repeat(64)] {
-            assert!(model_is_valid(good), "{good:?}");
-        }
-        for bad in [
-            "",
-            "-SN30",
-            ".x",
-            "SN 30",
-            "SN30\" || true || \"",
-            "SN30'",
-            "ü",
-            &"x".repeat(65),
-        ] {
-            assert!(!model_is_valid(bad), "{bad:?}");
-            assert_eq!(
-                fields(&dra(false, Some(bad))),
-                vec!["spec.tileAllocation.model"]
-            );
-        }
     }
 }

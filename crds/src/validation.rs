@@ -7,6 +7,7 @@ use crate::{DataSource, RduJobSpec, byte_size, consts};
 
 mod job;
 mod rules;
+mod tiles;
 pub use job::validate_job;
 pub use rules::shadows;
 
@@ -94,7 +95,7 @@ fn check_world(c: &mut Checks, spec: &RduJobSpec) {
             )
         },
     );
-    crate::tile_allocation::check(c, &spec.tile_allocation);
+    tiles::check(c, &spec.tile_allocation);
     if let Some(compile) = &spec.compile {
         c.check(
             compile.min_world_size >= 1,
