@@ -160,17 +160,17 @@ impl RingSockets {
     pub fn resolve(&self) -> Result<RingPlace, CollectiveError> {
         match self {
             RingSockets::Abstract => Ok(RingPlace::Abstract),
-            RingSockets::Dir(dir) => RingSockets::check_dir(RING_DIR_ENV, dir),
+            RingSockets::Dir(dir) => RingSockets::check_dir(dir),
             RingSockets::FromEnv => match std::env::var_os(RING_DIR_ENV) {
                 None => Ok(RingPlace::Abstract),
-                Some(dir) => RingSockets::check_dir(RING_DIR_ENV, Path::new(&dir)),
+                Some(dir) => RingSockets::check_dir(Path::new(&dir)),
             },
         }
     }
 
     /// `dir` must be an absolute path of at most [`MAX_RING_DIR_BYTES`] to a directory.
-    fn check_dir(field: &'static str, dir: &Path) -> Result<RingPlace, CollectiveError> {
-        let bad = |reason: String| CollectiveError::invalid_config(field, reason);
+    fn check_dir(dir: &Path) -> Result<RingPlace, CollectiveError> {
+        let bad = |reason: String| CollectiveError::invalid_config(RING_DIR_ENV, reason);
         let shown = dir.display();
         if !dir.is_absolute() {
             return Err(bad(format!(

@@ -244,18 +244,23 @@ async fn stream_chunks(h: &mut Harness, link: &Link, chunks: u32, len: usize) {
     tokio::join!(sender, receiver);
 }
 
+/// Rank 0's link to the harness's rank 1, offering a ring `maker` makes.
+async fn offer_ring(h: &Harness, maker: &RingMaker) -> Link {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let ring = RingChoice {
+        maker: Some(maker),
+        spin: None,
+    };
+    open_link(0, 1, GENERATION, &h.address, TOKEN, deadline, ring)
+        .await
+        .unwrap()
+}
+
 #[tokio::test]
 async fn links_share_a_ring_when_the_receiver_takes_it_and_give_its_memory_back() {
     let mut h = harness().await;
-    let deadline = Instant::now() + Duration::from_secs(10);
     let maker = RingMaker::start(ROOM, &RingPlace::Abstract).unwrap();
-    let ring = RingChoice {
-        maker: Some(&maker),
-        spin: None,
-    };
-    let link = open_link(0, 1, GENERATION, &h.address, TOKEN, deadline, ring)
-        .await
-        .unwrap();
+    let link = offer_ring(&h, &maker).await;
     assert!(link.shares_memory());
     assert_eq!(maker.held_bytes(), SEGMENT_BYTES as u64);
     // Odd lengths (frames padded), and chunks larger than the ring (it wraps many times).
@@ -275,15 +280,8 @@ async fn links_share_a_ring_when_the_receiver_takes_it_and_give_its_memory_back(
 #[tokio::test]
 async fn a_ring_the_receiver_does_not_take_is_declined_and_frames_stay_on_tcp() {
     let mut h = harness_sharing(None).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
     let maker = RingMaker::start(ROOM, &RingPlace::Abstract).unwrap();
-    let ring = RingChoice {
-        maker: Some(&maker),
-        spin: None,
-    };
-    let link = open_link(0, 1, GENERATION, &h.address, TOKEN, deadline, ring)
-        .await
-        .unwrap();
+    let link = offer_ring(&h, &maker).await;
     assert!(!link.shares_memory());
     assert_eq!(
         maker.held_bytes(),
@@ -297,15 +295,8 @@ async fn a_ring_the_receiver_does_not_take_is_declined_and_frames_stay_on_tcp() 
 /// `taken_from`; frames flow either way.
 async fn shares_across(offered_in: RingPlace, taken_from: RingPlace) -> bool {
     let mut h = harness_sharing(Some(taken_from)).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
     let maker = RingMaker::start(ROOM, &offered_in).unwrap();
-    let ring = RingChoice {
-        maker: Some(&maker),
-        spin: None,
-    };
-    let link = open_link(0, 1, GENERATION, &h.address, TOKEN, deadline, ring)
-        .await
-        .unwrap();
+    let link = offer_ring(&h, &maker).await;
     stream_chunks(&mut h, &link, 4, 1000).await;
     link.shares_memory()
 }
@@ -327,15 +318,8 @@ async fn ranks_that_see_the_same_socket_directory_share_a_ring_and_others_stay_o
 #[tokio::test]
 async fn a_ring_over_the_budget_is_never_made_and_frames_stay_on_tcp() {
     let mut h = harness().await;
-    let deadline = Instant::now() + Duration::from_secs(10);
     let maker = RingMaker::start(SEGMENT_BYTES as u64 - 1, &RingPlace::Abstract).unwrap();
-    let ring = RingChoice {
-        maker: Some(&maker),
-        spin: None,
-    };
-    let link = open_link(0, 1, GENERATION, &h.address, TOKEN, deadline, ring)
-        .await
-        .unwrap();
+    let link = offer_ring(&h, &maker).await;
     assert!(!link.shares_memory());
     assert_eq!(maker.peak_bytes(), 0);
     stream_chunks(&mut h, &link, 4, 1000).await;
