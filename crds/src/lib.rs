@@ -14,6 +14,7 @@ pub mod progress;
 pub mod progress_report;
 pub mod rank_env;
 pub mod schema;
+pub mod shm_domain;
 pub mod spec;
 pub mod status;
 pub mod tile_allocation;

@@ -124,6 +124,14 @@ pub(crate) mod tests {
     use super::*;
     use std::collections::HashMap;
 
+    #[test]
+    fn the_dra_drivers_domain_is_where_the_collective_looks_for_ring_sockets() {
+        use rdu_collective::{MAX_RING_DIR_BYTES, RING_DIR_ENV};
+        use rdu_crds::shm_domain;
+        assert_eq!(shm_domain::ENV, RING_DIR_ENV);
+        assert!(shm_domain::MOUNT_PATH.len() <= MAX_RING_DIR_BYTES);
+    }
+
     pub(crate) fn vars(spec_yaml: &str) -> HashMap<String, String> {
         let spec = rdu_crds::parse_manifest(spec_yaml).unwrap().spec;
         [

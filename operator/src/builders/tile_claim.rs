@@ -4,10 +4,13 @@
 
 use k8s_openapi::api::core::v1::{PodResourceClaim, PodSpec, ResourceClaim};
 use k8s_openapi::api::resource::v1::{
-    CELDeviceSelector, DeviceClaim, DeviceConstraint, DeviceRequest, DeviceSelector,
-    ExactDeviceRequest, ResourceClaimSpec, ResourceClaimTemplate, ResourceClaimTemplateSpec,
+    CELDeviceSelector, DeviceClaim, DeviceClaimConfiguration, DeviceConstraint, DeviceRequest,
+    DeviceSelector, ExactDeviceRequest, OpaqueDeviceConfiguration, ResourceClaimSpec,
+    ResourceClaimTemplate, ResourceClaimTemplateSpec,
 };
+use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use rdu_crds::consts::WORKER_CONTAINER;
+use rdu_crds::shm_domain::DomainConfig;
 use rdu_crds::tile_allocation::{DRIVER, MODEL_ATTRIBUTE, RDU_ATTRIBUTE};
 use sha1::{Digest, Sha1};
 
@@ -29,7 +32,8 @@ pub(crate) fn template_name(job: &str, claim: &TileClaim) -> String {
 }
 
 /// The job's ResourceClaimTemplate: `count` devices of class `rdu.dev`, of `model` when given, and all with one
-/// `rdu.dev/rdu` when `same_rdu`.
+/// `rdu.dev/rdu` when `same_rdu`; the driver's opaque configuration names the job, so that the ranks on one node
+/// share a shared-memory domain (DESIGN 4.4.1).
 pub(crate) fn claim_template(job: &ValidJob, claim: &TileClaim) -> ResourceClaimTemplate {
     let selectors = claim.model.as_ref().map(|model| {
         vec![DeviceSelector {
@@ -63,10 +67,23 @@ pub(crate) fn claim_template(job: &ValidJob, claim: &TileClaim) -> ResourceClaim
                         ..Default::default()
                     }]),
                     constraints,
-                    config: None,
+                    config: Some(vec![domain_config(&job.owner.uid)]),
                 }),
             },
         },
+    }
+}
+
+/// [`DomainConfig`] of the job with UID `uid`, for the driver `rdu.dev`.
+fn domain_config(uid: &str) -> DeviceClaimConfiguration {
+    DeviceClaimConfiguration {
+        requests: Some(vec![REQUEST.to_string()]),
+        opaque: Some(OpaqueDeviceConfiguration {
+            driver: DRIVER.to_string(),
+            parameters: RawExtension(
+                serde_json::to_value(DomainConfig::for_job(uid)).unwrap_or_default(),
+            ),
+        }),
     }
 }
 
@@ -133,7 +150,9 @@ mod tests {
                 "requests": [{"name": "tiles", "exactly": {
                     "deviceClassName": "rdu.dev", "allocationMode": "ExactCount", "count": 4,
                     "selectors": [{"cel": {"expression": "device.attributes[\"rdu.dev\"].model == \"SN30\""}}]}}],
-                "constraints": [{"requests": ["tiles"], "matchAttribute": "rdu.dev/rdu"}]
+                "constraints": [{"requests": ["tiles"], "matchAttribute": "rdu.dev/rdu"}],
+                "config": [{"requests": ["tiles"], "opaque": {"driver": "rdu.dev", "parameters": {
+                    "apiVersion": "rdu.dev/v1alpha1", "kind": "SharedMemoryDomain", "job": "uid-mnist"}}}]
             })
         );
     }
@@ -144,8 +163,11 @@ mod tests {
         let template = claim_template(&valid(&j), &ask(2, false, None));
         assert_eq!(
             serde_json::to_value(&template.spec.spec).expect("json"),
-            json!({"devices": {"requests": [{"name": "tiles", "exactly": {
-                "deviceClassName": "rdu.dev", "allocationMode": "ExactCount", "count": 2}}]}})
+            json!({"devices": {
+                "requests": [{"name": "tiles", "exactly": {
+                    "deviceClassName": "rdu.dev", "allocationMode": "ExactCount", "count": 2}}],
+                "config": [{"requests": ["tiles"], "opaque": {"driver": "rdu.dev", "parameters": {
+                    "apiVersion": "rdu.dev/v1alpha1", "kind": "SharedMemoryDomain", "job": "uid-mnist"}}}]}})
         );
     }
 
