@@ -1,7 +1,9 @@
 //! CDI specs of prepared claims: one file `rdu.dev-<claim uid>.json` per claim in the CDI directory, with one device
-//! named after the claim whose env gives the container its tiles (`SF_RNT_TILE_AFFINITY`, `RDU_VISIBLE_TILES`).
+//! named after the claim whose env gives the container its tiles (`SF_RNT_TILE_AFFINITY`, `RDU_VISIBLE_TILES`)
+//! and, when the claim joins a shared-memory domain, mounts that domain and names it (`RDU_SHM_DOMAIN`).
 
 use crate::atomic_file::{self, AtomicWriteError};
+use rdu_crds::shm_domain;
 use rdu_tiles::affinity::container_env;
 use rdu_tiles::topology::{TileIndex, Topology};
 use serde::{Deserialize, Serialize};
@@ -60,10 +62,32 @@ pub struct SpecDevice {
     pub container_edits: ContainerEdits,
 }
 
-/// What a CDI device changes in a container: env only (`NAME=value`).
+/// What a CDI device changes in a container: env (`NAME=value`) and mounts.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ContainerEdits {
     pub env: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<Mount>,
+}
+
+/// A bind mount of a node's directory into the container.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Mount {
+    pub host_path: String,
+    pub container_path: String,
+    pub options: Vec<String>,
+}
+
+/// The bind mount of shared-memory domain `dir` at [`shm_domain::MOUNT_PATH`]: read-write, no devices, no setuid.
+fn domain_mount(dir: &Path) -> Mount {
+    Mount {
+        host_path: dir.display().to_string(),
+        container_path: shm_domain::MOUNT_PATH.to_string(),
+        options: ["rbind", "rw", "nosuid", "nodev", "noexec"]
+            .map(String::from)
+            .to_vec(),
+    }
 }
 
 /// The fully qualified CDI device ID of a claim: `rdu.dev/tile=<uid>`.
@@ -71,18 +95,28 @@ pub fn device_id(uid: &str) -> String {
     format!("{CDI_KIND}={uid}")
 }
 
-/// The spec of a claim allocated `tiles`.
-pub fn claim_spec(uid: &str, topology: &Topology, tiles: &[TileIndex]) -> Spec {
-    let env = container_env(topology, tiles)
+/// The spec of a claim allocated `tiles`, in shared-memory domain `domain` (the node's path) if it has one.
+pub fn claim_spec(
+    uid: &str,
+    topology: &Topology,
+    tiles: &[TileIndex],
+    domain: Option<&Path>,
+) -> Spec {
+    let mut env: Vec<String> = container_env(topology, tiles)
         .into_iter()
         .map(|(name, value)| format!("{name}={value}"))
         .collect();
+    let mut mounts = Vec::new();
+    if let Some(dir) = domain {
+        env.push(format!("{}={}", shm_domain::ENV, shm_domain::MOUNT_PATH));
+        mounts.push(domain_mount(dir));
+    }
     Spec {
         cdi_version: CDI_VERSION.to_string(),
         kind: CDI_KIND.to_string(),
         devices: vec![SpecDevice {
             name: uid.to_string(),
-            container_edits: ContainerEdits { env },
+            container_edits: ContainerEdits { env, mounts },
         }],
     }
 }
@@ -120,15 +154,17 @@ impl CdiDir {
         Ok(self.dir.join(format!("rdu.dev-{uid}.json")))
     }
 
-    /// Writes (or replaces) the spec of claim `uid` allocated `tiles`; returns its CDI device ID.
+    /// Writes (or replaces) the spec of claim `uid` allocated `tiles` (in `domain`, if any); returns its CDI
+    /// device ID.
     pub fn write_claim(
         &self,
         uid: &str,
         topology: &Topology,
         tiles: &[TileIndex],
+        domain: Option<&Path>,
     ) -> Result<String, CdiError> {
         let path = self.spec_path(uid)?;
-        let spec = claim_spec(uid, topology, tiles);
+        let spec = claim_spec(uid, topology, tiles, domain);
         let bytes = serde_json::to_vec_pretty(&spec).map_err(|source| CdiError::Encode {
             uid: uid.to_string(),
             source,
@@ -163,7 +199,7 @@ mod tests {
         let cdi = CdiDir::new(dir.path().join("cdi"));
         let topo = Topology::new(8, 4).unwrap();
         let tiles = [topo.tile_index(1, 1), topo.tile_index(1, 0)];
-        let id = cdi.write_claim(UID, &topo, &tiles).unwrap();
+        let id = cdi.write_claim(UID, &topo, &tiles, None).unwrap();
         assert_eq!(id, format!("rdu.dev/tile={UID}"));
         let path = dir.path().join("cdi").join(format!("rdu.dev-{UID}.json"));
         let value: serde_json::Value =
@@ -185,11 +221,37 @@ mod tests {
     }
 
     #[test]
+    fn a_claim_in_a_domain_mounts_it_and_names_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let cdi = CdiDir::new(dir.path());
+        let topo = Topology::new(2, 2).unwrap();
+        let domain = Path::new("/run/rdu-dra/domains/ml_job-a");
+        cdi.write_claim(UID, &topo, &[0], Some(domain)).unwrap();
+        let value: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(cdi.spec_path(UID).unwrap()).unwrap()).unwrap();
+        assert_eq!(
+            value["devices"][0]["containerEdits"],
+            serde_json::json!({
+                "env": [
+                    "RDU_VISIBLE_TILES=rdu0-tile0",
+                    "SF_RNT_TILE_AFFINITY=0x1",
+                    "RDU_SHM_DOMAIN=/run/rdu-shm-domain",
+                ],
+                "mounts": [{
+                    "hostPath": "/run/rdu-dra/domains/ml_job-a",
+                    "containerPath": "/run/rdu-shm-domain",
+                    "options": ["rbind", "rw", "nosuid", "nodev", "noexec"],
+                }],
+            })
+        );
+    }
+
+    #[test]
     fn removing_is_idempotent() {
         let dir = tempfile::tempdir().unwrap();
         let cdi = CdiDir::new(dir.path());
         let topo = Topology::new(2, 2).unwrap();
-        cdi.write_claim(UID, &topo, &[3]).unwrap();
+        cdi.write_claim(UID, &topo, &[3], None).unwrap();
         let path = cdi.spec_path(UID).unwrap();
         assert!(path.exists());
         cdi.remove_claim(UID).unwrap();
@@ -203,7 +265,7 @@ mod tests {
         let cdi = CdiDir::new(dir.path());
         let topo = Topology::new(2, 2).unwrap();
         for bad in ["", "../etc/passwd", "a/b", ".hidden", "-x", "a b"] {
-            let err = cdi.write_claim(bad, &topo, &[0]).unwrap_err();
+            let err = cdi.write_claim(bad, &topo, &[0], None).unwrap_err();
             assert!(matches!(err, CdiError::InvalidUid(_)), "{bad}: {err}");
             assert!(cdi.remove_claim(bad).is_err(), "{bad}");
         }

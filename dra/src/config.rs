@@ -1,6 +1,7 @@
 //! The `rdu-dra` binary's flags, and the configuration they resolve to (validated once, here).
 
 use crate::cdi::DEFAULT_CDI_DIR;
+use crate::domain::DEFAULT_DOMAIN_DIR;
 use crate::registration::{DEFAULT_PLUGIN_SOCKET, DEFAULT_REGISTRATION_SOCKET};
 use rdu_tiles::topology::{Topology, TopologyError};
 use std::path::PathBuf;
@@ -26,6 +27,10 @@ pub enum ConfigError {
     Topology(#[source] TopologyError),
     #[error("--resync-seconds must be at least 1 (the ResourceSlices are re-applied that often)")]
     ZeroResync,
+    #[error(
+        "--shm-domain-dir `{0}` must be an absolute path on the node (CDI specs mount domains from it)"
+    )]
+    RelativeDomainDir(PathBuf),
 }
 
 /// The flags of the `rdu-dra` binary.
@@ -59,6 +64,9 @@ pub struct Flags {
     /// The checkpoint of prepared claims, kept across restarts of the plugin.
     #[arg(long, default_value = DEFAULT_CHECKPOINT_FILE)]
     pub checkpoint_file: PathBuf,
+    /// Where jobs' shared-memory domains are made: a directory of the node, mounted at the same path.
+    #[arg(long, default_value = DEFAULT_DOMAIN_DIR)]
+    pub shm_domain_dir: PathBuf,
     /// Seconds between re-applies of the node's ResourceSlices.
     #[arg(long, default_value_t = DEFAULT_RESYNC_SECONDS)]
     pub resync_seconds: u64,
@@ -74,6 +82,7 @@ pub struct DraConfig {
     pub registration_socket: PathBuf,
     pub cdi_dir: PathBuf,
     pub checkpoint_file: PathBuf,
+    pub shm_domain_dir: PathBuf,
     pub resync: Duration,
 }
 
@@ -90,6 +99,9 @@ impl DraConfig {
         if flags.resync_seconds == 0 {
             return Err(ConfigError::ZeroResync);
         }
+        if !flags.shm_domain_dir.is_absolute() {
+            return Err(ConfigError::RelativeDomainDir(flags.shm_domain_dir.clone()));
+        }
         let topology = Topology::new(flags.rdus_per_node, flags.tiles_per_rdu)
             .map_err(ConfigError::Topology)?;
         Ok(DraConfig {
@@ -100,6 +112,7 @@ impl DraConfig {
             registration_socket: flags.registration_socket.clone(),
             cdi_dir: flags.cdi_dir.clone(),
             checkpoint_file: flags.checkpoint_file.clone(),
+            shm_domain_dir: flags.shm_domain_dir.clone(),
             resync: Duration::from_secs(flags.resync_seconds),
         })
     }
@@ -131,6 +144,7 @@ mod tests {
             PathBuf::from("/var/lib/kubelet/plugins_registry/rdu.dev-reg.sock")
         );
         assert_eq!(config.cdi_dir, PathBuf::from("/var/run/cdi"));
+        assert_eq!(config.shm_domain_dir, PathBuf::from("/run/rdu-dra/domains"));
         assert_eq!(config.resync, Duration::from_secs(30));
     }
 
@@ -140,7 +154,7 @@ mod tests {
         let no_node = parse(&["--node-name", ""]).unwrap_err();
         assert!(matches!(no_node, ConfigError::NoNodeName));
         assert!(no_node.to_string().contains("--node-name"), "{no_node}");
-        let cases: [(&[&str], &str); 3] = [
+        let cases: [(&[&str], &str); 4] = [
             (&["--node-name", "n", "--model", ""], "--model"),
             (
                 &["--node-name", "n", "--tiles-per-rdu", "0"],
@@ -149,6 +163,10 @@ mod tests {
             (
                 &["--node-name", "n", "--resync-seconds", "0"],
                 "--resync-seconds",
+            ),
+            (
+                &["--node-name", "n", "--shm-domain-dir", "domains"],
+                "--shm-domain-dir `domains` must be an absolute path",
             ),
         ];
         for (args, flag) in cases {

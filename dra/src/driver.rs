@@ -1,5 +1,6 @@
-//! The kubelet's DRAPlugin service: NodePrepareResources reads each claim's allocation, writes its CDI spec and
-//! records it in the checkpoint; NodeUnprepareResources removes both. A claim that fails gets its own error in
+//! The kubelet's DRAPlugin service: NodePrepareResources reads each claim's allocation, makes its job's
+//! shared-memory domain, writes its CDI spec and records it in the checkpoint; NodeUnprepareResources removes the
+//! spec and the record, and the domain once no prepared claim is in it. A claim that fails gets its own error in
 //! the response, never a failure of the whole call.
 
 use crate::api::dra_plugin_server::DraPlugin;
@@ -10,6 +11,7 @@ use crate::api::{
 };
 use crate::cdi::{CdiDir, CdiError};
 use crate::devices::DRIVER_NAME;
+use crate::domain::{DomainError, Domains, domain_of};
 use crate::prepared::{Checkpoint, PreparedClaim, PreparedDevice, PreparedError};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use rdu_tiles::topology::{ResourceMode, TileIndex, Topology, TopologyError};
@@ -96,6 +98,14 @@ pub enum DriverError {
         #[source]
         source: CdiError,
     },
+    #[error("shared-memory domain of claim {uid}")]
+    Domain {
+        uid: String,
+        #[source]
+        source: DomainError,
+    },
+    #[error("cannot remove shared-memory domains no prepared claim is in")]
+    Sweep(#[source] DomainError),
     #[error("checkpoint of claim {uid}")]
     Checkpoint {
         uid: String,
@@ -185,6 +195,8 @@ pub struct DriverConfig {
     pub topology: Topology,
     pub cdi_dir: std::path::PathBuf,
     pub checkpoint_path: std::path::PathBuf,
+    /// Where shared-memory domains are made (a path on the node, as the CDI spec mounts it).
+    pub domain_dir: std::path::PathBuf,
 }
 
 /// The DRAPlugin service of one node.
@@ -192,20 +204,27 @@ pub struct Driver {
     node: String,
     topology: Topology,
     cdi: CdiDir,
+    domains: Domains,
     claims: Arc<dyn ClaimSource>,
     /// Held for a whole call: claims are prepared one at a time, so the checkpoint and CDI files agree.
     prepared: Mutex<Checkpoint>,
 }
 
 impl Driver {
-    /// A driver over the checkpoint at `config.checkpoint_path` (claims prepared before a restart stay prepared).
+    /// A driver over the checkpoint at `config.checkpoint_path` (claims prepared before a restart stay prepared);
+    /// domains no prepared claim is in (left by a driver stopped mid-unprepare) are removed.
     pub fn new(config: DriverConfig, claims: Arc<dyn ClaimSource>) -> Result<Driver, DriverError> {
         let checkpoint =
             Checkpoint::load(config.checkpoint_path).map_err(DriverError::LoadCheckpoint)?;
+        let domains = Domains::new(config.domain_dir);
+        domains
+            .sweep(&checkpoint.domains())
+            .map_err(DriverError::Sweep)?;
         Ok(Driver {
             node: config.node_name,
             topology: config.topology,
             cdi: CdiDir::new(config.cdi_dir),
+            domains,
             claims,
             prepared: Mutex::new(checkpoint),
         })
@@ -230,13 +249,29 @@ impl Driver {
             })?;
         let allocated = allocated_tiles(claim, &object, &self.node, &self.topology)?;
         let tiles: Vec<TileIndex> = allocated.iter().map(|a| a.tile).collect();
-        let cdi_id = self
+        let domain_error = |source| DriverError::Domain {
+            uid: claim.uid.clone(),
+            source,
+        };
+        let domain = domain_of(&object).map_err(domain_error)?;
+        let domain_path = match &domain {
+            Some(name) => Some(self.domains.make(name).map_err(domain_error)?),
+            None => None,
+        };
+        let written = self
             .cdi
-            .write_claim(&claim.uid, &self.topology, &tiles)
+            .write_claim(&claim.uid, &self.topology, &tiles, domain_path.as_deref())
             .map_err(|source| DriverError::Cdi {
                 uid: claim.uid.clone(),
                 source,
-            })?;
+            });
+        let cdi_id = match written {
+            Ok(id) => id,
+            Err(e) => {
+                let _ = self.domains.sweep(&checkpoint.domains());
+                return Err(e);
+            }
+        };
         let prepared = PreparedClaim {
             namespace: claim.namespace.clone(),
             name: claim.name.clone(),
@@ -249,10 +284,12 @@ impl Driver {
                     cdi_device_ids: vec![cdi_id.clone()],
                 })
                 .collect(),
+            domain,
         };
         if let Err(source) = checkpoint.insert(&claim.uid, prepared.clone()) {
-            // Not recorded, so not prepared: leave no spec behind for a claim the kubelet will retry.
+            // Not recorded, so not prepared: leave no spec or new domain behind for a claim the kubelet will retry.
             let _ = self.cdi.remove_claim(&claim.uid);
+            let _ = self.domains.sweep(&checkpoint.domains());
             return Err(DriverError::Checkpoint {
                 uid: claim.uid.clone(),
                 source,
@@ -274,6 +311,13 @@ impl Driver {
                 uid: claim.uid.clone(),
                 source,
             })?;
+        let removed = self
+            .domains
+            .sweep(&checkpoint.domains())
+            .map_err(DriverError::Sweep)?;
+        if !removed.is_empty() {
+            tracing::info!(claim = %claim.uid, domains = ?removed, "removed shared-memory domains");
+        }
         Ok(())
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! - [`devices`]: the ResourceSlices a node publishes (one device per tile).
 //! - [`driver`]: the kubelet's DRAPlugin service (prepare, unprepare), over [`cdi`] specs and the [`prepared`]
-//!   checkpoint, both written with [`atomic_file`].
+//!   checkpoint, both written with [`atomic_file`], and the jobs' shared-memory [`domain`]s.
 //! - [`publish`]: server-side apply of those slices.
 //! - [`registration`]: the plugin registration service; [`socket`]: gRPC listeners on unix sockets, and
 //!   [`authority`]: the relay that lets tonic accept the kubelet's requests on them.
@@ -13,6 +13,7 @@ pub mod authority;
 pub mod cdi;
 pub mod config;
 pub mod devices;
+pub mod domain;
 pub mod driver;
 pub mod prepared;
 pub mod publish;

@@ -3,7 +3,7 @@
 
 use crate::atomic_file::{self, AtomicWriteError};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// The checkpoint file name in the driver's plugin directory.
@@ -58,6 +58,10 @@ pub struct PreparedClaim {
     pub namespace: String,
     pub name: String,
     pub devices: Vec<PreparedDevice>,
+    /// The shared-memory domain the claim joined (`crate::domain`), if any; absent in checkpoints written
+    /// before domains.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain: Option<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -119,6 +123,14 @@ impl Checkpoint {
         self.claims.is_empty()
     }
 
+    /// The shared-memory domains some prepared claim joined: those that must stay.
+    pub fn domains(&self) -> BTreeSet<String> {
+        self.claims
+            .values()
+            .filter_map(|c| c.domain.clone())
+            .collect()
+    }
+
     /// Records claim `uid` as prepared and saves; on a failed save the claim is not recorded.
     pub fn insert(&mut self, uid: &str, claim: PreparedClaim) -> Result<(), PreparedError> {
         let previous = self.claims.insert(uid.to_string(), claim);
@@ -171,7 +183,34 @@ mod tests {
                 device_name: "rdu0-tile1".into(),
                 cdi_device_ids: vec!["rdu.dev/tile=uid-1".into()],
             }],
+            domain: None,
         }
+    }
+
+    #[test]
+    fn reads_a_checkpoint_from_before_domains_and_lists_the_domains_in_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(CHECKPOINT_FILE);
+        std::fs::write(
+            &path,
+            br#"{"version":1,"claims":{"uid-1":{"namespace":"ns","name":"a","devices":[]}}}"#,
+        )
+        .unwrap();
+        let mut cp = Checkpoint::load(&path).unwrap();
+        assert_eq!(cp.get("uid-1").unwrap().domain, None);
+        assert!(cp.domains().is_empty());
+        for (uid, domain) in [
+            ("uid-2", "ns_job-a"),
+            ("uid-3", "ns_job-a"),
+            ("uid-4", "ns_job-b"),
+        ] {
+            let mut joined = claim(uid);
+            joined.domain = Some(domain.into());
+            cp.insert(uid, joined).unwrap();
+        }
+        let again = Checkpoint::load(&path).unwrap();
+        let domains: Vec<String> = again.domains().into_iter().collect();
+        assert_eq!(domains, ["ns_job-a", "ns_job-b"]);
     }
 
     #[test]

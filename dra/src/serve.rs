@@ -78,6 +78,7 @@ pub async fn run(
             topology: config.topology,
             cdi_dir: config.cdi_dir.clone(),
             checkpoint_path: config.checkpoint_file.clone(),
+            domain_dir: config.shm_domain_dir.clone(),
         },
         claims,
     )

@@ -97,6 +97,7 @@ fn serve_driver(dir: &Path, socket: &Path) -> Running {
             topology: Topology::new(8, 4).expect("topology"),
             cdi_dir: dir.join("cdi"),
             checkpoint_path: dir.join("plugin").join("prepared-claims.json"),
+            domain_dir: dir.join("domains"),
         },
         Arc::new(OneClaim),
     )

@@ -111,6 +111,7 @@ fn new_driver(dir: &std::path::Path, claims: Arc<FakeClaims>) -> Driver {
             topology: Topology::new(8, 4).unwrap(),
             cdi_dir: dir.join("cdi"),
             checkpoint_path: dir.join("plugin").join("prepared-claims.json"),
+            domain_dir: dir.join("domains"),
         },
         claims,
     )
@@ -300,4 +301,128 @@ async fn a_claim_that_cannot_be_recorded_leaves_no_cdi_spec() {
         response
     );
     assert!(!dir.path().join("cdi/rdu.dev-uid-1.json").exists());
+}
+
+/// A claim of job `job` (its domain config) allocated one tile.
+fn job_claim(name: &str, uid: &str, job: &str, device: &str) -> ResourceClaim {
+    use k8s_openapi::api::resource::v1::{
+        DeviceAllocationConfiguration, OpaqueDeviceConfiguration,
+    };
+    let mut object = claim_object(name, uid, vec![result("rdu.dev", "node-a", device)]);
+    let devices = object
+        .status
+        .as_mut()
+        .and_then(|s| s.allocation.as_mut())
+        .and_then(|a| a.devices.as_mut())
+        .unwrap();
+    devices.config = Some(vec![DeviceAllocationConfiguration {
+        source: "FromClaim".into(),
+        requests: Some(vec!["tiles".into()]),
+        opaque: Some(OpaqueDeviceConfiguration {
+            driver: "rdu.dev".into(),
+            parameters: k8s_openapi::apimachinery::pkg::runtime::RawExtension(
+                serde_json::to_value(rdu_crds::shm_domain::DomainConfig::for_job(job)).unwrap(),
+            ),
+        }),
+    }]);
+    object
+}
+
+async fn unprepare(driver: &Driver, claims: Vec<Claim>) {
+    let response = driver
+        .node_unprepare_resources(Request::new(NodeUnprepareResourcesRequest { claims }))
+        .await
+        .unwrap()
+        .into_inner();
+    for (uid, answer) in response.claims {
+        assert_eq!(answer.error, "", "{uid}");
+    }
+}
+
+#[tokio::test]
+async fn a_jobs_claims_share_its_domain_until_the_last_is_unprepared_even_across_a_restart() {
+    let s = setup();
+    s.claims
+        .put(job_claim("a0", "uid-a0", "job-a", "rdu0-tile0"));
+    s.claims
+        .put(job_claim("a1", "uid-a1", "job-a", "rdu0-tile1"));
+    s.claims
+        .put(job_claim("b0", "uid-b0", "job-b", "rdu1-tile0"));
+    s.claims.put(claim_object(
+        "plain",
+        "uid-p",
+        vec![result("rdu.dev", "node-a", "rdu2-tile0")],
+    ));
+    let response = prepare(
+        &s.driver,
+        ["a0", "a1", "b0"]
+            .iter()
+            .map(|n| claim(n, &format!("uid-{n}")))
+            .chain([claim("plain", "uid-p")])
+            .collect(),
+    )
+    .await;
+    for answer in response.claims.values() {
+        assert_eq!(answer.error, "");
+    }
+    let domains = s.dir.path().join("domains");
+    let mounted = |uid: &str| -> Vec<String> {
+        let spec: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(s.dir.path().join(format!("cdi/rdu.dev-{uid}.json"))).unwrap(),
+        )
+        .unwrap();
+        spec["devices"][0]["containerEdits"]["mounts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|m| m["hostPath"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let a = domains.join("ns_job-a").display().to_string();
+    let b = domains.join("ns_job-b").display().to_string();
+    assert_eq!(mounted("uid-a0"), [a.as_str()]);
+    assert_eq!(mounted("uid-a1"), [a.as_str()]);
+    assert_eq!(mounted("uid-b0"), [b.as_str()]);
+    assert!(
+        mounted("uid-p").is_empty(),
+        "a claim with no config has no domain"
+    );
+
+    unprepare(&s.driver, vec![claim("a0", "uid-a0")]).await;
+    assert!(domains.join("ns_job-a").is_dir(), "a1 is still in it");
+    // A socket a rank left behind does not keep the domain.
+    std::os::unix::net::UnixListener::bind(domains.join("ns_job-a/rdu-rings-1")).unwrap();
+    drop(s.driver);
+
+    let restarted = new_driver(s.dir.path(), s.claims.clone());
+    assert!(domains.join("ns_job-a").is_dir() && domains.join("ns_job-b").is_dir());
+    unprepare(&restarted, vec![claim("a1", "uid-a1")]).await;
+    assert!(
+        !domains.join("ns_job-a").exists(),
+        "the job's last claim went"
+    );
+    assert!(domains.join("ns_job-b").is_dir());
+
+    // A domain left by a driver stopped between forgetting a claim and removing it goes at the next start.
+    std::fs::create_dir(domains.join("ns_job-gone")).unwrap();
+    drop(restarted);
+    let _again = new_driver(s.dir.path(), s.claims.clone());
+    assert!(!domains.join("ns_job-gone").exists());
+    assert!(domains.join("ns_job-b").is_dir());
+}
+
+#[tokio::test]
+async fn a_claim_with_a_bad_domain_config_is_refused_and_makes_nothing() {
+    let s = setup();
+    s.claims
+        .put(job_claim("a0", "uid-a0", "../../etc", "rdu0-tile0"));
+    let response = prepare(&s.driver, vec![claim("a0", "uid-a0")]).await;
+    let error = &response.claims["uid-a0"].error;
+    assert!(
+        error.contains("shared-memory domain of claim uid-a0")
+            && error.contains("job `../../etc` must be 1 to 64"),
+        "{error}"
+    );
+    assert!(!s.dir.path().join("cdi/rdu.dev-uid-a0.json").exists());
+    assert!(!s.dir.path().join("domains").exists());
 }
