@@ -1,15 +1,17 @@
-//! Real pods on a real kubelet (the shared testbed, a kind cluster, with one RDU node), everything as a user does
-//! it: the three images built from `docker/Dockerfile`, `helm install` of the chart (the operator and the device plugin run as
-//! pods), the node's `rdu.dev/tile` from the kubelet, `kubectl apply -f examples/digits.yaml`, the job's result
-//! from rank 0's termination message, `kubectl logs` of every rank; then faults with real processes and bad
-//! input; then the failure rules (`node/failure_rules.rs`) and Dynamic Resource Allocation (`node/dra.rs`) on the
-//! same node. `bash e2e/node/run.sh` runs it (with kind and podman or docker) and prints the three JSON lines it
-//! appends to `RDU_NODE_BENCH_OUT`.
+//! Real pods on a real kubelet (the shared testbed, a kind cluster, with one RDU node), everything as a user does it:
+//! the three images built from `docker/Dockerfile`, `helm install` of the chart (the operator and the device plugin run
+//! as pods), the node's `rdu.dev/tile` from the kubelet, `kubectl apply -f examples/digits.yaml`, the job's result from
+//! rank 0's termination message, `kubectl logs` of every rank; then faults with real processes and bad input; then the
+//! failure rules (`node/failure_rules.rs`) and Dynamic Resource Allocation (`node/dra.rs`, with jobs' shared-memory
+//! domains in `node/shm_domain.rs`) on the same node. `bash e2e/node/run.sh` runs it (with kind and podman or docker)
+//! and prints the three JSON lines it appends to `RDU_NODE_BENCH_OUT`.
 
 #[path = "node/dra.rs"]
 mod dra;
 #[path = "node/failure_rules.rs"]
 mod failure_rules;
+#[path = "node/shm_domain.rs"]
+mod shm_domain;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -1,12 +1,11 @@
-//! Dynamic Resource Allocation on a real kubelet and containerd 2 (issue 37), on `node.rs`'s one-node cluster
-//! after its other stages: `helm upgrade --set devicePlugin.kubeletApi=dra` swaps the device plugin for the DRA
-//! plugin, which registers with the kubelet and publishes every tile; pods whose claims come from
-//! `examples/dra/claim-templates.yaml` get exactly their claim's tiles in `SF_RNT_TILE_AFFINITY` and
-//! `RDU_VISIBLE_TILES` (through CDI); claims pack (four 2-tile claims fill two RDUs, a 3-tile claim never spans
-//! two); prepared claims survive a restart of the plugin and are unprepared by the new one; the slices come back
-//! after a kubelet restart; no CDI spec is left behind; `examples/digits-dra.yaml` trains with each rank's tiles
-//! claimed through the operator's claim template. Its summary is `node.rs`'s third JSON line
-//! (`{"bench":"dra",…}`).
+//! Dynamic Resource Allocation on a real kubelet and containerd 2 (issue 37), on `node.rs`'s one-node cluster after its
+//! other stages: `helm upgrade --set devicePlugin.kubeletApi=dra` swaps the device plugin for the DRA plugin, which
+//! registers with the kubelet and publishes every tile; pods whose claims come from `examples/dra/claim-templates.yaml`
+//! get exactly their claim's tiles in `SF_RNT_TILE_AFFINITY` and `RDU_VISIBLE_TILES` (through CDI); claims pack (four
+//! 2-tile claims fill two RDUs, a 3-tile claim never spans two); prepared claims survive a restart of the plugin and
+//! are unprepared by the new one; the slices come back after a kubelet restart; no CDI spec is left behind;
+//! `examples/digits-dra.yaml` trains with each rank's tiles claimed through the operator's claim template; then
+//! `shm_domain.rs`'s jobs share memory on the node. Its summary is `node.rs`'s third JSON line (`{"bench":"dra",…}`).
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant, SystemTime};
@@ -207,6 +206,7 @@ pub(crate) async fn run(bed: &Testbed) -> serde_json::Map<String, Value> {
     summary.insert("cdi_specs_left".into(), json!(0));
 
     digits_through_dra(bed, &topology, &mut summary).await;
+    summary.extend(super::shm_domain::run(bed, &shell).await);
     summary
 }
 
