@@ -104,8 +104,6 @@ pub enum DriverError {
         #[source]
         source: DomainError,
     },
-    #[error("cannot remove shared-memory domains no prepared claim is in")]
-    Sweep(#[source] DomainError),
     #[error("checkpoint of claim {uid}")]
     Checkpoint {
         uid: String,
@@ -212,14 +210,12 @@ pub struct Driver {
 
 impl Driver {
     /// A driver over the checkpoint at `config.checkpoint_path` (claims prepared before a restart stay prepared);
-    /// domains no prepared claim is in (left by a driver stopped mid-unprepare) are removed.
+    /// domains no prepared claim is in (left by a driver stopped mid-unprepare) are removed ([`sweep`]).
     pub fn new(config: DriverConfig, claims: Arc<dyn ClaimSource>) -> Result<Driver, DriverError> {
         let checkpoint =
             Checkpoint::load(config.checkpoint_path).map_err(DriverError::LoadCheckpoint)?;
         let domains = Domains::new(config.domain_dir);
-        domains
-            .sweep(&checkpoint.domains())
-            .map_err(DriverError::Sweep)?;
+        sweep(&domains, &checkpoint);
         Ok(Driver {
             node: config.node_name,
             topology: config.topology,
@@ -268,7 +264,7 @@ impl Driver {
         let cdi_id = match written {
             Ok(id) => id,
             Err(e) => {
-                let _ = self.domains.sweep(&checkpoint.domains());
+                sweep(&self.domains, checkpoint);
                 return Err(e);
             }
         };
@@ -289,7 +285,7 @@ impl Driver {
         if let Err(source) = checkpoint.insert(&claim.uid, prepared.clone()) {
             // Not recorded, so not prepared: leave no spec or new domain behind for a claim the kubelet will retry.
             let _ = self.cdi.remove_claim(&claim.uid);
-            let _ = self.domains.sweep(&checkpoint.domains());
+            sweep(&self.domains, checkpoint);
             return Err(DriverError::Checkpoint {
                 uid: claim.uid.clone(),
                 source,
@@ -311,14 +307,21 @@ impl Driver {
                 uid: claim.uid.clone(),
                 source,
             })?;
-        let removed = self
-            .domains
-            .sweep(&checkpoint.domains())
-            .map_err(DriverError::Sweep)?;
-        if !removed.is_empty() {
-            tracing::info!(claim = %claim.uid, domains = ?removed, "removed shared-memory domains");
-        }
+        sweep(&self.domains, checkpoint);
         Ok(())
+    }
+}
+
+/// Removes the domains no prepared claim is in. A domain that cannot be removed (say, a rank left a directory the
+/// driver may not enter) stays until a later sweep: the claims are unprepared all the same, and the driver starts.
+fn sweep(domains: &Domains, checkpoint: &Checkpoint) {
+    match domains.sweep(&checkpoint.domains()) {
+        Ok(removed) if removed.is_empty() => {}
+        Ok(removed) => tracing::info!(domains = ?removed, "removed shared-memory domains"),
+        Err(e) => tracing::warn!(
+            error = %rdu_error_chain::chain(&e),
+            "cannot remove a shared-memory domain no prepared claim is in; the next unprepare tries again"
+        ),
     }
 }
 

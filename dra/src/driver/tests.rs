@@ -426,3 +426,22 @@ async fn a_claim_with_a_bad_domain_config_is_refused_and_makes_nothing() {
     assert!(!s.dir.path().join("cdi/rdu.dev-uid-a0.json").exists());
     assert!(!s.dir.path().join("domains").exists());
 }
+
+#[tokio::test]
+async fn a_domain_that_cannot_be_removed_does_not_fail_the_unprepare_or_the_start() {
+    let s = setup();
+    s.claims
+        .put(job_claim("a0", "uid-a0", "job-a", "rdu0-tile0"));
+    let response = prepare(&s.driver, vec![claim("a0", "uid-a0")]).await;
+    assert_eq!(response.claims["uid-a0"].error, "");
+    // The domain root becomes a file: no sweep can list it.
+    let root = s.dir.path().join("domains");
+    std::fs::rename(&root, s.dir.path().join("domains-away")).unwrap();
+    std::fs::write(&root, b"").unwrap();
+    unprepare(&s.driver, vec![claim("a0", "uid-a0")]).await;
+    assert!(!s.dir.path().join("cdi/rdu.dev-uid-a0.json").exists());
+    drop(s.driver);
+    let restarted = new_driver(s.dir.path(), s.claims.clone());
+    let checkpoint = restarted.prepared.lock().await;
+    assert!(checkpoint.is_empty(), "the claim was unprepared");
+}
