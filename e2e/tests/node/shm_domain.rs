@@ -35,6 +35,7 @@ pub(crate) async fn run(bed: &Testbed, shell: &str) -> serde_json::Map<String, V
     let tcp = bench_in_pods(bed, "tcp-bench", Some("tcp")).await;
     assert_eq!(tcp["sharedMemoryPeers"], 0, "RDU_DATA_PATH=tcp: {tcp}");
     assert_eq!(tcp["dataPath"], "tcp", "{tcp}");
+    wait_no_domains(bed).await;
     let local = run_local(&bench_job("local-bench", None), &[]);
     let rings = &local["allReduce"];
     assert!(
