@@ -141,8 +141,24 @@ impl Domains {
         Ok(path)
     }
 
-    /// Removes every domain not in `keep` (with the sockets left in it); the names removed.
+    /// Removes every domain not in `keep` (with the sockets left in it); the names removed. One that cannot be
+    /// removed does not keep the others: the first such failure is returned once every other has been tried.
     pub fn sweep(&self, keep: &BTreeSet<String>) -> Result<Vec<String>, DomainError> {
+        self.sweep_with(keep, |path, is_dir| {
+            if is_dir {
+                std::fs::remove_dir_all(path)
+            } else {
+                std::fs::remove_file(path)
+            }
+        })
+    }
+
+    /// [`Domains::sweep`] with `remove(path, is_dir)` removing each entry.
+    fn sweep_with(
+        &self,
+        keep: &BTreeSet<String>,
+        remove: impl Fn(&Path, bool) -> std::io::Result<()>,
+    ) -> Result<Vec<String>, DomainError> {
         let entries = match std::fs::read_dir(&self.root) {
             Ok(entries) => entries,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -154,6 +170,7 @@ impl Domains {
             }
         };
         let mut removed = Vec::new();
+        let mut failed = None;
         for entry in entries {
             let entry = entry.map_err(|source| DomainError::List {
                 path: self.root.clone(),
@@ -165,19 +182,16 @@ impl Domains {
             }
             let path = entry.path();
             let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
-            let removal = if is_dir {
-                std::fs::remove_dir_all(&path)
-            } else {
-                std::fs::remove_file(&path)
-            };
-            match removal {
+            match remove(&path, is_dir) {
                 Ok(()) => removed.push(name),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(source) => return Err(DomainError::Remove { path, source }),
+                Err(source) => {
+                    failed.get_or_insert(DomainError::Remove { path, source });
+                }
             }
         }
         removed.sort();
-        Ok(removed)
+        failed.map_or(Ok(removed), Err)
     }
 }
 

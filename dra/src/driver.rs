@@ -232,6 +232,15 @@ impl Driver {
         claim: &Claim,
     ) -> Result<PreparedClaim, DriverError> {
         if let Some(prepared) = checkpoint.get(&claim.uid) {
+            // The domain lives on a tmpfs the checkpoint outlives (a reboot): make it again if it went.
+            if let Some(name) = &prepared.domain {
+                self.domains
+                    .make(name)
+                    .map_err(|source| DriverError::Domain {
+                        uid: claim.uid.clone(),
+                        source,
+                    })?;
+            }
             return Ok(prepared.clone());
         }
         let object = self

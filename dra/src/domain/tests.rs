@@ -137,3 +137,39 @@ fn sweeping_removes_every_domain_not_kept_with_what_is_in_it() {
     assert_eq!(left, ["ml_b"]);
     assert!(domains.root().join("ml_b/rdu-rings-1").exists());
 }
+
+#[test]
+fn a_domain_that_cannot_be_removed_does_not_keep_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let domains = Domains::new(dir.path().join("domains"));
+    for name in ["ml_a", "ml_b", "ml_c"] {
+        domains.make(name).unwrap();
+    }
+    // The first the sweep lists is the one it cannot remove, so that the others all come after it.
+    let first = std::fs::read_dir(domains.root())
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .file_name()
+        .to_string_lossy()
+        .into_owned();
+    let stuck = domains.root().join(&first);
+    let err = domains
+        .sweep_with(&BTreeSet::new(), |path, is_dir| {
+            assert!(is_dir);
+            if path == stuck {
+                Err(std::io::Error::from(std::io::ErrorKind::PermissionDenied))
+            } else {
+                std::fs::remove_dir_all(path)
+            }
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains(&first), "{err}");
+    let mut left: Vec<String> = std::fs::read_dir(domains.root())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, [first], "the others were removed");
+}

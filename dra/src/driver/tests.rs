@@ -445,3 +445,17 @@ async fn a_domain_that_cannot_be_removed_does_not_fail_the_unprepare_or_the_star
     let checkpoint = restarted.prepared.lock().await;
     assert!(checkpoint.is_empty(), "the claim was unprepared");
 }
+
+#[tokio::test]
+async fn a_prepared_claim_whose_domain_went_with_a_reboot_gets_it_again() {
+    let s = setup();
+    s.claims
+        .put(job_claim("a0", "uid-a0", "job-a", "rdu0-tile0"));
+    let first = prepare(&s.driver, vec![claim("a0", "uid-a0")]).await;
+    assert_eq!(first.claims["uid-a0"].error, "");
+    let domain = s.dir.path().join("domains/ns_job-a");
+    std::fs::remove_dir(&domain).unwrap();
+    let again = prepare(&s.driver, vec![claim("a0", "uid-a0")]).await;
+    assert_eq!(again, first);
+    assert!(domain.is_dir());
+}
