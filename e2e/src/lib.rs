@@ -9,6 +9,7 @@
 //! run it (`e2e/control-plane/run.sh`, `e2e/node/run.sh`, `e2e/multi-node/run.sh`) pass `--ignored`, where a
 //! missing binary fails the test.
 
+pub mod all_reduce_bench;
 pub mod assets;
 pub mod checkpoints;
 pub mod cluster;

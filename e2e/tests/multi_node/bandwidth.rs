@@ -3,6 +3,7 @@
 
 use std::collections::BTreeSet;
 
+use rdu_e2e::all_reduce_bench;
 use rdu_e2e::local_mode::run_local;
 use rdu_e2e::testbed::Testbed;
 use serde_json::{Value, json};
@@ -12,32 +13,16 @@ use super::LONG;
 /// Sizes timed both ways; the largest is the summary's `cross_node_allreduce_busbw_gbps`.
 const SIZES: [&str; 3] = ["64Ki", "1Mi", "16Mi"];
 
-/// The benchmark job: two one-tile ranks that may not share a node, a ring, no compression.
+/// The benchmark job: two one-tile ranks that may not share a node.
 fn benchmark_job(name: &str) -> Value {
-    json!({
-        "apiVersion": "rdu.dev/v1alpha1",
-        "kind": "RduJob",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "mode": "allReduceBenchmark",
-            "workers": 2,
-            "tilesPerWorker": 1,
-            "image": "rdu-worker:0.1.0",
-            "imagePullPolicy": "IfNotPresent",
-            "allReduceBenchmark": {"sizes": SIZES, "warmupIterations": 3, "iterations": 10},
-            "dataParallel": {"algorithm": "ring", "compression": "none", "timeoutSeconds": 60},
-            "model": {"name": "ffn-logreg"},
-            "data": {"source": "synthetic"},
-            "training": {"steps": 1, "batchSize": 1, "learningRate": 0.1},
-            "runPolicy": {"restartPolicy": "ExitCode", "backoffLimit": 0},
-            "template": {"spec": {"affinity": {"podAntiAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": [{
-                    "topologyKey": "kubernetes.io/hostname",
-                    "labelSelector": {"matchLabels": {"rdu.dev/job-name": name}},
-                }]
-            }}}},
-        }
-    })
+    let mut job = all_reduce_bench::job(name, 2, &SIZES);
+    job["spec"]["template"] = json!({"spec": {"affinity": {"podAntiAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": [{
+            "topologyKey": "kubernetes.io/hostname",
+            "labelSelector": {"matchLabels": {"rdu.dev/job-name": name}},
+        }]
+    }}}});
+    job
 }
 
 /// Each size's timing from a result's `allReduce`, checked: every value right, every size present.

@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use rdu_e2e::all_reduce_bench;
 use rdu_e2e::local_mode::run_local;
 use rdu_e2e::testbed::Testbed;
 use serde_json::{Value, json};
@@ -14,7 +15,7 @@ use serde_json::{Value, json};
 const NODE: u8 = 1;
 const LONG: Duration = Duration::from_secs(300);
 const SIZES: [&str; 3] = ["64Ki", "1Mi", "16Mi"];
-const RANKS: u64 = 4;
+const RANKS: u32 = 4;
 /// The plugin's domain root on the node (the chart's `devicePlugin.shmDomainDir`).
 const DOMAINS: &str = "/run/rdu-dra/domains";
 /// Where a domain is in a container (`rdu_crds::shm_domain::MOUNT_PATH`).
@@ -65,25 +66,8 @@ pub(crate) async fn run(bed: &Testbed, shell: &str) -> serde_json::Map<String, V
 
 /// The all-reduce benchmark with `RANKS` one-tile ranks through DRA, its data path `RDU_DATA_PATH` if given.
 fn bench_job(name: &str, data_path: Option<&str>) -> Value {
-    let mut job = json!({
-        "apiVersion": "rdu.dev/v1alpha1",
-        "kind": "RduJob",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "mode": "allReduceBenchmark",
-            "workers": RANKS,
-            "tilesPerWorker": 1,
-            "tileAllocation": {"api": "dra"},
-            "image": "rdu-worker:0.1.0",
-            "imagePullPolicy": "IfNotPresent",
-            "allReduceBenchmark": {"sizes": SIZES, "warmupIterations": 3, "iterations": 10},
-            "dataParallel": {"algorithm": "ring", "compression": "none", "timeoutSeconds": 60},
-            "model": {"name": "ffn-logreg"},
-            "data": {"source": "synthetic"},
-            "training": {"steps": 1, "batchSize": 1, "learningRate": 0.1},
-            "runPolicy": {"restartPolicy": "ExitCode", "backoffLimit": 0},
-        }
-    });
+    let mut job = all_reduce_bench::job(name, RANKS, &SIZES);
+    job["spec"]["tileAllocation"] = json!({"api": "dra"});
     if let Some(path) = data_path {
         job["spec"]["template"] = json!({"spec": {"containers": [{
             "name": "worker", "env": [{"name": rdu_crds::consts::env::DATA_PATH, "value": path}]}]}});
