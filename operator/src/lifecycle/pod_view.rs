@@ -2,7 +2,7 @@
 //! whether it runs, how it ended, and whether the cluster disrupted it (its `DisruptionTarget` condition).
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ContainerStateTerminated, Pod};
 use rdu_crds::PodConditionMatcher;
 use rdu_crds::consts::{self, WORKER_CONTAINER};
 use rdu_crds::failure_policy::LostReason;
@@ -86,7 +86,7 @@ impl PodView {
                     message: terminated.and_then(|t| t.message.clone()),
                 },
                 "Failed" | "Unknown" => PodState::Failed(Failure {
-                    exit: terminated.map_or(RankExit::Lost, |t| RankExit::Code(t.exit_code)),
+                    exit: terminated.map_or(RankExit::Lost, exit_of),
                     kind: pod_reason
                         .clone()
                         .or_else(|| terminated.and_then(|t| t.reason.clone()))
@@ -160,6 +160,26 @@ impl PodView {
             }) => Some(*code),
             _ => None,
         }
+    }
+}
+
+/// Container reasons of a worker that never ran: the runtime could not start it (containerd's `StartError`, say
+/// when containerd restarts under a starting container; Docker's `ContainerCannotRun`). Its exit code, 128, is the
+/// runtime's, not the program's.
+const NEVER_STARTED: [&str; 2] = ["StartError", "ContainerCannotRun"];
+
+/// How a terminated worker ended: its exit code, or no code at all when it never started, so that
+/// `restartPolicy: ExitCode` restarts it (`no-exit-code`) rather than taking the runtime's 128 for a permanent
+/// exit of the program's; a rule may still match its `onContainerReasons`.
+fn exit_of(terminated: &ContainerStateTerminated) -> RankExit {
+    let never_started = terminated
+        .reason
+        .as_deref()
+        .is_some_and(|r| NEVER_STARTED.contains(&r));
+    if never_started {
+        RankExit::Lost
+    } else {
+        RankExit::Code(terminated.exit_code)
     }
 }
 
