@@ -79,6 +79,9 @@ diagnose() {
   kubectl get rdujobs -o yaml >&2 || true
   kubectl get events -A --sort-by=.lastTimestamp 2>/dev/null | tail -n 40 >&2 || true
   kubectl logs -n "$NAMESPACE" -l app.kubernetes.io/component=operator --tail=80 >&2 || true
+  # A node agent that crash-loops (as once when `helm install --wait` timed out): its last run's log too.
+  kubectl logs -n "$NAMESPACE" -l app.kubernetes.io/component=device-plugin --prefix --tail=40 >&2 || true
+  kubectl logs -n "$NAMESPACE" -l app.kubernetes.io/component=device-plugin --prefix --previous --tail=40 >&2 || true
 }
 
 cleanup() {
