@@ -2,9 +2,9 @@
 //! when the first of the job's claims on the node is prepared, mounted by the CDI spec into that job's rank
 //! containers only, and removed once no prepared claim names it. The ranks serve their ring sockets in it.
 
+use crate::devices::DRIVER_NAME;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use rdu_crds::shm_domain::{DomainConfig, DomainConfigError};
-use rdu_crds::tile_allocation::DRIVER;
 use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -22,7 +22,7 @@ const MAX_NAMESPACE_LEN: usize = 63;
 #[derive(Debug, thiserror::Error)]
 pub enum DomainError {
     #[error(
-        "ResourceClaim {namespace}/{name} has more than one opaque configuration of driver {DRIVER}"
+        "ResourceClaim {namespace}/{name} has more than one opaque configuration of driver {DRIVER_NAME}"
     )]
     TwoConfigs { namespace: String, name: String },
     #[error("ResourceClaim {namespace}/{name}: status.allocation.devices.config")]
@@ -68,7 +68,7 @@ pub fn domain_of(claim: &ResourceClaim) -> Result<Option<String>, DomainError> {
         .into_iter()
         .flatten()
         .filter_map(|c| c.opaque.as_ref())
-        .filter(|o| o.driver == DRIVER)
+        .filter(|o| o.driver == DRIVER_NAME)
         .map(|o| &o.parameters.0)
         .collect();
     let parameters = match configs.as_slice() {

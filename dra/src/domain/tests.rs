@@ -50,7 +50,7 @@ fn job_config() -> serde_json::Value {
 
 #[test]
 fn a_claim_with_the_jobs_config_names_its_namespace_and_job() {
-    let found = domain_of(&claim("ml", vec![config(DRIVER, job_config())])).unwrap();
+    let found = domain_of(&claim("ml", vec![config(DRIVER_NAME, job_config())])).unwrap();
     assert_eq!(found.as_deref(), Some(&*format!("ml_{UID}")));
     let mut other = job_config();
     other["job"] = json!("another-job");
@@ -58,7 +58,7 @@ fn a_claim_with_the_jobs_config_names_its_namespace_and_job() {
         "ml",
         vec![
             config("gpu.example.com", json!({"anything": 1})),
-            config(DRIVER, other),
+            config(DRIVER_NAME, other),
         ],
     ))
     .unwrap();
@@ -81,18 +81,21 @@ fn bad_configs_and_namespaces_are_refused_naming_the_claim() {
     bad_job["job"] = json!("../../etc");
     let cases = [
         (
-            claim("ml", vec![config(DRIVER, bad_job)]),
+            claim("ml", vec![config(DRIVER_NAME, bad_job)]),
             "ml/rank-0-rdu-tiles-x: status.allocation.devices.config: the rdu.dev opaque parameters' job `../../etc`",
         ),
         (
             claim(
                 "ml",
-                vec![config(DRIVER, job_config()), config(DRIVER, job_config())],
+                vec![
+                    config(DRIVER_NAME, job_config()),
+                    config(DRIVER_NAME, job_config()),
+                ],
             ),
             "more than one opaque configuration",
         ),
         (
-            claim("Bad_NS", vec![config(DRIVER, job_config())]),
+            claim("Bad_NS", vec![config(DRIVER_NAME, job_config())]),
             "namespace `Bad_NS` is not a DNS label",
         ),
     ];
