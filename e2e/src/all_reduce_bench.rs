@@ -24,3 +24,50 @@ pub fn job(name: &str, workers: u32, sizes: &[&str]) -> Value {
         }
     })
 }
+
+/// [`job`] with each rank's tile claimed through DRA. Its gang may restart twice: in a CI run the kubelet's first
+/// fetch of a rank's new ResourceClaim was refused by the node authorizer ("no relationship found between node ...
+/// and this object", its graph behind the claim), and it did not try again before the other ranks' 60 s rendezvous
+/// ran out.
+pub fn dra_job(name: &str, workers: u32, sizes: &[&str]) -> Value {
+    let mut job = job(name, workers, sizes);
+    job["spec"]["tileAllocation"] = json!({"api": "dra"});
+    job["spec"]["runPolicy"]["backoffLimit"] = json!(2);
+    job
+}
+
+/// Rank 0's `allReduce` result of the Succeeded job `done`; prints the job's history when its gang restarted.
+pub fn result_of(done: &Value) -> Value {
+    if done["status"]["failureRestarts"]
+        .as_u64()
+        .unwrap_or_default()
+        > 0
+    {
+        println!(
+            "{}: restarted: {}",
+            done["metadata"]["name"], done["status"]["history"]
+        );
+    }
+    done["status"]["result"]["allReduce"].clone()
+}
+
+/// busbw (GB/s) by size label of `all_reduce` (a result of the job timing `sizes`), asserting every size is
+/// present, every value right and every rate positive; `who` names the run in a failure.
+pub fn busbw_by_size(
+    all_reduce: &Value,
+    sizes: &[&str],
+    who: &str,
+) -> serde_json::Map<String, Value> {
+    let measured = all_reduce["sizes"].as_array().cloned().unwrap_or_default();
+    assert_eq!(measured.len(), sizes.len(), "{who}: {all_reduce}");
+    sizes
+        .iter()
+        .zip(&measured)
+        .map(|(label, size)| {
+            assert_eq!(size["wrongValues"], 0, "{who}: {size}");
+            let gbps = size["busbwGbps"].as_f64().unwrap_or_default();
+            assert!(gbps > 0.0 && gbps.is_finite(), "{who}: {size}");
+            (label.to_string(), json!(gbps))
+        })
+        .collect()
+}

@@ -571,6 +571,18 @@ impl Testbed {
             .map_err(|e| format!("{args:?} on {name}: {}", rdu_error_chain::Chain(&e)))
     }
 
+    /// An image with Perl already on node `index`: the node image's component base (DESIGN 7), for probe pods.
+    pub fn shell_image(&self, index: u8) -> String {
+        let images = self
+            .node_exec(index, &["ctr", "-n", "k8s.io", "images", "ls", "-q"])
+            .expect("the node's images");
+        images
+            .lines()
+            .find(|i| i.contains("rdu-kind-component-base"))
+            .unwrap_or_else(|| panic!("no rdu-kind-component-base image on the node: {images}"))
+            .to_string()
+    }
+
     /// Restarts node `index`'s kubelet (`systemctl restart kubelet` in the node).
     pub fn restart_kubelet(&self, index: u8) {
         let name = &self.node(index).name;

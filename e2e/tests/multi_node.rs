@@ -22,6 +22,8 @@ use serde_json::{Value, json};
 mod bandwidth;
 #[path = "multi_node/control_plane.rs"]
 mod control_plane;
+#[path = "multi_node/domains.rs"]
+mod domains;
 #[path = "multi_node/faults.rs"]
 mod faults;
 #[path = "multi_node/preemption.rs"]
@@ -58,6 +60,7 @@ async fn one_job_spans_three_nodes_and_survives_their_faults() {
     let (spread, steps_per_second) = spans_the_nodes(&bed).await;
     summary.extend(spread);
     summary.extend(bandwidth::between_two_nodes(&bed).await);
+    summary.extend(domains::two_nodes_with_domains(&bed).await);
     let mut faults = Faults {
         bed,
         shared,

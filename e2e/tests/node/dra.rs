@@ -82,7 +82,7 @@ pub(crate) async fn run(bed: &Testbed) -> serde_json::Map<String, Value> {
         &templates.display().to_string(),
     ]);
     bed.apply(THREE_TILES);
-    let shell = shell_image(bed);
+    let shell = bed.shell_image(NODE);
 
     // A whole RDU.
     let created = Instant::now();
@@ -358,18 +358,6 @@ async fn wait_slices(bed: &Testbed, node: &str, when: &str) -> Vec<String> {
         },
     )
     .await
-}
-
-/// An image with a shell on the node: the node image's component base (DESIGN 7), which every node has loaded.
-fn shell_image(bed: &Testbed) -> String {
-    let images = bed
-        .node_exec(NODE, &["ctr", "-n", "k8s.io", "images", "ls", "-q"])
-        .expect("the node's images");
-    images
-        .lines()
-        .find(|i| i.contains("rdu-kind-component-base"))
-        .unwrap_or_else(|| panic!("no rdu-kind-component-base image on the node: {images}"))
-        .to_string()
 }
 
 /// Pod `name` in `default` with a claim from `template`, printing the tiles it was given and then waiting.

@@ -44,9 +44,9 @@ pub(crate) async fn run(bed: &Testbed, shell: &str) -> serde_json::Map<String, V
         "local mode's ranks share memory: {rings}"
     );
     let (domain, tcp, rings) = (
-        busbw(&domain, "domain"),
-        busbw(&tcp, "pod TCP"),
-        busbw(rings, "local rings"),
+        all_reduce_bench::busbw_by_size(&domain, &SIZES, "domain"),
+        all_reduce_bench::busbw_by_size(&tcp, &SIZES, "pod TCP"),
+        all_reduce_bench::busbw_by_size(rings, &SIZES, "local rings"),
     );
     let largest = SIZES[SIZES.len() - 1];
     out.insert(
@@ -66,12 +66,7 @@ pub(crate) async fn run(bed: &Testbed, shell: &str) -> serde_json::Map<String, V
 
 /// The all-reduce benchmark with `RANKS` one-tile ranks through DRA, its data path `RDU_DATA_PATH` if given.
 fn bench_job(name: &str, data_path: Option<&str>) -> Value {
-    let mut job = all_reduce_bench::job(name, RANKS, &SIZES);
-    job["spec"]["tileAllocation"] = json!({"api": "dra"});
-    // A gang restart may be needed: in a CI run the kubelet's first fetch of a rank's new ResourceClaim was refused
-    // by the node authorizer ("no relationship found between node ... and this object", its graph behind the
-    // claim), and it did not try again before the other ranks' 60 s rendezvous ran out.
-    job["spec"]["runPolicy"]["backoffLimit"] = json!(2);
+    let mut job = all_reduce_bench::dra_job(name, RANKS, &SIZES);
     if let Some(path) = data_path {
         job["spec"]["template"] = json!({"spec": {"containers": [{
             "name": "worker", "env": [{"name": rdu_crds::consts::env::DATA_PATH, "value": path}]}]}});
@@ -83,34 +78,11 @@ fn bench_job(name: &str, data_path: Option<&str>) -> Value {
 async fn bench_in_pods(bed: &Testbed, name: &str, data_path: Option<&str>) -> Value {
     bed.apply(&bench_job(name, data_path).to_string());
     let done = bed.wait_phase(name, "Succeeded", LONG).await;
-    if done["status"]["failureRestarts"]
-        .as_u64()
-        .unwrap_or_default()
-        > 0
-    {
-        println!("{name}: restarted: {}", done["status"]["history"]);
-    }
-    let result = done["status"]["result"]["allReduce"].clone();
+    let result = all_reduce_bench::result_of(&done);
     assert_eq!(result["nodes"], 1, "{name}: {result}");
     assert_eq!(result["ranks"], RANKS, "{name}: {result}");
     bed.kubectl(&["delete", "rdujob", name, "-n", "default", "--wait=true"]);
     result
-}
-
-/// busbw (GB/s) by size, every size present and every value right.
-fn busbw(all_reduce: &Value, who: &str) -> serde_json::Map<String, Value> {
-    let sizes = all_reduce["sizes"].as_array().cloned().unwrap_or_default();
-    assert_eq!(sizes.len(), SIZES.len(), "{who}: {all_reduce}");
-    SIZES
-        .iter()
-        .zip(&sizes)
-        .map(|(label, size)| {
-            assert_eq!(size["wrongValues"], 0, "{who}: {size}");
-            let gbps = size["busbwGbps"].as_f64().unwrap_or_default();
-            assert!(gbps > 0.0 && gbps.is_finite(), "{who}: {size}");
-            (label.to_string(), json!(gbps))
-        })
-        .collect()
 }
 
 /// The domains on the node.
