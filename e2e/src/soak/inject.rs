@@ -3,7 +3,7 @@
 //! its tiles offered, the API answering), so the next fault meets a whole cluster, while the jobs may still be
 //! recovering from this one.
 
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::testbed::Testbed;
 use serde_json::Value;
@@ -15,6 +15,9 @@ use crate::three_nodes::{LONG, TILES_PER_NODE};
 /// How long a rank fault waits for its rank to run: its job may be between generations, or waiting for a
 /// crashed node's pods to be declared lost (once over 60 s in a soak, which then skipped the fault).
 const RANK_WAIT: Duration = Duration::from_secs(180);
+
+/// The pause before an OOM fault looks again for a rank after the one it found ended.
+const RANK_RETRY: Duration = Duration::from_secs(1);
 
 /// How long a restart of etcd or the scheduler waits for it to run before and after: the kubelet's crash back-off
 /// reaches 5 minutes when the container ended more than once in 10 minutes.
@@ -95,53 +98,23 @@ pub(crate) async fn land(bed: &mut Testbed, jobs: &mut Jobs, fault: &Fault) -> L
                 .await;
             (format!("{node} {pod}"), None)
         }
-        FaultKind::RankKilled | FaultKind::RankOomKilled => {
-            let oom = fault.kind == FaultKind::RankOomKilled;
-            // A slot whose job just ended gets its next one; a rank kill takes the drawn slot's rank, or the
-            // next slot's while that one has none running.
+        FaultKind::RankKilled => {
+            // A slot whose job just ended gets its next one; the kill takes the drawn slot's rank, or the next
+            // slot's while that one has none running.
             jobs.tend(bed, true).await;
-            let slots: Vec<usize> = if oom {
-                vec![oom_slot()]
-            } else {
-                (0..SLOTS.len())
-                    .map(|i| (fault.slot + i) % SLOTS.len())
-                    .collect()
-            };
-            match running_rank(bed, jobs, &slots, fault.rank_draw).await {
+            let slots: Vec<usize> = (0..SLOTS.len())
+                .map(|i| (fault.slot + i) % SLOTS.len())
+                .collect();
+            match running_rank(bed, jobs, &slots, fault.rank_draw, RANK_WAIT).await {
                 Err(why) => (format!("slot {}", SLOTS[slots[0]].key), Some(why)),
                 Ok((slot, pod, index, container)) => {
-                    let landed = if oom {
-                        let generation = generation_of(bed, &pod).await;
-                        match bed.oom_kill_container(index, &container) {
-                            Ok(()) => {
-                                match confirm_oom(bed, jobs, slot, generation, &container).await {
-                                    Ok(OomSeen::ByTheRuntime) => Ok(()),
-                                    Ok(OomSeen::ByTheKernelOnly) => {
-                                        jobs.oom_blamed_otherwise += 1;
-                                        Ok(())
-                                    }
-                                    Err(why) => Err(why),
-                                }
-                            }
-                            Err(why) => Err(why),
-                        }
-                    } else {
-                        bed.kill_container(index, &container);
-                        Ok(())
-                    };
-                    match landed {
-                        Ok(()) => {
-                            if let Some(job) = jobs.current[slot].as_mut() {
-                                job.counted_faults += 1;
-                            }
-                            (pod, None)
-                        }
-                        // The rank ended between the look and the kill.
-                        Err(why) => (pod, Some(why)),
-                    }
+                    bed.kill_container(index, &container);
+                    jobs.count_fault(slot);
+                    (pod, None)
                 }
             }
         }
+        FaultKind::RankOomKilled => oom_kill_a_rank(bed, jobs, fault.rank_draw).await,
         FaultKind::DrainUncordon => {
             bed.kubectl(&[
                 "drain",
@@ -189,16 +162,54 @@ pub(crate) async fn land(bed: &mut Testbed, jobs: &mut Jobs, fault: &Fault) -> L
     }
 }
 
-/// A running rank (the draw modulo its job's ranks) of the first of `slots` whose job has one, waiting a while
-/// for one (a job may be between generations or just submitted): its slot, pod, node index and container; why
-/// there is none otherwise.
+/// OOM-kills a running rank of the OOM slot's job and waits until the kill is seen; the rank it hit, or why none
+/// was hit. A rank that ends between the look and the kill (its task gone: its gang restarting for an earlier
+/// fault, which skipped 4 of run 5's 13 OOM faults together with waits that ran out) is looked for again, until
+/// `RANK_WAIT` has passed since the first look.
+async fn oom_kill_a_rank(bed: &Testbed, jobs: &mut Jobs, draw: u32) -> (String, Option<String>) {
+    let deadline = Instant::now() + RANK_WAIT;
+    loop {
+        // A slot whose job just ended gets its next one.
+        jobs.tend(bed, true).await;
+        let left = deadline.saturating_duration_since(Instant::now());
+        let (slot, pod, index, container) =
+            match running_rank(bed, jobs, &[oom_slot()], draw, left).await {
+                Ok(found) => found,
+                Err(why) => return (format!("slot {}", SLOTS[oom_slot()].key), Some(why)),
+            };
+        let generation = generation_of(bed, &pod).await;
+        if let Err(why) = bed.oom_kill_container(index, &container) {
+            if Instant::now() < deadline {
+                println!("soak: {pod} ended before its OOM kill ({why}); looking again");
+                tokio::time::sleep(RANK_RETRY).await;
+                continue;
+            }
+            return (pod, Some(why));
+        }
+        return match confirm_oom(bed, jobs, slot, generation, &container).await {
+            Ok(seen) => {
+                if let OomSeen::ByTheKernelOnly = seen {
+                    jobs.oom_blamed_otherwise += 1;
+                }
+                jobs.count_fault(slot);
+                (pod, None)
+            }
+            Err(why) => (pod, Some(why)),
+        };
+    }
+}
+
+/// A running rank (the draw modulo its job's ranks) of the first of `slots` whose job has one, waiting up to
+/// `wait` for one (a job may be between generations or just submitted): its slot, pod, node index and container;
+/// why there is none otherwise.
 async fn running_rank(
     bed: &Testbed,
     jobs: &Jobs,
     slots: &[usize],
     draw: u32,
+    wait: Duration,
 ) -> Result<(usize, String, u8, String), String> {
-    let found = crate::poll_until("a rank running", RANK_WAIT, async || {
+    let found = crate::poll_until("a rank running", wait, async || {
         let mut seen = Vec::new();
         for &slot in slots {
             let Some(job) = jobs.current[slot].as_ref() else {

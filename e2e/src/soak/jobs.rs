@@ -168,6 +168,13 @@ pub(crate) struct Jobs {
 }
 
 impl Jobs {
+    /// Counts a fault the rules count (a rank killed or OOM-killed) against the job `slot` runs now.
+    pub(crate) fn count_fault(&mut self, slot: usize) {
+        if let Some(job) = self.current[slot].as_mut() {
+            job.counted_faults += 1;
+        }
+    }
+
     /// Starts each slot's spec in local mode, undisturbed, for its checksum: on a thread of its own, beside the
     /// cluster, read when the first job of the slot is checked.
     pub(crate) fn new(steps: u64, interval: u64) -> Jobs {
