@@ -2,7 +2,8 @@
 //! (a kind cluster) with three nodes of 2 RDUs × 2 tiles (so an 8-rank job must span them), the chart installed
 //! with `helm install`, checkpoints on storage every node sees (a host directory mounted into every node behind a
 //! ReadWriteMany PersistentVolume, standing in for network storage), Kueue's manager on the host against the
-//! cluster's API server (a queued job preempted and resumed, `multi_node/preemption.rs`); then, on the same
+//! cluster's API server (a queued job preempted and resumed, `multi_node/preemption.rs`), four ranks on two nodes
+//! through the DRA plugin over their nodes' shared-memory domains (`multi_node/domains.rs`); then, on the same
 //! cluster, a short soak of random faults (`rdu_e2e::soak`; `RDU_SOAK_FAULTS`, default 12, one of every kind; 0
 //! skips it). `bash e2e/multi-node/run.sh` runs it and prints the JSON lines it writes to
 //! `RDU_MULTI_NODE_BENCH_OUT` and `RDU_SOAK_BENCH_OUT`.
@@ -60,7 +61,11 @@ async fn one_job_spans_three_nodes_and_survives_their_faults() {
     let (spread, steps_per_second) = spans_the_nodes(&bed).await;
     summary.extend(spread);
     summary.extend(bandwidth::between_two_nodes(&bed).await);
-    summary.extend(domains::two_nodes_with_domains(&bed).await);
+    // Issue 37's two-node figures: a `{"bench":"dra",...}` line of their own beside the one-node stage's.
+    let mut dra = serde_json::Map::new();
+    dra.insert("bench".into(), json!("dra"));
+    dra.insert("stage".into(), json!("three_nodes"));
+    dra.extend(domains::two_nodes_with_domains(&bed).await);
     let mut faults = Faults {
         bed,
         shared,
@@ -73,10 +78,10 @@ async fn one_job_spans_three_nodes_and_survives_their_faults() {
     summary.extend(faults.partition().await);
     summary.extend(faults.control_plane_faults().await);
 
-    let line = Value::Object(summary).to_string();
-    println!("{line}");
+    let lines = format!("{}\n{}\n", Value::Object(summary), Value::Object(dra));
+    print!("{lines}");
     if let Some(path) = std::env::var_os(BENCH_OUT_ENV) {
-        std::fs::write(path, format!("{line}\n")).expect("write the summary");
+        std::fs::write(path, lines).expect("write the summaries");
     }
 
     // The same cluster, its jobs all deleted: random faults under three jobs at once.

@@ -18,7 +18,7 @@ const RANKS: u32 = 4;
 const STREAM_BYTES: u64 = 1 << 30;
 const STREAM_PORT: u16 = 5201;
 
-/// The two-node measurements' summary keys.
+/// The two-node measurements' summary keys (`nodes`, `ranks` and the busbw and stream figures).
 pub(crate) async fn two_nodes_with_domains(bed: &Testbed) -> serde_json::Map<String, Value> {
     let nodes = [bed.node(1).name.clone(), bed.node(2).name.clone()];
     bed.helm_upgrade(&["devicePlugin.kubeletApi=dra".into()]);
@@ -48,6 +48,8 @@ pub(crate) async fn two_nodes_with_domains(bed: &Testbed) -> serde_json::Map<Str
         .await;
     }
     let mut out = serde_json::Map::new();
+    out.insert("nodes".into(), json!(nodes.len()));
+    out.insert("ranks".into(), json!(RANKS));
     out.insert(
         "two_nodes_hierarchical_busbw_gbps".into(),
         all_reduce_bench::busbw_by_size(&hierarchical, &SIZES, "domains").into(),
