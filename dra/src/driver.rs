@@ -209,17 +209,26 @@ pub struct Driver {
 }
 
 impl Driver {
-    /// A driver over the checkpoint at `config.checkpoint_path` (claims prepared before a restart stay prepared);
-    /// domains no prepared claim is in (left by a driver stopped mid-unprepare) are removed ([`sweep`]).
+    /// A driver over the checkpoint at `config.checkpoint_path` (claims prepared before a restart stay prepared,
+    /// their domains and CDI specs made again where a reboot took them: [`restore`]); domains no prepared claim
+    /// is in (left by a driver stopped mid-unprepare) are removed ([`sweep`]).
     pub fn new(config: DriverConfig, claims: Arc<dyn ClaimSource>) -> Result<Driver, DriverError> {
         let checkpoint =
             Checkpoint::load(config.checkpoint_path).map_err(DriverError::LoadCheckpoint)?;
         let domains = Domains::new(config.domain_dir);
+        let cdi = CdiDir::new(config.cdi_dir);
         sweep(&domains, &checkpoint);
+        for (uid, prepared) in checkpoint.iter() {
+            if let Err(e) = restore(&cdi, &domains, &config.topology, uid, prepared) {
+                // The kubelet's next prepare of the claim tries again and reports it on the claim's pod.
+                tracing::warn!(claim = %uid, error = %rdu_error_chain::chain(&e),
+                    "cannot restore a prepared claim's files");
+            }
+        }
         Ok(Driver {
             node: config.node_name,
             topology: config.topology,
-            cdi: CdiDir::new(config.cdi_dir),
+            cdi,
             domains,
             claims,
             prepared: Mutex::new(checkpoint),
@@ -232,15 +241,13 @@ impl Driver {
         claim: &Claim,
     ) -> Result<PreparedClaim, DriverError> {
         if let Some(prepared) = checkpoint.get(&claim.uid) {
-            // The domain lives on a tmpfs the checkpoint outlives (a reboot): make it again if it went.
-            if let Some(name) = &prepared.domain {
-                self.domains
-                    .make(name)
-                    .map_err(|source| DriverError::Domain {
-                        uid: claim.uid.clone(),
-                        source,
-                    })?;
-            }
+            restore(
+                &self.cdi,
+                &self.domains,
+                &self.topology,
+                &claim.uid,
+                prepared,
+            )?;
             return Ok(prepared.clone());
         }
         let object = self
@@ -319,6 +326,51 @@ impl Driver {
         sweep(&self.domains, checkpoint);
         Ok(())
     }
+}
+
+/// Makes the files of recorded claim `uid` again: its domain (kept if there) and its CDI spec, written from the
+/// record. Both live on tmpfs (`/run`, `/var/run/cdi`) that a node's reboot empties while the checkpoint on disk
+/// stays, and a container of a claim the kubelet holds prepared would then not start ("unresolvable CDI
+/// devices").
+fn restore(
+    cdi: &CdiDir,
+    domains: &Domains,
+    topology: &Topology,
+    uid: &str,
+    prepared: &PreparedClaim,
+) -> Result<(), DriverError> {
+    let domain_path = match &prepared.domain {
+        Some(name) => Some(domains.make(name).map_err(|source| DriverError::Domain {
+            uid: uid.to_string(),
+            source,
+        })?),
+        None => None,
+    };
+    let mut tiles = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    // A device is recorded once per tile it holds: parse each device once, in the recorded order.
+    for device in prepared
+        .devices
+        .iter()
+        .filter(|d| seen.insert(d.device_name.as_str()))
+    {
+        let parsed = topology
+            .parse_device(ResourceMode::Tile, &device.device_name)
+            .map_err(|source| DriverError::UnknownDevice {
+                namespace: prepared.namespace.clone(),
+                name: prepared.name.clone(),
+                device: device.device_name.clone(),
+                node: device.pool_name.clone(),
+                source: Box::new(source),
+            })?;
+        tiles.extend(parsed);
+    }
+    cdi.write_claim(uid, topology, &tiles, domain_path.as_deref())
+        .map(drop)
+        .map_err(|source| DriverError::Cdi {
+            uid: uid.to_string(),
+            source,
+        })
 }
 
 /// Removes the domains no prepared claim is in. A domain that cannot be removed (say, a rank left a directory the

@@ -115,6 +115,11 @@ impl Checkpoint {
         self.claims.get(uid)
     }
 
+    /// The prepared claims by UID.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &PreparedClaim)> {
+        self.claims.iter().map(|(uid, claim)| (uid.as_str(), claim))
+    }
+
     pub fn len(&self) -> usize {
         self.claims.len()
     }

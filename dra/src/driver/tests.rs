@@ -447,15 +447,53 @@ async fn a_domain_that_cannot_be_removed_does_not_fail_the_unprepare_or_the_star
 }
 
 #[tokio::test]
-async fn a_prepared_claim_whose_domain_went_with_a_reboot_gets_it_again() {
+async fn a_prepared_claim_whose_domain_and_spec_went_with_a_reboot_gets_them_again() {
     let s = setup();
     s.claims
         .put(job_claim("a0", "uid-a0", "job-a", "rdu0-tile0"));
     let first = prepare(&s.driver, vec![claim("a0", "uid-a0")]).await;
     assert_eq!(first.claims["uid-a0"].error, "");
     let domain = s.dir.path().join("domains/ns_job-a");
+    let spec = s.dir.path().join("cdi/rdu.dev-uid-a0.json");
+    let written = std::fs::read(&spec).unwrap();
     std::fs::remove_dir(&domain).unwrap();
+    std::fs::remove_file(&spec).unwrap();
     let again = prepare(&s.driver, vec![claim("a0", "uid-a0")]).await;
     assert_eq!(again, first);
     assert!(domain.is_dir());
+    assert_eq!(
+        std::fs::read(&spec).unwrap(),
+        written,
+        "the spec as first written"
+    );
+}
+
+#[tokio::test]
+async fn a_restarted_driver_makes_the_files_of_recorded_claims_again_before_any_prepare() {
+    let s = setup();
+    s.claims
+        .put(job_claim("a0", "uid-a0", "job-a", "rdu0-tile0"));
+    s.claims.put(claim_object(
+        "b0",
+        "uid-b0",
+        vec![result(DRIVER_NAME, "node-a", "rdu1-tile2")],
+    ));
+    for name in ["a0", "b0"] {
+        let uid = format!("uid-{name}");
+        let answer = prepare(&s.driver, vec![claim(name, &uid)]).await;
+        assert_eq!(answer.claims[&uid].error, "", "{name}");
+    }
+    let specs: Vec<_> = ["uid-a0", "uid-b0"]
+        .map(|uid| s.dir.path().join(format!("cdi/rdu.dev-{uid}.json")))
+        .into();
+    let written: Vec<Vec<u8>> = specs.iter().map(|p| std::fs::read(p).unwrap()).collect();
+    drop(s.driver);
+    // A reboot: the tmpfs under /run and /var/run/cdi is empty, the checkpoint is on disk.
+    std::fs::remove_dir_all(s.dir.path().join("domains")).unwrap();
+    std::fs::remove_dir_all(s.dir.path().join("cdi")).unwrap();
+    let _restarted = new_driver(s.dir.path(), s.claims.clone());
+    assert!(s.dir.path().join("domains/ns_job-a").is_dir());
+    for (path, before) in specs.iter().zip(&written) {
+        assert_eq!(&std::fs::read(path).unwrap(), before, "{}", path.display());
+    }
 }
