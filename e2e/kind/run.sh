@@ -64,6 +64,7 @@ if [[ $DRY_RUN == 0 ]]; then
   for tool in "$ENGINE" kind kubectl helm cargo; do
     command -v "$tool" >/dev/null || { log "$tool is not on PATH; it is needed (or use --dry-run)"; exit 1; }
   done
+  source e2e/kind/inotify.sh
 fi
 NODE_IMAGE_ARGS=()
 if [[ -n "${RDU_KIND_NODE_IMAGE:-}" ]]; then NODE_IMAGE_ARGS=(--image "$RDU_KIND_NODE_IMAGE"); fi

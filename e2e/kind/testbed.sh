@@ -21,6 +21,7 @@ if [[ -z "${RDU_E2E_HELM:-}" ]]; then
   command -v helm >/dev/null || testbed_missing+=(helm)
 fi
 ((${#testbed_missing[@]} == 0)) || testbed_fail "missing ${testbed_missing[*]} (kind >= 0.23, kubectl, helm, and docker or podman)"
+source e2e/kind/inotify.sh
 
 read -r -a testbed_build_args <<<"${RDU_KIND_BUILD_ARGS:-}"
 CONTAINER_ENGINE="$TESTBED_ENGINE" bash docker/build.sh "${testbed_build_args[@]}" >&2
