@@ -1,6 +1,9 @@
 //! The all-reduce benchmark job the node and multi-node stages time in pods and in local mode with one spec
 //! (`spec.mode: allReduceBenchmark`, as nccl-tests' all_reduce_perf): one-tile ranks, a ring, no compression.
 
+use std::time::Duration;
+
+use crate::testbed::Testbed;
 use serde_json::{Value, json};
 
 /// Job `name` in `default` timing the all-reduce of each of `sizes` with `workers` ranks.
@@ -49,6 +52,19 @@ pub fn result_of(done: &Value) -> Value {
         );
     }
     done["status"]["result"]["allReduce"].clone()
+}
+
+/// Runs benchmark `job` in pods in `default` until it Succeeded (within `wait`) and deletes it: its final object,
+/// after checking that rank 0's result spans `nodes` nodes with every rank of the job.
+pub async fn run_in_pods(bed: &Testbed, job: &Value, nodes: u64, wait: Duration) -> Value {
+    let name = job["metadata"]["name"].as_str().expect("the job's name");
+    bed.apply(&job.to_string());
+    let done = bed.wait_phase(name, "Succeeded", wait).await;
+    let result = result_of(&done);
+    assert_eq!(result["nodes"], nodes, "{name}: {result}");
+    assert_eq!(result["ranks"], job["spec"]["workers"], "{name}: {result}");
+    bed.kubectl(&["delete", "rdujob", name, "-n", "default", "--wait=true"]);
+    done
 }
 
 /// busbw (GB/s) by size label of `all_reduce` (a result of the job timing `sizes`), asserting every size is

@@ -41,8 +41,7 @@ fn timings(all_reduce: &Value, who: &str) -> Vec<Value> {
 pub(crate) async fn between_two_nodes(bed: &Testbed) -> serde_json::Map<String, Value> {
     let name = "crossbench";
     let job = benchmark_job(name);
-    bed.apply(&job.to_string());
-    let done = bed.wait_phase(name, "Succeeded", LONG).await;
+    let done = all_reduce_bench::run_in_pods(bed, &job, 2, LONG).await;
     let nodes: BTreeSet<&str> = done["status"]["ranks"]
         .as_array()
         .into_iter()
@@ -51,13 +50,11 @@ pub(crate) async fn between_two_nodes(bed: &Testbed) -> serde_json::Map<String, 
         .collect();
     assert_eq!(nodes.len(), 2, "the ranks ran on {nodes:?}");
     let cluster = &done["status"]["result"]["allReduce"];
-    assert_eq!(cluster["nodes"], 2, "{cluster}");
     assert_eq!(
         cluster["sharedMemoryPeers"], 0,
         "two nodes share no memory: {cluster}"
     );
     let on_nodes = timings(cluster, "two nodes");
-    bed.kubectl(&["delete", "rdujob", name, "-n", "default", "--wait=true"]);
 
     let local = run_local(&job, &[(rdu_crds::consts::env::DATA_PATH, "tcp")]);
     let on_loopback = timings(&local["allReduce"], "local mode over TCP");

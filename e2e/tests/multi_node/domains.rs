@@ -100,13 +100,8 @@ async fn bench(bed: &Testbed, name: &str, nodes: &[String; 2], data_path: Option
             "labelSelector": {"matchLabels": {"rdu.dev/job-name": name}}}],
         "containers": [{"name": "worker", "env": env}],
     }});
-    bed.apply(&job.to_string());
-    let done = bed.wait_phase(name, "Succeeded", LONG).await;
-    let result = all_reduce_bench::result_of(&done);
-    assert_eq!(result["nodes"], 2, "{name}: {result}");
-    assert_eq!(result["ranks"], RANKS, "{name}: {result}");
-    bed.kubectl(&["delete", "rdujob", name, "-n", "default", "--wait=true"]);
-    result
+    let done = all_reduce_bench::run_in_pods(bed, &job, 2, LONG).await;
+    all_reduce_bench::result_of(&done)
 }
 
 /// A pod on `node` running the Perl `script`.

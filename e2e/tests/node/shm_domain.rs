@@ -76,13 +76,8 @@ fn bench_job(name: &str, data_path: Option<&str>) -> Value {
 
 /// Runs the benchmark in pods on the node; rank 0's `allReduce` result, every value checked.
 async fn bench_in_pods(bed: &Testbed, name: &str, data_path: Option<&str>) -> Value {
-    bed.apply(&bench_job(name, data_path).to_string());
-    let done = bed.wait_phase(name, "Succeeded", LONG).await;
-    let result = all_reduce_bench::result_of(&done);
-    assert_eq!(result["nodes"], 1, "{name}: {result}");
-    assert_eq!(result["ranks"], RANKS, "{name}: {result}");
-    bed.kubectl(&["delete", "rdujob", name, "-n", "default", "--wait=true"]);
-    result
+    let done = all_reduce_bench::run_in_pods(bed, &bench_job(name, data_path), 1, LONG).await;
+    all_reduce_bench::result_of(&done)
 }
 
 /// The domains on the node.
