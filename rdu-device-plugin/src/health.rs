@@ -83,7 +83,8 @@ pub fn apply_health_file(node: &TileNode, path: &Path) -> bool {
 
 /// A running health-file watch; dropping it stops the watch.
 pub struct HealthWatcher {
-    _watcher: notify::RecommendedWatcher,
+    /// None when the kernel gave no inotify instance: the file is then only re-read every [`FALLBACK_REREAD`].
+    watcher: Option<Box<dyn Watcher + Send>>,
     task: JoinHandle<()>,
     reads: Arc<AtomicU64>,
 }
@@ -93,6 +94,11 @@ impl HealthWatcher {
     pub fn reads(&self) -> u64 {
         self.reads.load(Ordering::Relaxed)
     }
+
+    /// Whether change notifications arrive (false: re-reads every [`FALLBACK_REREAD`] only).
+    pub fn notified(&self) -> bool {
+        self.watcher.is_some()
+    }
 }
 
 impl Drop for HealthWatcher {
@@ -101,8 +107,24 @@ impl Drop for HealthWatcher {
     }
 }
 
-/// Applies the file now, then on every change of it (and every couple of seconds as a fallback).
+/// What the watcher's callback gets.
+type EventHandler = Box<dyn FnMut(notify::Result<notify::Event>) + Send>;
+
+/// Applies the file now, then on every change of it (and every couple of seconds as a fallback). Without an
+/// inotify instance (the host's `fs.inotify.max_user_instances` used up, as kind's nodes can do) it warns and
+/// keeps to the fallback re-reads: a slower health signal is better than a plugin that cannot start and takes
+/// every tile of the node with it.
 pub fn watch_health_file(node: Arc<TileNode>, path: PathBuf) -> Result<HealthWatcher, HealthError> {
+    watch_with(node, path, |handler| {
+        notify::recommended_watcher(handler).map(|w| Box::new(w) as Box<dyn Watcher + Send>)
+    })
+}
+
+fn watch_with(
+    node: Arc<TileNode>,
+    path: PathBuf,
+    make_watcher: impl FnOnce(EventHandler) -> notify::Result<Box<dyn Watcher + Send>>,
+) -> Result<HealthWatcher, HealthError> {
     let parent = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => return Err(HealthError::NoParent { path }),
@@ -114,7 +136,7 @@ pub fn watch_health_file(node: Arc<TileNode>, path: PathBuf) -> Result<HealthWat
     })?;
     let (tx, mut rx) = mpsc::unbounded_channel::<()>();
     let file_name = path.file_name().map(|n| n.to_os_string());
-    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+    let handler: EventHandler = Box::new(move |event: notify::Result<notify::Event>| {
         let relevant = match &event {
             // Reading the file ourselves raises open and close-after-read events: reacting to them would
             // re-read the file forever. Close-after-write is the best sign that a writer is done.
@@ -136,17 +158,28 @@ pub fn watch_health_file(node: Arc<TileNode>, path: PathBuf) -> Result<HealthWat
         if relevant {
             let _ = tx.send(());
         }
-    })
-    .map_err(|source| HealthError::Watch {
-        path: path.clone(),
-        source,
-    })?;
-    watcher
-        .watch(&parent, RecursiveMode::NonRecursive)
-        .map_err(|source| HealthError::Watch {
-            path: path.clone(),
-            source,
-        })?;
+    });
+    let watcher = make_watcher(handler).and_then(|mut watcher| {
+        watcher
+            .watch(&parent, RecursiveMode::NonRecursive)
+            .map(|()| watcher)
+    });
+    let watcher = match watcher {
+        Ok(watcher) => Some(watcher),
+        Err(source) => {
+            let error = HealthError::Watch {
+                path: path.clone(),
+                source,
+            };
+            tracing::warn!(
+                error = %rdu_error_chain::chain(&error),
+                every_seconds = FALLBACK_REREAD.as_secs(),
+                "no change notifications for the health file; re-reading it on a timer only \
+                 (raise fs.inotify.max_user_instances if the kernel ran out)"
+            );
+            None
+        }
+    };
     apply_health_file(&node, &path);
     let reads = Arc::new(AtomicU64::new(1));
     let task_reads = reads.clone();
@@ -155,9 +188,10 @@ pub fn watch_health_file(node: Arc<TileNode>, path: PathBuf) -> Result<HealthWat
         fallback.tick().await;
         loop {
             tokio::select! {
-                event = rx.recv() => {
+                // Without a watcher the sender is gone and the channel closed: the timer alone drives reads.
+                event = rx.recv(), if !rx.is_closed() => {
                     if event.is_none() {
-                        break;
+                        continue;
                     }
                     // Coalesce a burst of events (truncate + write) into one read.
                     while rx.try_recv().is_ok() {}
@@ -169,7 +203,7 @@ pub fn watch_health_file(node: Arc<TileNode>, path: PathBuf) -> Result<HealthWat
         }
     });
     Ok(HealthWatcher {
-        _watcher: watcher,
+        watcher,
         task,
         reads,
     })
@@ -239,6 +273,32 @@ mod tests {
             "{} reads for 4 writes",
             watcher.reads()
         );
+    }
+
+    #[tokio::test]
+    async fn without_an_inotify_instance_the_file_is_still_read_on_the_timer() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = Arc::new(TileNode::in_memory(
+            Topology::new(2, 2).unwrap(),
+            ResourceMode::Tile,
+            None,
+        ));
+        let path = dir.path().join("health");
+        let watcher = watch_with(node.clone(), path.clone(), |_handler| {
+            Err(notify::Error::io(std::io::Error::from_raw_os_error(24)))
+        })
+        .expect("a plugin without change notifications still starts");
+        assert!(!watcher.notified());
+        std::fs::write(&path, "rdu1-tile0\n").unwrap();
+        let started = std::time::Instant::now();
+        while node.devices().iter().all(|d| d.healthy) {
+            assert!(
+                started.elapsed() < FALLBACK_REREAD * 5,
+                "the timer's re-read never saw the file"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        assert!(!node.devices()[2].healthy);
     }
 
     #[test]
