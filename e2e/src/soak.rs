@@ -56,13 +56,13 @@ pub struct Soak {
 
 impl Soak {
     /// From `RDU_SOAK_FAULTS` (else `default_faults`), `RDU_SOAK_SEED` (else a random one), `RDU_SOAK_STEPS`
-    /// (100000) and `RDU_SOAK_CHECKPOINT_STEPS` (4000).
-    pub fn from_env(default_faults: u64) -> Soak {
+    /// (else `default_steps`) and `RDU_SOAK_CHECKPOINT_STEPS` (4000).
+    pub fn from_env(default_faults: u64, default_steps: u64) -> Soak {
         Soak {
             seed: env_number("RDU_SOAK_SEED").unwrap_or_else(|| fastrand::u64(..)),
             faults: usize::try_from(env_number("RDU_SOAK_FAULTS").unwrap_or(default_faults))
                 .expect("RDU_SOAK_FAULTS fits a usize"),
-            steps: env_number("RDU_SOAK_STEPS").unwrap_or(100_000),
+            steps: env_number("RDU_SOAK_STEPS").unwrap_or(default_steps),
             checkpoint_interval: env_number("RDU_SOAK_CHECKPOINT_STEPS").unwrap_or(4_000),
         }
     }

@@ -4,9 +4,9 @@
 //! ReadWriteMany PersistentVolume, standing in for network storage), Kueue's manager on the host against the
 //! cluster's API server (a queued job preempted and resumed, `multi_node/preemption.rs`), four ranks on two nodes
 //! through the DRA plugin over their nodes' shared-memory domains (`multi_node/domains.rs`); then, on the same
-//! cluster, a short soak of random faults (`rdu_e2e::soak`; `RDU_SOAK_FAULTS`, default 12, one of every kind; 0
-//! skips it). `bash e2e/multi-node/run.sh` runs it and prints the JSON lines it writes to
-//! `RDU_MULTI_NODE_BENCH_OUT` and `RDU_SOAK_BENCH_OUT`.
+//! cluster, a short soak of random faults (`rdu_e2e::soak`; `RDU_SOAK_FAULTS`, default 12, one of every kind, 0
+//! skips it; jobs of `RDU_SOAK_STEPS`, default 40,000). `bash e2e/multi-node/run.sh` runs it and prints the JSON
+//! lines it writes to `RDU_MULTI_NODE_BENCH_OUT` and `RDU_SOAK_BENCH_OUT`.
 
 use std::collections::BTreeSet;
 use std::time::Instant;
@@ -35,13 +35,17 @@ use faults::Faults;
 const BENCH_OUT_ENV: &str = "RDU_MULTI_NODE_BENCH_OUT";
 /// The short soak's faults: one of every kind (`plan` deals every kind once per round of 12).
 const SOAK_FAULTS: u64 = 12;
+/// Steps of each of the short soak's jobs: after its last fault the soak waits for the jobs then running to end,
+/// and with the long soak's 100,000 (about 250 s a job under faults) that wait made CI's soak 10.5 minutes
+/// against issue 35's 8.
+const SOAK_STEPS: u64 = 40_000;
 /// Ranks of the job: 8 one-tile ranks need at least two of the three 4-tile nodes, and fit on two after a loss.
 const RANKS: u32 = 8;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs kind, podman or docker, the images of docker/Dockerfile and Kueue: bash e2e/multi-node/run.sh"]
 async fn one_job_spans_three_nodes_and_survives_their_faults() {
-    let soak = Soak::from_env(SOAK_FAULTS);
+    let soak = Soak::from_env(SOAK_FAULTS, SOAK_STEPS);
     let cluster = three_nodes::start("rdu-multi-node").await;
     let bed = cluster.bed;
     let mut summary = serde_json::Map::new();

@@ -9,7 +9,7 @@ use rdu_e2e::three_nodes;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs kind, podman or docker, the images of docker/Dockerfile and Kueue: bash e2e/soak/run.sh"]
 async fn jobs_end_as_planned_through_random_faults() {
-    let soak = Soak::from_env(20);
+    let soak = Soak::from_env(20, 100_000);
     let mut cluster = three_nodes::start("rdu-soak").await;
     soak.run(&mut cluster.bed).await;
 }
