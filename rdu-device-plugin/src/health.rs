@@ -28,6 +28,7 @@ pub enum HealthError {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// Logged, not returned: without a watch the plugin keeps to the timed re-reads.
     #[error("cannot watch the directory of --health-file {path}")]
     Watch {
         path: PathBuf,
