@@ -42,6 +42,8 @@ pub struct Metrics {
     pub reconciles: Counter,
     /// Failed reconciles by the pipeline step that failed.
     pub errors: Family<StepLabel, Counter>,
+    /// Reconciles whose write met a newer version of its object (409 `Conflict`) and were run again at once.
+    pub conflicts: Counter,
     pub reconcile_seconds: Histogram,
     pub pods_created_seconds: Histogram,
     /// Progress reports by outcome (`accepted` or why they were refused).
@@ -60,6 +62,12 @@ impl Metrics {
                 step: step.as_str(),
             });
         }
+        let conflicts = Counter::default();
+        registry.register(
+            "reconcile_conflicts",
+            "Reconciles whose write found its object changed since it was read (409 Conflict), run again from a fresh read",
+            conflicts.clone(),
+        );
         let reconcile_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 14));
         let pods_created_seconds = Histogram::new(exponential_buckets(0.05, 2.0, 14));
         registry.register("reconciles", "Reconciles run", reconciles.clone());
@@ -90,6 +98,7 @@ impl Metrics {
             registry,
             reconciles,
             errors,
+            conflicts,
             reconcile_seconds,
             pods_created_seconds,
         }

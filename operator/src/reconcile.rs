@@ -36,6 +36,9 @@ pub(crate) const WAIT_FOR_STATUS: Duration = Duration::from_secs(1);
 /// looked at again.
 pub(crate) const WAIT_FOR_LEAVING: Duration = Duration::from_secs(2);
 
+/// How soon a job whose write met a newer version of its object (409 `Conflict`) is reconciled again.
+pub(crate) const AFTER_CONFLICT: Duration = Duration::from_millis(200);
+
 /// What the fetch step read.
 enum Fetch {
     /// The job's pods; the cache shows every pod write of earlier reconciles.
@@ -57,10 +60,20 @@ pub async fn reconcile(job: Arc<RduJob>, ctx: Arc<Context>) -> Result<Action, Re
     ctx.metrics
         .reconcile_seconds
         .observe(started.elapsed().as_secs_f64());
-    if let Err(error) = &result {
-        ctx.metrics.count_error(error.step());
+    match result {
+        Err(error) if error.is_conflict() => {
+            ctx.metrics.conflicts.inc();
+            info!(job = %job.name_any(), namespace = ?job.namespace(), step = error.step().as_str(),
+                  error = %rdu_error_chain::Chain(&error),
+                  "a write found its object changed since it was read; reconciling again from a fresh read");
+            Ok(Action::requeue(AFTER_CONFLICT))
+        }
+        Err(error) => {
+            ctx.metrics.count_error(error.step());
+            Err(error)
+        }
+        done => done,
     }
-    result
 }
 
 /// Retry a failed reconcile with a bounded backoff.

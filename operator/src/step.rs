@@ -64,6 +64,22 @@ impl ReconcileError {
             ReconcileError::Kueue(_) => Step::Apply,
         }
     }
+
+    /// Whether a write was refused with 409 `Conflict`: the object changed since this reconcile read it (a write
+    /// that carries the `resourceVersion` it read, as the Workload's admission status does, or a delete's
+    /// precondition). That is optimistic concurrency at work, not a failure: the next reconcile reads the object
+    /// again and decides from what it is now. A create refused because the object exists (`AlreadyExists`, also
+    /// 409) is not one.
+    pub fn is_conflict(&self) -> bool {
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(self);
+        while let Some(error) = cause {
+            if let Some(kube::Error::Api(status)) = error.downcast_ref::<kube::Error>() {
+                return status.is_conflict();
+            }
+            cause = error.source();
+        }
+        false
+    }
 }
 
 #[cfg(test)]
@@ -166,6 +182,69 @@ mod tests {
         }
         let all: Vec<&str> = Step::ALL.iter().map(|s| s.as_str()).collect();
         assert_eq!(all, ["fetch", "build", "apply", "status"]);
+    }
+
+    fn status(code: u16, reason: &str) -> kube::Error {
+        kube::Error::Api(
+            Status::failure("the object has been modified", reason)
+                .with_code(code)
+                .boxed(),
+        )
+    }
+
+    #[test]
+    fn only_a_write_refused_as_conflicting_is_a_conflict() {
+        let cases = [
+            (
+                KueueError::WriteWorkload {
+                    action: "finish",
+                    name: "rdujob-a-1a2b3".into(),
+                    source: status(409, "Conflict"),
+                }
+                .into(),
+                true,
+            ),
+            (
+                ReconcileError::Status {
+                    source: status(409, "Conflict"),
+                },
+                true,
+            ),
+            (
+                ReconcileError::CreatePods {
+                    pod: "ml/a-worker-0".into(),
+                    source: status(409, "AlreadyExists"),
+                },
+                false,
+            ),
+            (
+                ReconcileError::Status {
+                    source: status(500, "InternalError"),
+                },
+                false,
+            ),
+            (
+                ReconcileError::Status {
+                    source: api_error(),
+                },
+                false,
+            ),
+            (
+                ReconcileError::Token(rdu_crds::token::TokenError("no entropy".into())),
+                false,
+            ),
+            (
+                KueueError::DecodeWorkload {
+                    name: "rdujob-a-1a2b3".into(),
+                    source: serde_json::from_str::<u8>("x").unwrap_err(),
+                }
+                .into(),
+                false,
+            ),
+        ];
+        for (error, conflict) in cases {
+            assert_eq!(error.is_conflict(), conflict, "{error:?}");
+        }
     }
 
     #[test]

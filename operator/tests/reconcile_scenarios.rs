@@ -4,6 +4,9 @@
 
 mod support;
 
+use std::time::Duration;
+
+use kube::runtime::controller::Action;
 use rdu_operator::{ReconcileError, Step, reconcile};
 use serde_json::json;
 use support::harness::*;
@@ -379,6 +382,48 @@ async fn a_failed_pod_create_and_a_failed_status_write_are_told_apart() {
         text.contains("rdu_operator_reconcile_errors_total{step=\"status\"} 0"),
         "{text}"
     );
+}
+
+/// A write refused because its object changed since it was read (409 `Conflict`) is optimistic concurrency, not a
+/// failure: the reconcile asks to run again soon, counts a conflict and no error, and the next one lands.
+#[tokio::test]
+async fn a_write_refused_as_conflicting_is_retried_soon_and_not_counted_as_an_error() {
+    let (fake, h) = setup(2, json!({}));
+    fake.conflict("PATCH", &format!("{JOB}/status"));
+    sync_cache(&fake, &h);
+    let action = reconcile(job(&fake), h.ctx.clone())
+        .await
+        .expect("a conflict is no failure");
+    assert_eq!(
+        action,
+        Action::requeue(Duration::from_millis(200)),
+        "run again soon, from a fresh read"
+    );
+    let text = h.ctx.metrics.render();
+    assert!(
+        text.contains("rdu_operator_reconcile_conflicts_total 1"),
+        "{text}"
+    );
+    for step in Step::ALL {
+        assert!(
+            text.contains(&format!(
+                "rdu_operator_reconcile_errors_total{{step=\"{}\"}} 0",
+                step.as_str()
+            )),
+            "{text}"
+        );
+    }
+    assert_eq!(
+        phase(&fake),
+        json!(null),
+        "the refused status write left nothing"
+    );
+
+    fake.heal();
+    h.forget_status_write();
+    sync_cache(&fake, &h);
+    reconcile_once(&fake, &h).await;
+    assert_eq!(phase(&fake), json!("Pending"));
 }
 
 #[tokio::test]

@@ -15,7 +15,8 @@ use serde_json::{Value, json};
 pub(crate) struct FakeApi {
     objects: Arc<Mutex<BTreeMap<String, Value>>>,
     log: Arc<Mutex<Vec<String>>>,
-    failures: Arc<Mutex<Vec<(String, String)>>>,
+    /// Injected refusals: method, path prefix and the status code answered (500 or 409 `Conflict`).
+    failures: Arc<Mutex<Vec<(String, String, u16)>>>,
     /// Creates answer 201 with a body that is not the object (see [`FakeApi::answer_creates_unparsably`]).
     unparsable_creates: Arc<Mutex<bool>>,
 }
@@ -114,10 +115,26 @@ impl FakeApi {
 
     /// Every later `method` request to a path starting with `path_prefix` fails with 500.
     pub(crate) fn fail(&self, method: &str, path_prefix: &str) {
-        self.failures
-            .lock()
-            .expect("lock")
-            .push((method.to_string(), path_prefix.to_string()));
+        self.failures.lock().expect("lock").push((
+            method.to_string(),
+            path_prefix.to_string(),
+            500,
+        ));
+    }
+
+    /// Every later `method` request to a path starting with `path_prefix` is refused with 409 `Conflict`, as
+    /// the API server refuses a write whose `resourceVersion` is no longer the object's.
+    pub(crate) fn conflict(&self, method: &str, path_prefix: &str) {
+        self.failures.lock().expect("lock").push((
+            method.to_string(),
+            path_prefix.to_string(),
+            409,
+        ));
+    }
+
+    /// Forgets every injected failure and refusal.
+    pub(crate) fn heal(&self) {
+        self.failures.lock().expect("lock").clear();
     }
 
     /// Every later create is stored but answered with a body that is no object at all, so a client that parses
@@ -150,13 +167,27 @@ impl FakeApi {
             .lock()
             .expect("lock")
             .iter()
-            .any(|(m, prefix)| *m == method && path.starts_with(prefix.as_str()));
-        if injected {
-            return respond(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "InternalError",
-                        "message": format!("injected failure of {method} {path}"), "code": 500}),
-            );
+            .find(|(m, prefix, _)| *m == method && path.starts_with(prefix.as_str()))
+            .map(|(_, _, code)| *code);
+        match injected {
+            Some(409) => {
+                return respond(
+                    StatusCode::CONFLICT,
+                    &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict",
+                            "message": format!("Operation cannot be fulfilled on {path}: the object has been \
+                                                modified; please apply your changes to the latest version and \
+                                                try again"),
+                            "code": 409}),
+                );
+            }
+            Some(_) => {
+                return respond(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "InternalError",
+                            "message": format!("injected failure of {method} {path}"), "code": 500}),
+                );
+            }
+            None => {}
         }
         match method.as_str() {
             "GET" => self.read(&path, &query),
