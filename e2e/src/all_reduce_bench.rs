@@ -28,14 +28,21 @@ pub fn job(name: &str, workers: u32, sizes: &[&str]) -> Value {
     })
 }
 
-/// [`job`] with each rank's tile claimed through DRA. Its gang may restart twice: in a CI run the kubelet's first
-/// fetch of a rank's new ResourceClaim was refused by the node authorizer ("no relationship found between node ...
-/// and this object", its graph behind the claim), and it did not try again before the other ranks' 60 s rendezvous
-/// ran out.
+/// How long a DRA job's ranks wait for each other: a rank's pod starts only once the kubelet prepared its claim,
+/// and a refused prepare is tried again only when the kubelet syncs the pod again (10 to 15 s later, more after
+/// several). 60 s was not enough in two CI runs.
+pub const DRA_RENDEZVOUS_SECONDS: u32 = 180;
+
+/// [`job`] with each rank's tile claimed through DRA, its ranks waiting [`DRA_RENDEZVOUS_SECONDS`] for each other.
+/// Its gang may restart twice: in a CI run the kubelet's first fetch of a rank's new ResourceClaim was refused by
+/// the node authorizer ("no relationship found between node ... and this object", its graph behind the claim),
+/// and it did not try again before the other ranks' 60 s rendezvous ran out; in another a rank's pod stayed before
+/// its container through two 60 s rendezvous (the kubelet's lines about a restarted job's pods are printed since).
 pub fn dra_job(name: &str, workers: u32, sizes: &[&str]) -> Value {
     let mut job = job(name, workers, sizes);
     job["spec"]["tileAllocation"] = json!({"api": "dra"});
     job["spec"]["runPolicy"]["backoffLimit"] = json!(2);
+    job["spec"]["dataParallel"]["timeoutSeconds"] = json!(DRA_RENDEZVOUS_SECONDS);
     job
 }
 
@@ -61,6 +68,16 @@ pub async fn run_in_pods(bed: &Testbed, job: &Value, nodes: u64, wait: Duration)
     bed.apply(&job.to_string());
     let done = bed.wait_phase(name, "Succeeded", wait).await;
     let result = result_of(&done);
+    if done["status"]["failureRestarts"]
+        .as_u64()
+        .unwrap_or_default()
+        > 0
+    {
+        println!(
+            "{name}: the kubelets' lines about its pods:\n{}",
+            bed.kubelet_lines_about(name)
+        );
+    }
     assert_eq!(result["nodes"], nodes, "{name}: {result}");
     assert_eq!(result["ranks"], job["spec"]["workers"], "{name}: {result}");
     bed.kubectl(&["delete", "rdujob", name, "-n", "default", "--wait=true"]);

@@ -243,6 +243,27 @@ impl Testbed {
         }
     }
 
+    /// The last lines of every node's kubelet journal that mention `needle` (a job's name: its pods' and claims'
+    /// names start with it), at most 40 per node.
+    pub fn kubelet_lines_about(&self, needle: &str) -> String {
+        let mut text = String::new();
+        for node in &self.nodes {
+            let journal = self.kind.journal_tail(&node.name, "kubelet", 20_000);
+            let lines: Vec<&str> = journal.lines().filter(|l| l.contains(needle)).collect();
+            let shown = &lines[lines.len().saturating_sub(40)..];
+            text.push_str(&format!(
+                "--- {} kubelet ({} lines)\n",
+                node.name,
+                lines.len()
+            ));
+            for line in shown {
+                text.push_str(line);
+                text.push('\n');
+            }
+        }
+        text
+    }
+
     /// What a person would look at when something is stuck.
     pub fn diagnose(&self) -> String {
         let run = |args: &[&str]| {
