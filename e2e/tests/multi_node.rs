@@ -62,25 +62,37 @@ async fn one_job_spans_three_nodes_and_survives_their_faults() {
     );
 
     let shared = bed.shared_dir().to_path_buf();
+    // Each part's seconds, so CI's time can be cut where it goes (`part_seconds` in the summary).
+    let mut laps = Laps::start();
     let (spread, steps_per_second) = spans_the_nodes(&bed).await;
     summary.extend(spread);
+    laps.lap("spread");
     summary.extend(bandwidth::between_two_nodes(&bed).await);
+    laps.lap("bandwidth");
     // Issue 37's two-node figures: a `{"bench":"dra",...}` line of their own beside the one-node stage's.
     let mut dra = serde_json::Map::new();
     dra.insert("bench".into(), json!("dra"));
     dra.insert("stage".into(), json!("three_nodes"));
     dra.extend(domains::two_nodes_with_domains(&bed).await);
+    laps.lap("dra_domains");
     let mut faults = Faults {
         bed,
         shared,
         steps_per_second,
     };
     summary.extend(faults.kueue_preemption().await);
+    laps.lap("kueue_preemption");
     summary.extend(faults.kueue_gang_restart_keeps_quota().await);
+    laps.lap("kueue_gang_restart");
     summary.extend(faults.kubelet_restart_then_drain().await);
+    laps.lap("kubelet_restart_then_drain");
     summary.extend(faults.crash_then_too_little_capacity().await);
+    laps.lap("crash_then_too_little_capacity");
     summary.extend(faults.partition().await);
+    laps.lap("partition");
     summary.extend(faults.control_plane_faults().await);
+    laps.lap("control_plane_faults");
+    summary.insert("part_seconds".into(), Value::Object(laps.parts));
 
     let lines = format!("{}\n{}\n", Value::Object(summary), Value::Object(dra));
     print!("{lines}");
@@ -93,6 +105,28 @@ async fn one_job_spans_three_nodes_and_survives_their_faults() {
         soak.run(&mut faults.bed).await;
     }
     drop(cluster.kueue);
+}
+
+/// The seconds of each part of the test, in order.
+struct Laps {
+    last: Instant,
+    parts: serde_json::Map<String, Value>,
+}
+
+impl Laps {
+    fn start() -> Laps {
+        Laps {
+            last: Instant::now(),
+            parts: serde_json::Map::new(),
+        }
+    }
+
+    /// `part` ended now: its seconds since the last lap.
+    fn lap(&mut self, part: &str) {
+        let seconds = self.last.elapsed().as_secs_f64().round();
+        self.parts.insert(part.into(), json!(seconds));
+        self.last = Instant::now();
+    }
 }
 
 /// The digits example with 8 ranks spread over the nodes, hierarchical all-reduce, checkpoints on the shared
