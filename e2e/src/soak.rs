@@ -180,6 +180,7 @@ impl Soak {
             "operator_peak_rss_mib": report.operator_peak_rss_kib as f64 / 1024.0,
             "reconcile_errors": errors.len(),
             "reconcile_errors_unexplained": unexplained.len(),
+            "reconcile_conflicts_retried": audit.conflicts_retried(),
             "started_after_cluster_seconds": started_after,
             "faults_seconds": faults_seconds,
             "wind_down_seconds": wind_down.elapsed().as_secs_f64(),

@@ -38,6 +38,9 @@ pub(crate) const WAIT_FOR_LEAVING: Duration = Duration::from_secs(2);
 
 /// How soon a job whose write met a newer version of its object (409 `Conflict`) is reconciled again.
 pub(crate) const AFTER_CONFLICT: Duration = Duration::from_millis(200);
+/// The log line of such a reconcile (info, not an error: the e2e soak counts these apart from failures).
+pub const CONFLICT_RETRIED: &str =
+    "a write found its object changed since it was read; reconciling again from a fresh read";
 
 /// What the fetch step read.
 enum Fetch {
@@ -65,7 +68,7 @@ pub async fn reconcile(job: Arc<RduJob>, ctx: Arc<Context>) -> Result<Action, Re
             ctx.metrics.conflicts.inc();
             info!(job = %job.name_any(), namespace = ?job.namespace(), step = error.step().as_str(),
                   error = %rdu_error_chain::Chain(&error),
-                  "a write found its object changed since it was read; reconciling again from a fresh read");
+                  "{CONFLICT_RETRIED}");
             Ok(Action::requeue(AFTER_CONFLICT))
         }
         Err(error) => {

@@ -65,14 +65,7 @@ impl Audit {
         self.lines
             .iter()
             .filter(|l| l.contains("reconcile failed") || l.contains("reconcile loop error"))
-            .map(|line| {
-                let at = line
-                    .split_whitespace()
-                    .next()
-                    .and_then(|t| t.parse::<jiff::Timestamp>().ok())
-                    .map(SystemTime::from);
-                (line, at)
-            })
+            .map(|line| (line, line_time(line)))
             .filter(|(_, at)| at.is_none_or(|at| at >= self.since))
             .map(|(line, at)| {
                 let api_away = at.is_some_and(|at| {
@@ -91,6 +84,24 @@ impl Audit {
             })
             .collect()
     }
+
+    /// How many reconciles since the soak began found a write's object changed since it was read (409
+    /// `Conflict`) and ran again: logged as information, not as a failure.
+    pub(crate) fn conflicts_retried(&self) -> usize {
+        self.lines
+            .iter()
+            .filter(|l| l.contains(rdu_operator::CONFLICT_RETRIED))
+            .filter(|l| line_time(l).is_none_or(|at| at >= self.since))
+            .count()
+    }
+}
+
+/// The time a log line starts with (the node's log format: RFC 3339 first).
+fn line_time(line: &str) -> Option<SystemTime> {
+    line.split_whitespace()
+        .next()
+        .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+        .map(SystemTime::from)
 }
 
 /// Every line of the files below `dir` into `lines`.
@@ -193,5 +204,23 @@ mod tests {
         ];
         want.sort();
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn conflicts_retried_are_counted_apart_from_errors_and_only_the_soaks() {
+        let mut audit = Audit::since(at("2026-11-28T10:00:00Z"));
+        let retried = |time: &str| {
+            format!(
+                "{time} stdout F {{\"level\":\"INFO\",\"fields\":{{\"message\":\"{}\"}}}}",
+                rdu_operator::CONFLICT_RETRIED
+            )
+        };
+        audit.lines.extend([
+            retried("2026-11-28T09:59:59.0Z"),
+            retried("2026-11-28T10:01:00.0Z"),
+            retried("2026-11-28T10:02:00.0Z"),
+        ]);
+        assert_eq!(audit.conflicts_retried(), 2);
+        assert!(audit.reconcile_errors().is_empty());
     }
 }
