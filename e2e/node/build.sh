@@ -3,9 +3,11 @@
 # node image and its component images), into a cache outside the repository:
 #   ${RDU_E2E_CACHE:-$HOME/.cache/rdu-e2e}/k8s-<ver>/node-bin/{kubelet,kube-proxy,coredns,pause}
 # kubelet and kube-proxy come from the same throw-away wrapper module as the control plane
-# (e2e/control-plane/build.sh, run first), at the same version; CoreDNS from its own Go module (its
-# go.mod has no replace directives, so `go install` works); pause from Kubernetes' own pause.c, which the
-# k8s.io/kubernetes module carries (build/pause/linux), compiled static. A stamp makes a second run a no-op.
+# (e2e/control-plane/build.sh, run first), at the same version; CoreDNS from e2e/node/coredns/main.go (only
+# the plugins of kubeadm's Corefile) in a throwaway module that requires CoreDNS's (whose go.mod has no
+# replace directives, so its dependencies resolve as for its own build); pause from Kubernetes' own pause.c,
+# which the k8s.io/kubernetes module carries (build/pause/linux), compiled static. A stamp makes a second run
+# a no-op.
 # Prints the node bin directory on its last line.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -13,7 +15,7 @@ source e2e/lib.sh
 
 BIN="$K8S_ROOT/node-bin"
 # The stamp names every input, so a new version rebuilds.
-STAMP="$BIN/.stamp-${K8S_VERSION}-coredns-${COREDNS_VERSION}"
+STAMP="$BIN/.stamp-${K8S_VERSION}-coredns-${COREDNS_VERSION}-$(sha1sum e2e/node/coredns/main.go | cut -c1-10)"
 
 log() { e2e_log node/build.sh "$@"; }
 
@@ -26,9 +28,22 @@ log "building kubelet and kube-proxy (${K8S_VERSION})"
   k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy)
 "$BIN/kubelet" --version >&2
 
-log "building coredns ${COREDNS_VERSION}"
-GOBIN="$BIN" with_retries go install -ldflags="-s -w" "github.com/coredns/coredns@${COREDNS_VERSION}"
+log "building coredns ${COREDNS_VERSION} with the plugins kubeadm's Corefile uses"
+DNS_WRAP="$K8S_ROOT/coredns-wrapper"
+rm -rf "$DNS_WRAP"
+mkdir -p "$DNS_WRAP"
+cp e2e/node/coredns/main.go "$DNS_WRAP/"
+cat > "$DNS_WRAP/go.mod" <<MOD
+module rdu-e2e/coredns
+
+go 1.25.0
+
+require github.com/coredns/coredns ${COREDNS_VERSION}
+MOD
+(cd "$DNS_WRAP" && with_retries go build -ldflags="-s -w -X github.com/coredns/coredns/coremain.GitCommit=${COREDNS_VERSION}" \
+  -o "$BIN/coredns" .)
 "$BIN/coredns" -version >&2
+"$BIN/coredns" -plugins >&2
 
 log "building pause from k8s.io/kubernetes@${K8S_VERSION}/build/pause/linux/pause.c"
 KDIR="$(cd "$WRAP" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)"
