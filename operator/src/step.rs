@@ -66,10 +66,10 @@ impl ReconcileError {
     }
 
     /// Whether a write was refused with 409 `Conflict`: the object changed since this reconcile read it (a write
-    /// that carries the `resourceVersion` it read, as the Workload's admission status does, or a delete's
-    /// precondition). That is optimistic concurrency at work, not a failure: the next reconcile reads the object
-    /// again and decides from what it is now. A create refused because the object exists (`AlreadyExists`, also
-    /// 409) is not one.
+    /// that carries the `resourceVersion` it read, as the Workload's admission status does; a pod delete's refused
+    /// precondition is handled where it is made). That is optimistic concurrency at work, not a failure: the next
+    /// reconcile reads the object again and decides from what it is now. A create refused because the object
+    /// exists (`AlreadyExists`, also 409) is not one.
     pub fn is_conflict(&self) -> bool {
         let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(self);
         while let Some(error) = cause {
