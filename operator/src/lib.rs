@@ -41,7 +41,7 @@ pub use nodes::ClusterView;
 pub use progress::token_review::ApiTokenReviewer;
 pub use progress::writer::write_progress;
 pub use progress::{ProgressService, router as progress_router};
-pub use reconcile::{CONFLICT_RETRIED, error_policy, reconcile};
+pub use reconcile::{AFTER_CONFLICT, CONFLICT_RETRIED, error_policy, reconcile};
 pub use serve::{HEALTH_LIMITS, PROGRESS_LIMITS, serve};
 pub use slim::slim_job;
 pub use step::{ReconcileError, Step};

@@ -37,7 +37,7 @@ pub(crate) const WAIT_FOR_STATUS: Duration = Duration::from_secs(1);
 pub(crate) const WAIT_FOR_LEAVING: Duration = Duration::from_secs(2);
 
 /// How soon a job whose write met a newer version of its object (409 `Conflict`) is reconciled again.
-pub(crate) const AFTER_CONFLICT: Duration = Duration::from_millis(200);
+pub const AFTER_CONFLICT: Duration = Duration::from_millis(200);
 /// The log line of such a reconcile (info, not an error: the e2e soak counts these apart from failures).
 pub const CONFLICT_RETRIED: &str =
     "a write found its object changed since it was read; reconciling again from a fresh read";
@@ -372,16 +372,11 @@ fn observe_creation_latency(job: &RduJob, ctx: &Context, decision: &Decision, no
 mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-    use kube::core::Status;
     use kube::runtime::reflector;
     use kube::runtime::watcher;
 
     fn api_error(code: u16, reason: &str) -> kube::Error {
-        kube::Error::Api(
-            Status::failure("rdujobs.rdu.dev \"a\"", reason)
-                .with_code(code)
-                .boxed(),
-        )
+        crate::test_fixtures::api_error(code, reason, "rdujobs.rdu.dev \"a\"")
     }
 
     #[test]

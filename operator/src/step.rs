@@ -86,14 +86,10 @@ impl ReconcileError {
 mod tests {
     use super::*;
     use crate::kueue::sync::KueueError;
-    use kube::core::Status;
+    use crate::test_fixtures;
 
     fn api_error() -> kube::Error {
-        kube::Error::Api(
-            Status::failure("pods is forbidden", "Forbidden")
-                .with_code(403)
-                .boxed(),
-        )
+        test_fixtures::api_error(403, "Forbidden", "pods is forbidden")
     }
 
     #[test]
@@ -185,11 +181,7 @@ mod tests {
     }
 
     fn status(code: u16, reason: &str) -> kube::Error {
-        kube::Error::Api(
-            Status::failure("the object has been modified", reason)
-                .with_code(code)
-                .boxed(),
-        )
+        test_fixtures::api_error(code, reason, "the object has been modified")
     }
 
     #[test]

@@ -30,3 +30,12 @@ spec:
 pub(crate) fn job_from(yaml: &str) -> RduJob {
     rdu_crds::parse_manifest(yaml).expect("fixture parses")
 }
+
+/// The API server's refusal `reason` with HTTP `code` and `message`, as kube returns it.
+pub(crate) fn api_error(code: u16, reason: &str, message: &str) -> kube::Error {
+    kube::Error::Api(
+        kube::core::Status::failure(message, reason)
+            .with_code(code)
+            .boxed(),
+    )
+}

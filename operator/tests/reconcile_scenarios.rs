@@ -4,10 +4,8 @@
 
 mod support;
 
-use std::time::Duration;
-
 use kube::runtime::controller::Action;
-use rdu_operator::{ReconcileError, Step, reconcile};
+use rdu_operator::{AFTER_CONFLICT, ReconcileError, Step, reconcile};
 use serde_json::json;
 use support::harness::*;
 
@@ -396,7 +394,7 @@ async fn a_write_refused_as_conflicting_is_retried_soon_and_not_counted_as_an_er
         .expect("a conflict is no failure");
     assert_eq!(
         action,
-        Action::requeue(Duration::from_millis(200)),
+        Action::requeue(AFTER_CONFLICT),
         "run again soon, from a fresh read"
     );
     let text = h.ctx.metrics.render();

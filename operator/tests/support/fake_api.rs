@@ -115,20 +115,20 @@ impl FakeApi {
 
     /// Every later `method` request to a path starting with `path_prefix` fails with 500.
     pub(crate) fn fail(&self, method: &str, path_prefix: &str) {
-        self.failures.lock().expect("lock").push((
-            method.to_string(),
-            path_prefix.to_string(),
-            500,
-        ));
+        self.inject(method, path_prefix, 500);
     }
 
     /// Every later `method` request to a path starting with `path_prefix` is refused with 409 `Conflict`, as
     /// the API server refuses a write whose `resourceVersion` is no longer the object's.
     pub(crate) fn conflict(&self, method: &str, path_prefix: &str) {
+        self.inject(method, path_prefix, 409);
+    }
+
+    fn inject(&self, method: &str, path_prefix: &str, code: u16) {
         self.failures.lock().expect("lock").push((
             method.to_string(),
             path_prefix.to_string(),
-            409,
+            code,
         ));
     }
 
