@@ -1,7 +1,7 @@
 //! The seeds' other run modes over several ranks in threads: `measurePerformance` (timed steps after a warm-up),
 //! `inference` (forward only, from the newest checkpoint), and `training.minThroughput` failing a slow run.
 
-mod common;
+use crate::common;
 
 use rdu_crds::consts::exit_code;
 use serde_json::{Value, json};

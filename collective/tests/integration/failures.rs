@@ -1,11 +1,11 @@
 //! A rank that goes away, or stops taking part, fails every other rank's collective with a
 //! retryable error within the timeout instead of hanging; aborts reach idle ranks.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
-use common::{world, world_on, world_polling};
+use crate::common::{world, world_on, world_polling};
 use rdu_collective::{Algorithm, CollectiveError, Communicator, DataPath, Spin};
 
 const TIMEOUT: Duration = Duration::from_secs(2);

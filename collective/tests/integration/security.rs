@@ -1,11 +1,11 @@
 //! Every call needs the job token; rendezvous and collective refuse other jobs, generations,
 //! world sizes and duplicate ranks with clear gRPC codes.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
-use common::{GENERATION, JOB, TOKEN, config, rendezvous_listener, world};
+use crate::common::{GENERATION, JOB, TOKEN, config, rendezvous_listener, world};
 use rdu_collective::proto::collective_client::CollectiveClient;
 use rdu_collective::proto::rendezvous_client::RendezvousClient;
 use rdu_collective::proto::{AbortRequest, Chunk, JoinRequest};

@@ -1,11 +1,9 @@
 //! All-reduce, broadcast and barrier correctness for 1 to 5 ranks, every algorithm, every data
 //! path (shared-memory rings, TCP frames, gRPC streams).
 
-mod common;
-
 use std::time::Duration;
 
-use common::{
+use crate::common::{
     assert_bitwise_identical, data, reduce_in_place, reference_sum, world, world_on, world_polling,
     world_with_rings,
 };

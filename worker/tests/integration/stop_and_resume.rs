@@ -3,11 +3,11 @@
 //! and ends bitwise where an undisturbed run ends. The model has two gradient buckets, so rank 0 is stopped
 //! inside the overlapped reduction, the path that used to lose its buffers with the error.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 
-use common::rank_vars;
+use crate::common::rank_vars;
 use rdu_crds::consts::env;
 use rdu_worker::checkpoint_file_name as file_name;
 use rdu_worker::{Observers, StepDone, StopRequest, TrainObserver, WorkerEnv};

@@ -8,6 +8,8 @@ use rdu_crds::consts::env;
 use rdu_crds::{JobResult, TrainingProgress};
 use rdu_worker::{EpochDone, Observers, StepDone, TrainObserver, WorkerEnv};
 
+use crate::common;
+
 #[derive(Default)]
 struct Heard {
     steps: Vec<StepDone>,
@@ -32,11 +34,8 @@ impl TrainObserver for Recorder {
 #[test]
 fn observers_hear_every_step_epoch_and_the_end() {
     let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // From the harness's ports: the other files' tests now run in this process beside this one.
+    let port = common::free_port();
     let spec = r#"{"workers":1,"model":{"name":"ffn-logreg","hiddenSizes":[8],"inputSize":4,"classes":2},
       "data":{"source":"synthetic","samples":200,"testFraction":0.2,"seed":1},
       "training":{"epochs":3,"batchSize":32,"learningRate":0.05}}"#;

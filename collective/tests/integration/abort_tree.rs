@@ -2,7 +2,7 @@
 //! at most ceil(log2 n) peers, and a rank of the tree that is gone, or never answers, does not cut
 //! off the ranks below it.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -2,11 +2,9 @@
 //! ranks and every algorithm, close to the exact sum, exact on values the wire represents, and a
 //! rank compressing differently from its peers is a protocol error, not a hang or a wrong sum.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{assert_bitwise_identical, data, reduce_in_place, world, world_on};
+use crate::common::{assert_bitwise_identical, data, reduce_in_place, world, world_on};
 use futures::future::join_all;
 use rdu_collective::{
     Algorithm, CollectiveError, Communicator, Compression, DataPath, ReduceOptions,

@@ -4,8 +4,8 @@
 
 use rdu_crds::consts::env;
 
-mod common;
-use common::rank_vars;
+use crate::common;
+use crate::common::rank_vars;
 
 /// Runs `world` ranks, rank r with `tokens[r]`; returns their exit codes.
 fn run_ranks(world: u32, tokens: &[&str], result: &std::path::Path) -> Vec<i32> {

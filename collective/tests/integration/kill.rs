@@ -83,8 +83,11 @@ struct Rank {
 
 impl Rank {
     fn start(rank: u32, port: u16) -> Rank {
+        // The test's name inside the binary: its module path without the crate's name.
+        let module = module_path!().split_once("::").map_or("", |(_, m)| m);
+        let test = format!("{module}::rank_process");
         let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "rank_process", "--ignored", "--nocapture"])
+            .args(["--exact", &test, "--ignored", "--nocapture"])
             .env(RANK, rank.to_string())
             .env(PORT, port.to_string())
             .stdin(Stdio::piped())

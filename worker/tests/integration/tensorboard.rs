@@ -2,7 +2,7 @@
 //! at the global steps it belongs to. Skips when the `tensorboard` package is missing, unless
 //! `RDU_REQUIRE_TENSORBOARD=1` (CI); `RDU_TENSORBOARD_PYTHON` names the interpreter (default `python3`).
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::process::Command;

@@ -1,7 +1,7 @@
 //! Two ranks in one process over loopback gRPC, trained once with one gradient bucket and once with
 //! several (bucketSizeMiB 1 and a first layer over 1 MiB): the parameters end bitwise the same.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 
