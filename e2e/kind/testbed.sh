@@ -23,7 +23,30 @@ fi
 ((${#testbed_missing[@]} == 0)) || testbed_fail "missing ${testbed_missing[*]} (kind >= 0.23, kubectl, helm, and docker or podman)"
 source e2e/kind/inotify.sh
 
-read -r -a testbed_build_args <<<"${RDU_KIND_BUILD_ARGS:-}"
-CONTAINER_ENGINE="$TESTBED_ENGINE" bash docker/build.sh "${testbed_build_args[@]}" >&2
-# `kubectl rdujob` and `rdujob` of this checkout, beside the test binaries.
-cargo build --workspace --bins >&2
+# RDU_E2E_PREBUILT=1: the images and the workspace's binaries are built already (.ci/run builds them once, before
+# the stages it runs side by side, whose builds would otherwise race on the same image tags).
+if [[ "${RDU_E2E_PREBUILT:-}" != 1 ]]; then
+  read -r -a testbed_build_args <<<"${RDU_KIND_BUILD_ARGS:-}"
+  CONTAINER_ENGINE="$TESTBED_ENGINE" bash docker/build.sh "${testbed_build_args[@]}" >&2
+  # `kubectl rdujob` and `rdujob` of this checkout, beside the test binaries.
+  cargo build --workspace --bins >&2
+fi
+
+# testbed_run_ignored TEST: runs the #[ignore]d tests of e2e's test binary TEST one at a time, as `cargo test
+# --workspace --test TEST -- --ignored --nocapture --test-threads=1` does, but runs the binary itself once cargo has
+# built it: cargo holds the target directory's lock while the tests run, so two stages side by side (.ci/run) would
+# otherwise run one after the other. Its output goes to stderr; the binary runs in e2e/, as cargo runs it.
+testbed_run_ignored() {
+  local test="$1" exe
+  exe="$(cargo test --workspace --test "$test" --no-run --message-format=json-render-diagnostics | python3 -c '
+import json, sys
+for line in sys.stdin:
+    msg = json.loads(line)
+    target = msg.get("target") or {}
+    if msg.get("reason") == "compiler-artifact" and target.get("name") == sys.argv[1] \
+            and "test" in target.get("kind", []) and msg.get("executable"):
+        print(msg["executable"])
+' "$test")"
+  [[ -n "$exe" && -x "$exe" ]] || testbed_fail "cargo built no test binary called $test"
+  (cd e2e && "$exe" --ignored --nocapture --test-threads=1) >&2
+}

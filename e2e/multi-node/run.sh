@@ -25,7 +25,7 @@ OUT="$(mktemp)" SOAK_OUT="$(mktemp)"
 trap 'rm -f "$OUT" "$SOAK_OUT"' EXIT
 export RDU_MULTI_NODE_BENCH_OUT="$OUT" RDU_SOAK_BENCH_OUT="$SOAK_OUT"
 # Test output goes to stderr so that the summaries are the last lines on stdout.
-cargo test --workspace --test multi_node -- --ignored --nocapture --test-threads=1 >&2
+testbed_run_ignored multi_node
 grep -q '"bench":"multi_node"' "$OUT" || testbed_fail "the multi-node test wrote no summary"
 grep -q '"bench":"dra"' "$OUT" || testbed_fail "the multi-node test wrote no two-node DRA summary"
 cat "$OUT"

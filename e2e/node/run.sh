@@ -17,7 +17,7 @@ OUT="$(mktemp)"
 trap 'rm -f "$OUT"' EXIT
 export RDU_NODE_BENCH_OUT="$OUT"
 # Test output goes to stderr so that the summaries are the last lines on stdout.
-cargo test --workspace --test node -- --ignored --nocapture --test-threads=1 >&2
+testbed_run_ignored node
 # The test writes three summaries, DRA's last: all must be there (the test ran to its end).
 for bench in node_digits node_failure_rules dra; do
   grep -q "\"bench\":\"$bench\"" "$OUT" || testbed_fail "no {\"bench\":\"$bench\"} summary: its test did not run to the end"
