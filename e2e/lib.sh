@@ -65,5 +65,12 @@ with_retries() {
 # go_module_dir MODULE@VERSION: downloads a module (no build) and prints the directory of its source.
 go_module_dir() { with_retries go mod download -json "$1" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p'; }
 
-# need_go: fails with a clear message when Go is missing.
-need_go() { command -v go >/dev/null || { e2e_log "${0##*/}" "go is not on PATH; install Go >= 1.24"; exit 1; }; }
+# need_go: fails with a clear message when Go is missing, and sets the Go compiler's GC target for the builds that
+# follow. GOGC=400 (the compiler collects at 4x its live heap rather than 2x): building kubectl from an empty build
+# cache took 239 core-seconds against 295 at the default 100 (2026-12-02, the 2-core EPYC; GOGC=off with a 2 GiB
+# GOMEMLIMIT 249), the peak RSS 1.03 against 0.95 GB. Set for the build scripts only, which call this: the
+# Kubernetes binaries the tests start keep Go's default.
+need_go() {
+  command -v go >/dev/null || { e2e_log "${0##*/}" "go is not on PATH; install Go >= 1.24"; exit 1; }
+  export GOGC="${GOGC:-400}"
+}

@@ -18,6 +18,7 @@ STAMP="$BIN/.stamp-${K8S_VERSION}-kind-${KIND_VERSION}-containerd-${CONTAINERD_V
 log() { e2e_log kind/build.sh "$@"; }
 
 done_if_cached kind/build.sh "$STAMP" "$BIN"
+need_go
 WRAP="$(wrapper_module kind/build.sh)"
 mkdir -p "$BIN"
 

@@ -20,6 +20,7 @@ STAMP="$BIN/.stamp-${K8S_VERSION}-coredns-${COREDNS_VERSION}-$(sha1sum e2e/node/
 log() { e2e_log node/build.sh "$@"; }
 
 done_if_cached node/build.sh "$STAMP" "$BIN"
+need_go
 WRAP="$(wrapper_module node/build.sh)"
 mkdir -p "$BIN"
 
