@@ -5,7 +5,8 @@
 //! whatever the chart grants that account (read access to RduJobs), as in a cluster. Its metrics server reads
 //! its certificate from the fixed path `/etc/kueue/metrics/certs`, so it runs in a mount namespace of its own
 //! where a directory of the test is bound over `/etc/kueue`: nothing is written to the host's `/etc` but an
-//! empty `/etc/kueue` mount point, removed at the end if the test made it.
+//! empty `/etc/kueue` mount point (and a marker in it that a test made it), removed at the end by the last Kueue
+//! that uses it.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -26,6 +27,9 @@ pub const KUEUE_NAMESPACE: &str = "kueue-system";
 /// Kueue's ServiceAccount, as its release manifests name it (and the chart's `kueue.managerServiceAccount`).
 pub const KUEUE_ACCOUNT: &str = "kueue-controller-manager";
 const MOUNT_POINT: &str = "/etc/kueue";
+/// A file in the host's mount point (hidden under each Kueue's bind mount) saying an e2e Kueue made the mount point,
+/// so that the last Kueue to end removes it even when another made it.
+const MADE_MARKER: &str = "/etc/kueue/.made-by-rdu-e2e";
 
 /// Kueue's directory, or why there is none.
 pub fn kueue_dir() -> Result<PathBuf, String> {
@@ -46,17 +50,56 @@ pub fn kueue_dir() -> Result<PathBuf, String> {
     }
 }
 
-/// A running Kueue manager; removes the mount point it made when dropped (the process is the plane's).
+/// A running Kueue manager (the process is the plane's); when dropped, removes the mount point a test made, unless
+/// another Kueue still has it mounted.
 pub struct Kueue {
-    made_mount_point: bool,
+    pid: u32,
 }
 
 impl Drop for Kueue {
     fn drop(&mut self) {
-        if self.made_mount_point {
+        if Path::new(MADE_MARKER).exists() && !mounted_by_another(self.pid, MOUNT_POINT) {
+            let _ = std::fs::remove_file(MADE_MARKER);
             let _ = std::fs::remove_dir(MOUNT_POINT);
         }
     }
+}
+
+/// Whether a process other than `own` has something mounted at `point`: for the mount point, another test's
+/// Kueue, in a mount namespace of its own. Removing the directory would detach that mount (Linux unmounts a removed directory in
+/// every namespace) and take its certificates away. One `mountinfo` is read per mount namespace but ours.
+fn mounted_by_another(own: u32, point: &str) -> bool {
+    let ns_of = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/mnt")).ok();
+    let mut seen = vec![ns_of("self")];
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .filter(|p| p.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        let ns = ns_of(pid);
+        if pid == own.to_string() || ns.is_none() || seen.contains(&ns) {
+            continue;
+        }
+        seen.push(ns);
+        let mounts = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap_or_default();
+        if mounts_at(&mounts, point) {
+            return true;
+        }
+    }
+    false
+}
+
+/// Whether `mountinfo` (a `/proc/PID/mountinfo`) lists a mount at `point` (its fifth field).
+fn mounts_at(mountinfo: &str, point: &str) -> bool {
+    mountinfo
+        .lines()
+        .any(|line| line.split(' ').nth(4) == Some(point))
 }
 
 fn self_signed(dir: &Path) -> Result<(), ClusterError> {
@@ -148,9 +191,10 @@ pub async fn start(
     );
     let config_file = root.join("config.yaml");
     std::fs::write(&config_file, config)?;
-    let made_mount_point = !Path::new(MOUNT_POINT).exists();
-    std::fs::create_dir_all(MOUNT_POINT)?;
-    let kueue = Kueue { made_mount_point };
+    if !Path::new(MOUNT_POINT).exists() {
+        std::fs::create_dir_all(MOUNT_POINT)?;
+        std::fs::write(MADE_MARKER, "")?;
+    }
     let mut command = Command::new("unshare");
     command
         .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
@@ -161,7 +205,9 @@ pub async fn start(
         .arg(dir.join("bin/kueue"))
         .arg(&config_file)
         .arg(&kubeconfig);
-    plane.spawn("kueue", command)?;
+    // Made before the process, so that a failed start removes the mount point as well.
+    let mut kueue = Kueue { pid: 0 };
+    kueue.pid = plane.spawn("kueue", command)?;
     let up = poll_until(
         "Kueue's manager ready",
         Duration::from_secs(120),
@@ -355,7 +401,7 @@ spec: {{clusterQueue: {cluster_queue}}}
 
 #[cfg(test)]
 mod tests {
-    use super::TileQueue;
+    use super::{TileQueue, mounted_by_another, mounts_at};
     use serde::Deserialize;
     use serde_json::{Value, json};
 
@@ -402,5 +448,56 @@ mod tests {
         );
         assert!(plain[0].get("spec").is_none());
         assert!(plain[1]["spec"].get("preemption").is_none());
+    }
+
+    #[test]
+    fn a_mount_is_found_by_its_mount_point_field_only() {
+        let mountinfo = "36 35 98:0 /kueue/etc /etc/kueue rw,noatime master:1 - ext3 /dev/root rw\n\
+                         37 35 98:0 / /etc/kueue-other rw - ext3 /dev/root rw\n";
+        assert!(mounts_at(mountinfo, "/etc/kueue"));
+        assert!(
+            !mounts_at(mountinfo, "/kueue/etc"),
+            "a root field is no mount point"
+        );
+        assert!(!mounts_at(
+            "37 35 98:0 / /etc/kueue-other rw - ext3 /dev/root rw\n",
+            "/etc/kueue"
+        ));
+    }
+
+    #[test]
+    fn a_mount_in_another_namespace_is_seen_unless_it_is_the_own_processs() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let point = dir.path().join("point");
+        std::fs::create_dir(&point).expect("mkdir");
+        let point = point.to_str().expect("utf-8 path").to_string();
+        assert!(!mounted_by_another(0, &point), "nothing mounted yet");
+        // A process in a mount namespace of its own with a tmpfs at the point, as a Kueue has its bind mount.
+        let mut child = std::process::Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+            .arg("mount -t tmpfs none \"$0\" && exec sleep 60")
+            .arg(&point)
+            .spawn()
+            .expect("unshare");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let mut seen = false;
+        while !seen
+            && std::time::Instant::now() < deadline
+            && child.try_wait().ok().flatten().is_none()
+        {
+            seen = mounted_by_another(0, &point);
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let own = mounted_by_another(child.id(), &point);
+        let ended = child.try_wait().ok().flatten();
+        let _ = child.kill();
+        let _ = child.wait();
+        if let Some(status) = ended {
+            // Without CAP_SYS_ADMIN there is no namespace to look into: say so rather than pass or fail.
+            eprintln!("skipped: unshare and mount ended with {status} (needs root)");
+            return;
+        }
+        assert!(seen, "the other namespace's mount at {point} was not seen");
+        assert!(!own, "the own Kueue's mount counts as another's");
     }
 }
