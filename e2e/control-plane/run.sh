@@ -5,9 +5,17 @@
 # ones (node, multi_node: their own scripts) with `-- --ignored`, the 4,096-rank bench (scale) last, with the
 # release build of the operator (RDU_OPERATOR_RELEASE_BIN: one built already). The tests are #[ignore]d so that a plain
 # `cargo test` lists them as ignored instead of passing them; run here, a missing binary fails them.
+#   bash e2e/control-plane/run.sh            # the tests, then the benches
+#   bash e2e/control-plane/run.sh tests      # the tests only (CI runs them beside the three-node test's last parts)
+#   bash e2e/control-plane/run.sh benches    # the benches only (CI runs them once the machine is quiet)
 # Exit 0 only if all pass.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+PARTS="${1:-all}"
+case "$PARTS" in
+  all | tests | benches) ;;
+  *) echo "run.sh: unknown part '$PARTS' (tests, benches, or none for both)" >&2; exit 2 ;;
+esac
 
 BIN="$(bash e2e/control-plane/build.sh | tail -n 1)"
 export KUBEBUILDER_ASSETS="$BIN"
@@ -19,6 +27,9 @@ echo "run.sh: KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS"
 "$BIN/helm" version --short
 
 cargo build --workspace --bins
+LOG="$(mktemp)"
+trap 'rm -f "$LOG"' EXIT
+if [[ "$PARTS" != benches ]]; then
 # Every test file of e2e/tests but the real-node ones, so that a new control-plane test file is run here too.
 targets=()
 for file in e2e/tests/*.rs; do
@@ -29,8 +40,6 @@ for file in e2e/tests/*.rs; do
   esac
 done
 # Each test starts its own control plane; two at a time fit a 2-core machine.
-LOG="$(mktemp)"
-trap 'rm -f "$LOG"' EXIT
 cargo test --workspace "${targets[@]}" --no-fail-fast -- --ignored --test-threads="${RDU_E2E_THREADS:-2}" --nocapture \
   2>&1 | tee "$LOG"
 # A stage whose tests were all filtered out or skipped must not pass: as many passed as are written, in each test
@@ -43,6 +52,8 @@ for ((i = 1; i < ${#targets[@]}; i += 2)); do
 done
 passed="$(sed -n 's/^test result: ok\. \([0-9]*\) passed.*/\1/p' "$LOG" | awk '{ s += $1 } END { print s + 0 }')"
 [[ "$passed" == "$written" ]] || { echo "run.sh: $passed control-plane tests passed, $written are written" >&2; exit 1; }
+fi
+[[ "$PARTS" != tests ]] || exit 0
 
 # The benches of e2e/tests/scale.rs (4,096 ranks, issue 26; 256 pods beside direct creates, issue 38) time the
 # operator users run, the release build: the debug build spends about twice the CPU per pod, and on 2 cores that
