@@ -66,7 +66,7 @@ with_retries() {
 go_module_dir() { with_retries go mod download -json "$1" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p'; }
 
 # need_go: fails with a clear message when Go is missing, and sets the Go compiler's GC target for the builds that
-# follow. GOGC=400 (the compiler collects at 4x its live heap rather than 2x): building kubectl from an empty build
+# follow. GOGC=400 (the compiler's heap grows to 5x its live data before a collection, not 2x): building kubectl from an empty build
 # cache took 239 core-seconds against 295 at the default 100 (2026-12-02, the 2-core EPYC; GOGC=off with a 2 GiB
 # GOMEMLIMIT 249), the peak RSS 1.03 against 0.95 GB. Set for the build scripts only, which call this: the
 # Kubernetes binaries the tests start keep Go's default.

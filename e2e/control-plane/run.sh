@@ -30,28 +30,28 @@ cargo build --workspace --bins
 LOG="$(mktemp)"
 trap 'rm -f "$LOG"' EXIT
 if [[ "$PARTS" != benches ]]; then
-# Every test file of e2e/tests but the real-node ones, so that a new control-plane test file is run here too.
-targets=()
-for file in e2e/tests/*.rs; do
-  name="$(basename "$file" .rs)"
-  case "$name" in
-    node | multi_node | soak | kueue | scale) ;;
-    *) targets+=(--test "$name") ;;
-  esac
-done
-# Each test starts its own control plane; two at a time fit a 2-core machine.
-cargo test --workspace "${targets[@]}" --no-fail-fast -- --ignored --test-threads="${RDU_E2E_THREADS:-2}" --nocapture \
-  2>&1 | tee "$LOG"
-# A stage whose tests were all filtered out or skipped must not pass: as many passed as are written, in each test
-# file and the module files beside it (e2e/tests/<name>/*.rs, which it includes with #[path]).
-written=0
-for ((i = 1; i < ${#targets[@]}; i += 2)); do
-  modules=("e2e/tests/${targets[i]}.rs")
-  if [[ -d "e2e/tests/${targets[i]}" ]]; then modules+=("e2e/tests/${targets[i]}"/*.rs); fi
-  written=$((written + $(cat "${modules[@]}" | grep -c '^#\[ignore')))
-done
-passed="$(sed -n 's/^test result: ok\. \([0-9]*\) passed.*/\1/p' "$LOG" | awk '{ s += $1 } END { print s + 0 }')"
-[[ "$passed" == "$written" ]] || { echo "run.sh: $passed control-plane tests passed, $written are written" >&2; exit 1; }
+  # Every test file of e2e/tests but the real-node ones, so that a new control-plane test file is run here too.
+  targets=()
+  for file in e2e/tests/*.rs; do
+    name="$(basename "$file" .rs)"
+    case "$name" in
+      node | multi_node | soak | kueue | scale) ;;
+      *) targets+=(--test "$name") ;;
+    esac
+  done
+  # Each test starts its own control plane; two at a time fit a 2-core machine.
+  cargo test --workspace "${targets[@]}" --no-fail-fast -- --ignored --test-threads="${RDU_E2E_THREADS:-2}" --nocapture \
+    2>&1 | tee "$LOG"
+  # A stage whose tests were all filtered out or skipped must not pass: as many passed as are written, in each test
+  # file and the module files beside it (e2e/tests/<name>/*.rs, which it includes with #[path]).
+  written=0
+  for ((i = 1; i < ${#targets[@]}; i += 2)); do
+    modules=("e2e/tests/${targets[i]}.rs")
+    if [[ -d "e2e/tests/${targets[i]}" ]]; then modules+=("e2e/tests/${targets[i]}"/*.rs); fi
+    written=$((written + $(cat "${modules[@]}" | grep -c '^#\[ignore')))
+  done
+  passed="$(sed -n 's/^test result: ok\. \([0-9]*\) passed.*/\1/p' "$LOG" | awk '{ s += $1 } END { print s + 0 }')"
+  [[ "$passed" == "$written" ]] || { echo "run.sh: $passed control-plane tests passed, $written are written" >&2; exit 1; }
 fi
 [[ "$PARTS" != tests ]] || exit 0
 

@@ -66,8 +66,9 @@ impl Drop for Kueue {
 }
 
 /// Whether a process other than `own` has something mounted at `point`: for the mount point, another test's
-/// Kueue, in a mount namespace of its own. Removing the directory would detach that mount (Linux unmounts a removed directory in
-/// every namespace) and take its certificates away. One `mountinfo` is read per mount namespace but ours.
+/// Kueue, in a mount namespace of its own. Removing the directory would detach that mount (Linux unmounts a
+/// removed directory in every namespace) and take its certificates away. One `mountinfo` is read per mount
+/// namespace but ours.
 fn mounted_by_another(own: u32, point: &str) -> bool {
     let ns_of = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/mnt")).ok();
     let mut seen = vec![ns_of("self")];
@@ -76,14 +77,11 @@ fn mounted_by_another(own: u32, point: &str) -> bool {
     };
     for entry in entries.flatten() {
         let name = entry.file_name();
-        let Some(pid) = name
-            .to_str()
-            .filter(|p| p.bytes().all(|b| b.is_ascii_digit()))
-        else {
+        let Some(pid) = name.to_str().filter(|p| p.parse::<u32>().is_ok()) else {
             continue;
         };
         let ns = ns_of(pid);
-        if pid == own.to_string() || ns.is_none() || seen.contains(&ns) {
+        if pid.parse() == Ok(own) || ns.is_none() || seen.contains(&ns) {
             continue;
         }
         seen.push(ns);
