@@ -5,13 +5,18 @@
 #                          RDU_E2E_KIND_VERSION, RDU_E2E_CONTAINERD_VERSION
 
 K8S_VERSION="${RDU_E2E_K8S_VERSION:-v1.34.4}"
-HELM_VERSION="${RDU_E2E_HELM_VERSION:-v3.22.0}"
-COREDNS_VERSION="${RDU_E2E_COREDNS_VERSION:-v1.14.7}"
+# helm's and CoreDNS's release lines whose client libraries are Kubernetes' own minor (k8s.io/client-go v0.34;
+# kubeadm v1.34 deploys CoreDNS v1.12): they build in the control plane's module graph (e2e/control-plane/build.sh).
+HELM_VERSION="${RDU_E2E_HELM_VERSION:-v3.19.5}"
+COREDNS_VERSION="${RDU_E2E_COREDNS_VERSION:-v1.12.4}"
 # kind (its offline node image, e2e/kind/) and the containerd v2 inside that image.
 KIND_VERSION="${RDU_E2E_KIND_VERSION:-v0.33.0}"
 CONTAINERD_VERSION="${RDU_E2E_CONTAINERD_VERSION:-v2.4.2}"
 LOCAL_PATH_VERSION="${RDU_E2E_LOCAL_PATH_VERSION:-v0.0.30}"
 E2E_CACHE="${RDU_E2E_CACHE:-$HOME/.cache/rdu-e2e}"
+# The layout of the wrapper module's graph (2: helm, CoreDNS and local-path-provisioner share it), in the stamps of every
+# build from it, so that a change rebuilds them all.
+GO_GRAPH=2
 # Everything built for one Kubernetes version lives below this directory.
 K8S_ROOT="$E2E_CACHE/k8s-${K8S_VERSION#v}"
 # The throw-away Go module that requires k8s.io/kubernetes (see e2e/control-plane/build.sh).

@@ -9,11 +9,17 @@
 # v0.<minor>.<patch>. etcd is built from the same module graph (k8s.io/kubernetes already requires
 # go.etcd.io/etcd/server/v3 at the version the apiserver is tested with), in the same `go build`,
 # so shared packages compile once.
+#
+# The Go tools built against Kubernetes' client libraries share that graph too (one Go module graph, DESIGN 7):
+# helm and CoreDNS (releases whose client libraries are this Kubernetes minor's) and local-path-provisioner, built
+# here, in e2e/node/build.sh and in e2e/kind/build.sh. Go's build cache is keyed by a package's inputs, so k8s.io/api,
+# apimachinery and client-go (24 of local-path-provisioner's 29 MB of Go source, 25 of CoreDNS's 34, 29 of helm's 42)
+# compile once for all of them instead of once per tool at its own versions.
 set -euo pipefail
 source "$(dirname "$0")/../lib.sh"
 
 BIN="$K8S_ROOT/bin"
-STAMP="$BIN/.stamp-${K8S_VERSION}-helm-${HELM_VERSION}"
+STAMP="$BIN/.stamp-${K8S_VERSION}-helm-${HELM_VERSION}-local-path-${LOCAL_PATH_VERSION}-coredns-${COREDNS_VERSION}-graph-${GO_GRAPH}"
 STAGING_VERSION="v0.${K8S_VERSION#v1.}"
 
 log() { e2e_log build.sh "$@"; }
@@ -41,6 +47,7 @@ go 1.24.0
 
 require k8s.io/kubernetes ${K8S_VERSION}
 MOD
+rm -f go.sum
 with_retries go mod download -json "k8s.io/kubernetes@${K8S_VERSION}" > kubernetes.json
 KMOD="$(sed -n 's/.*"GoMod": "\(.*\)".*/\1/p' kubernetes.json)"
 [[ -f "$KMOD" ]] || { log "could not download k8s.io/kubernetes ${K8S_VERSION}"; exit 1; }
@@ -53,6 +60,29 @@ STAGING="$(sed -n 's#^[[:space:]]*\(k8s\.io/[a-z0-9-]*\) => \./staging/src/.*#\1
   for m in $STAGING; do echo "	$m => $m ${STAGING_VERSION}"; done
   echo ")"
 } >> go.mod
+# The tools that share the graph, and the pins that keep Kubernetes' own build: every module whose packages the
+# Kubernetes binaries compile stays at Kubernetes' version when a tool's go.mod asks for a newer one (a replace), but
+# for those in KEEP_RAISED, which a tool's code needs newer: helm's root command calls pflag's ParseErrorsAllowlist
+# (pflag >= 1.0.8). The tools then compile against the same packages, and those compile once.
+KEEP_RAISED="github.com/spf13/pflag"
+KUBE_CMDS=(k8s.io/kubernetes/cmd/{kube-apiserver,kube-scheduler,kube-controller-manager,kubelet,kube-proxy,kubeadm,kubectl}
+  go.etcd.io/etcd/server/v3)
+build_list() { go list -m all | awk 'NR > 1 { print $1, $2 }' | LC_ALL=C sort; }
+with_retries build_list > build-list.kubernetes
+with_retries go list -deps -f '{{with .Module}}{{.Path}}{{end}}' "${KUBE_CMDS[@]}" | LC_ALL=C sort -u > modules.kubernetes
+# CoreDNS by its server package: e2e/node/build.sh builds a main of its own that imports the plugins it uses, and
+# CoreDNS's own main would fetch every plugin's modules (cloud SDKs among them).
+TOOLS=("helm.sh/helm/v3/cmd/helm@${HELM_VERSION}" "github.com/rancher/local-path-provisioner@${LOCAL_PATH_VERSION}"
+  "github.com/coredns/coredns/coremain@${COREDNS_VERSION}")
+with_retries go get "${TOOLS[@]}"
+with_retries build_list > build-list.tools
+LC_ALL=C join build-list.kubernetes build-list.tools | LC_ALL=C join - modules.kubernetes | while read -r mod own raised; do
+  [[ "$own" == "$raised" || "$mod" == k8s.io/* || " $KEEP_RAISED " == *" $mod "* ]] && continue
+  go mod edit -replace="$mod=$mod@$own"
+done
+# go.sum entries for the tools' packages at the pinned versions (a build does not add those of replaced modules; the
+# pins are Kubernetes' versions, whose entries the package list above added).
+with_retries go get "${TOOLS[@]}"
 log "building kube-apiserver, kube-scheduler, kube-controller-manager, etcd (${K8S_VERSION}); this takes a while"
 # The version the binaries report (kubectl version, /version) is stamped at link time.
 with_retries go build -ldflags="$(k8s_ldflags)" -o "$BIN/" \
@@ -76,7 +106,7 @@ HELM_LDFLAGS="$LDFLAGS -X helm.sh/helm/v3/internal/version.version=${HELM_VERSIO
 for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
   HELM_LDFLAGS="$HELM_LDFLAGS -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=${HELM_K8S_MINOR}"
 done
-GOBIN="$BIN" with_retries go install -ldflags="$HELM_LDFLAGS" "helm.sh/helm/v3/cmd/helm@${HELM_VERSION}"
+with_retries go build -ldflags="$HELM_LDFLAGS" -o "$BIN/" helm.sh/helm/v3/cmd/helm
 "$BIN/helm" version --short >&2
 
 touch "$STAMP"

@@ -4,16 +4,17 @@
 #   ${RDU_E2E_CACHE:-$HOME/.cache/rdu-e2e}/k8s-<ver>/kind-bin/{kind,kubeadm,kubectl,containerd,containerd-shim-runc-v2,ctr,
 #                                                             local-path-provisioner}
 # kubeadm and kubectl come from the control plane's wrapper module (e2e/control-plane/build.sh, run first), at
-# the same version, so the kubelet, kubeadm and the component images agree; kind, containerd v2 and Rancher's
-# local-path-provisioner (the storage kind's own node images ship) from their own Go modules (no replace
-# directives, so `go install` works). A stamp makes a second run a no-op. Prints the
+# the same version, so the kubelet, kubeadm and the component images agree, and so does Rancher's
+# local-path-provisioner (the storage kind's own node images ship): it shares the wrapper's module graph and with it
+# the compiled client libraries; kind and containerd v2 (which use little of them) from their own Go modules (no
+# replace directives, so `go install` works). A stamp makes a second run a no-op. Prints the
 # directory on its last line.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source e2e/lib.sh
 
 BIN="$K8S_ROOT/kind-bin"
-STAMP="$BIN/.stamp-${K8S_VERSION}-kind-${KIND_VERSION}-containerd-${CONTAINERD_VERSION}-local-path-${LOCAL_PATH_VERSION}"
+STAMP="$BIN/.stamp-${K8S_VERSION}-graph-${GO_GRAPH}-kind-${KIND_VERSION}-containerd-${CONTAINERD_VERSION}-local-path-${LOCAL_PATH_VERSION}"
 
 log() { e2e_log kind/build.sh "$@"; }
 
@@ -42,8 +43,10 @@ GOBIN="$BIN" with_retries go install -tags "no_aufs no_zfs no_btrfs no_devmapper
 "$BIN/containerd" --version >&2
 
 log "building local-path-provisioner ${LOCAL_PATH_VERSION}"
-GOBIN="$BIN" with_retries go install -ldflags="-s -w -X main.VERSION=${LOCAL_PATH_VERSION}" \
-  "github.com/rancher/local-path-provisioner@${LOCAL_PATH_VERSION}"
+# Its own `go build`: it imports logrus as github.com/Sirupsen/logrus, which may not share a build with the
+# lower-case path that helm and Kubernetes import (Go refuses import paths that differ only in case).
+(cd "$WRAP" && with_retries go build -ldflags="-s -w -X main.VERSION=${LOCAL_PATH_VERSION}" -o "$BIN/" \
+  github.com/rancher/local-path-provisioner)
 
 touch "$STAMP"
 log "done: $BIN"

@@ -4,8 +4,8 @@
 #   ${RDU_E2E_CACHE:-$HOME/.cache/rdu-e2e}/k8s-<ver>/node-bin/{kubelet,kube-proxy,coredns,pause}
 # kubelet and kube-proxy come from the same throw-away wrapper module as the control plane
 # (e2e/control-plane/build.sh, run first), at the same version; CoreDNS from e2e/node/coredns/main.go (only
-# the plugins of kubeadm's Corefile) in a throwaway module that requires CoreDNS's (whose go.mod has no
-# replace directives, so its dependencies resolve as for its own build); pause from Kubernetes' own pause.c,
+# the plugins of kubeadm's Corefile) as a package of that wrapper module, whose graph holds CoreDNS's module and
+# shares Kubernetes' client libraries with it; pause from Kubernetes' own pause.c,
 # which the k8s.io/kubernetes module carries (build/pause/linux), compiled static. A stamp makes a second run
 # a no-op.
 # Prints the node bin directory on its last line.
@@ -15,7 +15,7 @@ source e2e/lib.sh
 
 BIN="$K8S_ROOT/node-bin"
 # The stamp names every input, so a new version rebuilds.
-STAMP="$BIN/.stamp-${K8S_VERSION}-coredns-${COREDNS_VERSION}-$(sha1sum e2e/node/coredns/main.go | cut -c1-10)"
+STAMP="$BIN/.stamp-${K8S_VERSION}-graph-${GO_GRAPH}-coredns-${COREDNS_VERSION}-$(sha1sum e2e/node/coredns/main.go | cut -c1-10)"
 
 log() { e2e_log node/build.sh "$@"; }
 
@@ -30,19 +30,11 @@ log "building kubelet and kube-proxy (${K8S_VERSION})"
 "$BIN/kubelet" --version >&2
 
 log "building coredns ${COREDNS_VERSION} with the plugins kubeadm's Corefile uses"
-DNS_WRAP="$K8S_ROOT/coredns-wrapper"
-rm -rf "$DNS_WRAP"
-mkdir -p "$DNS_WRAP"
-cp e2e/node/coredns/main.go "$DNS_WRAP/"
-cat > "$DNS_WRAP/go.mod" <<MOD
-module rdu-e2e/coredns
-
-go 1.25.0
-
-require github.com/coredns/coredns ${COREDNS_VERSION}
-MOD
-(cd "$DNS_WRAP" && with_retries go build -ldflags="-s -w -X github.com/coredns/coredns/coremain.GitCommit=${COREDNS_VERSION}" \
-  -o "$BIN/coredns" .)
+# A package of the wrapper module, whose graph requires CoreDNS's module (e2e/control-plane/build.sh).
+mkdir -p "$WRAP/coredns"
+cp e2e/node/coredns/main.go "$WRAP/coredns/"
+(cd "$WRAP" && with_retries go build -ldflags="-s -w -X github.com/coredns/coredns/coremain.GitCommit=${COREDNS_VERSION}" \
+  -o "$BIN/coredns" ./coredns)
 "$BIN/coredns" -version >&2
 "$BIN/coredns" -plugins >&2
 

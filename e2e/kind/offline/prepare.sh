@@ -28,13 +28,13 @@ RUST_TAG="$(sed -n 's/^ARG RUST_VERSION=//p' docker/Dockerfile)"
 [[ -n "$RUST_TAG" ]] || { log "no ARG RUST_VERSION in docker/Dockerfile"; exit 1; }
 export CONTAINERS_CONF="$PWD/e2e/kind/offline/containers.conf"
 WORK="$E2E_CACHE/kind-work"
-# The node image's tag names its inputs: the versions, this directory's files and CoreDNS's plugin set (a change
-# rebuilds it).
-NODE_INPUTS="$(cat e2e/kind/offline/* e2e/node/coredns/main.go | sha256sum | cut -c1-12)"
+# The node image's tag names its inputs: the versions, this directory's files, CoreDNS's plugin set and the Go
+# module graph the binaries were built in (a change rebuilds it).
+NODE_INPUTS="$({ cat e2e/kind/offline/* e2e/node/coredns/main.go; echo "go graph $GO_GRAPH"; } | sha256sum | cut -c1-12)"
 NODE_IMAGE="localhost/rdu-kind-node:${K8S_VERSION}-kind-${KIND_VERSION}-containerd-${CONTAINERD_VERSION}-${NODE_INPUTS}"
 COMPONENT_BASE="localhost/rdu-kind-component-base:${SUITE}-1"
 NET_IMAGE="localhost/rdu-kind-net:${K8S_VERSION}-1"
-STORAGE_IMAGE="localhost/rdu-kind-local-path-provisioner:${LOCAL_PATH_VERSION}-1"
+STORAGE_IMAGE="localhost/rdu-kind-local-path-provisioner:${LOCAL_PATH_VERSION}-graph${GO_GRAPH}"
 
 for tool in podman mmdebstrap; do
   command -v "$tool" >/dev/null || { log "$tool is not on PATH (apt-get install $tool)"; exit 1; }
