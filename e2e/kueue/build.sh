@@ -2,7 +2,8 @@
 # Builds Kueue's manager from its Go module (sigs.k8s.io/kueue, no replace directives, so `go install` works) and
 # copies the module's CRDs and its manager ClusterRole beside it, into the cache outside the repository:
 #   ${RDU_E2E_CACHE:-$HOME/.cache/rdu-e2e}/kueue-<ver>/{bin/kueue,crds/*.yaml,rbac/*.yaml}
-# A stamp makes a second run a no-op. Prints the Kueue directory on its last line.
+# A stamp makes a second run a no-op, and a lock makes a second caller wait for the first. Prints the Kueue
+# directory on its last line.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source e2e/lib.sh
@@ -14,6 +15,11 @@ STAMP="$ROOT/.stamp-${KUEUE_VERSION}-2"
 
 log() { e2e_log kueue/build.sh "$@"; }
 
+# One build at a time: CI starts this beside its stages while the three-node test may call it too; the second
+# caller waits here and then finds the stamp.
+mkdir -p "$E2E_CACHE"
+exec 9>"$E2E_CACHE/.kueue-${KUEUE_VERSION#v}.lock"
+flock 9
 done_if_cached kueue/build.sh "$STAMP" "$ROOT"
 need_go
 mkdir -p "$ROOT/bin" "$ROOT/crds" "$ROOT/rbac"

@@ -12,9 +12,6 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 source e2e/kind/testbed.sh
 
-KUEUE="$(bash e2e/kueue/build.sh | tail -n 1)"
-export RDU_E2E_KUEUE="$KUEUE"
-
 OUT="$(mktemp)"
 trap 'rm -f "$OUT"' EXIT
 export RDU_SOAK_BENCH_OUT="$OUT"

@@ -11,17 +11,20 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crate::cluster::{ClusterError, create_namespace, kubectl};
 use crate::control_plane::ControlPlane;
 use crate::poll::poll_until;
 use crate::ports::free_port;
+use crate::tools::workspace_root;
 
 /// Env var naming Kueue's directory (`bin/kueue`, `crds/*.yaml`, `rbac/*.yaml`), as `e2e/kueue/build.sh`
-/// prints it.
+/// prints it. Unset, [`kueue_dir`] runs that script when a test first needs Kueue.
 pub const KUEUE_ENV: &str = "RDU_E2E_KUEUE";
+/// The script that builds Kueue's directory (or finds it cached) and prints it on its last line.
+const BUILD_SCRIPT: &str = "e2e/kueue/build.sh";
 /// Kueue's namespace.
 pub const KUEUE_NAMESPACE: &str = "kueue-system";
 /// Kueue's ServiceAccount, as its release manifests name it (and the chart's `kueue.managerServiceAccount`).
@@ -31,11 +34,14 @@ const MOUNT_POINT: &str = "/etc/kueue";
 /// so that the last Kueue to end removes it even when another made it.
 const MADE_MARKER: &str = "/etc/kueue/.made-by-rdu-e2e";
 
-/// Kueue's directory, or why there is none.
+/// Kueue's directory, or why there is none: the one [`KUEUE_ENV`] names, else the one `e2e/kueue/build.sh`
+/// prints, built now when it is not cached. Built this late, Kueue's compile overlaps what a test does before it
+/// needs Kueue (CI starts the same build beside its stages; the script's lock makes a second caller wait for it).
 pub fn kueue_dir() -> Result<PathBuf, String> {
-    let dir = std::env::var_os(KUEUE_ENV)
-        .map(PathBuf::from)
-        .ok_or_else(|| format!("{KUEUE_ENV} is not set: run bash e2e/kueue/run.sh"))?;
+    let dir = match std::env::var_os(KUEUE_ENV) {
+        Some(dir) => PathBuf::from(dir),
+        None => build()?,
+    };
     if dir.join("bin/kueue").is_file()
         && dir.join("crds").is_dir()
         && dir.join("rbac/role.yaml").is_file()
@@ -44,10 +50,36 @@ pub fn kueue_dir() -> Result<PathBuf, String> {
         Ok(dir)
     } else {
         Err(format!(
-            "{} has no bin/kueue, crds/ and rbac/: run bash e2e/kueue/build.sh",
+            "{} has no bin/kueue, crds/ and rbac/: run bash {BUILD_SCRIPT}",
             dir.display()
         ))
     }
+}
+
+/// Runs [`BUILD_SCRIPT`] (its log goes to the test's stderr) and returns the directory on its last line.
+fn build() -> Result<PathBuf, String> {
+    let root = workspace_root();
+    let out = Command::new("bash")
+        .arg(root.join(BUILD_SCRIPT))
+        .current_dir(&root)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cannot run bash {BUILD_SCRIPT}: {e} (or set {KUEUE_ENV})"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "bash {BUILD_SCRIPT} failed ({}); its log is above (or set {KUEUE_ENV})",
+            out.status
+        ));
+    }
+    last_line(&String::from_utf8_lossy(&out.stdout))
+        .map(PathBuf::from)
+        .ok_or_else(|| format!("bash {BUILD_SCRIPT} printed no directory"))
+}
+
+/// The last non-empty line of a script's output, trimmed.
+fn last_line(stdout: &str) -> Option<&str> {
+    stdout.lines().map(str::trim).rfind(|line| !line.is_empty())
 }
 
 /// A running Kueue manager (the process is the plane's); when dropped, removes the mount point a test made, unless
@@ -399,9 +431,18 @@ spec: {{clusterQueue: {cluster_queue}}}
 
 #[cfg(test)]
 mod tests {
-    use super::{TileQueue, mounted_by_another, mounts_at};
+    use super::{TileQueue, last_line, mounted_by_another, mounts_at};
     use serde::Deserialize;
     use serde_json::{Value, json};
+
+    #[test]
+    fn the_build_scripts_directory_is_its_last_printed_line() {
+        let cached = "/root/.cache/rdu-e2e/kueue-0.17.0\n";
+        assert_eq!(last_line(cached), Some("/root/.cache/rdu-e2e/kueue-0.17.0"));
+        assert_eq!(last_line("go: downloading x\n/dir \n\n"), Some("/dir"));
+        assert_eq!(last_line(""), None);
+        assert_eq!(last_line("\n  \n"), None);
+    }
 
     fn documents(yaml: &str) -> Vec<Value> {
         serde_yaml_ng::Deserializer::from_str(yaml)

@@ -27,8 +27,9 @@ pub struct ThreeNodes {
 
 /// Starts the cluster named `name` (one kind cluster per test); panics with diagnostics when a part fails.
 pub async fn start(name: &'static str) -> ThreeNodes {
-    let kueue_dir = kueue::kueue_dir().unwrap_or_else(|e| panic!("{e}"));
     let mut bed = Testbed::start(&TestbedSpec { name, nodes: NODES }).await;
+    // After the cluster is up: when Kueue is not built yet (a fresh CI machine), its build overlaps the cluster's.
+    let kueue_dir = kueue::kueue_dir().unwrap_or_else(|e| panic!("{e}"));
     // Kueue's manager before the chart: the operator runs with `kueue.enabled`, so jobs labelled with a queue
     // wait for admission; the others run as they would without Kueue (`kueue.manageJobsWithoutQueueName=false`).
     let kueue = kueue::start(&mut bed.plane, &kueue_dir, None)
