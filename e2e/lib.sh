@@ -14,8 +14,8 @@ KIND_VERSION="${RDU_E2E_KIND_VERSION:-v0.33.0}"
 CONTAINERD_VERSION="${RDU_E2E_CONTAINERD_VERSION:-v2.4.2}"
 LOCAL_PATH_VERSION="${RDU_E2E_LOCAL_PATH_VERSION:-v0.0.30}"
 E2E_CACHE="${RDU_E2E_CACHE:-$HOME/.cache/rdu-e2e}"
-# The layout of the wrapper module's graph (2: helm, CoreDNS and local-path-provisioner share it), in the stamps of every
-# build from it, so that a change rebuilds them all.
+# The layout of the wrapper module's graph (2: helm, CoreDNS and local-path-provisioner share it), in the stamps
+# of every build from it and in the node image's tag, so that a change rebuilds them all.
 GO_GRAPH=2
 # Everything built for one Kubernetes version lives below this directory.
 K8S_ROOT="$E2E_CACHE/k8s-${K8S_VERSION#v}"
@@ -71,10 +71,10 @@ with_retries() {
 go_module_dir() { with_retries go mod download -json "$1" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p'; }
 
 # need_go: fails with a clear message when Go is missing, and sets the Go compiler's GC target for the builds that
-# follow. GOGC=400 (the compiler's heap grows to 5x its live data before a collection, not 2x): building kubectl from an empty build
-# cache took 239 core-seconds against 295 at the default 100 (2026-12-02, the 2-core EPYC; GOGC=off with a 2 GiB
-# GOMEMLIMIT 249), the peak RSS 1.03 against 0.95 GB. Set for the build scripts only, which call this: the
-# Kubernetes binaries the tests start keep Go's default.
+# follow. GOGC=400 (the compiler's heap grows to 5x its live data before a collection, not 2x): building kubectl
+# from an empty build cache took 239 core-seconds against 295 at the default 100 (2026-12-02, the 2-core EPYC;
+# GOGC=off with a 2 GiB GOMEMLIMIT 249), the peak RSS 1.03 against 0.95 GB. Set for the build scripts only, which
+# call this: the Kubernetes binaries the tests start keep Go's default.
 need_go() {
   command -v go >/dev/null || { e2e_log "${0##*/}" "go is not on PATH; install Go >= 1.24"; exit 1; }
   export GOGC="${GOGC:-400}"

@@ -23,7 +23,7 @@ pub(crate) fn free_port() -> Result<u16, CliError> {
         .and_then(|text| parse_range(&text));
     if let Some(window) = ephemeral.and_then(outside_ephemeral) {
         let len = usize::from(window.end - window.start);
-        let start = RandomState::new().hash_one(std::process::id()) as usize;
+        let start = (RandomState::new().hash_one(std::process::id()) % len as u64) as usize;
         for offset in 0..TRIES.min(len) {
             let port = window.start + ((start + offset) % len) as u16;
             if TcpListener::bind(("127.0.0.1", port)).is_ok() {

@@ -19,7 +19,8 @@ set -euo pipefail
 source "$(dirname "$0")/../lib.sh"
 
 BIN="$K8S_ROOT/bin"
-STAMP="$BIN/.stamp-${K8S_VERSION}-helm-${HELM_VERSION}-local-path-${LOCAL_PATH_VERSION}-coredns-${COREDNS_VERSION}-graph-${GO_GRAPH}"
+STAMP="$BIN/.stamp-${K8S_VERSION}-helm-${HELM_VERSION}-local-path-${LOCAL_PATH_VERSION}"
+STAMP+="-coredns-${COREDNS_VERSION}-graph-${GO_GRAPH}"
 STAGING_VERSION="v0.${K8S_VERSION#v1.}"
 
 log() { e2e_log build.sh "$@"; }
@@ -65,21 +66,23 @@ STAGING="$(sed -n 's#^[[:space:]]*\(k8s\.io/[a-z0-9-]*\) => \./staging/src/.*#\1
 # for those in KEEP_RAISED, which a tool's code needs newer: helm's root command calls pflag's ParseErrorsAllowlist
 # (pflag >= 1.0.8). The tools then compile against the same packages, and those compile once.
 KEEP_RAISED="github.com/spf13/pflag"
-KUBE_CMDS=(k8s.io/kubernetes/cmd/{kube-apiserver,kube-scheduler,kube-controller-manager,kubelet,kube-proxy,kubeadm,kubectl}
-  go.etcd.io/etcd/server/v3)
+KUBE_CMDS=(k8s.io/kubernetes/cmd/{kube-apiserver,kube-scheduler,kube-controller-manager}
+  k8s.io/kubernetes/cmd/{kubelet,kube-proxy,kubeadm,kubectl} go.etcd.io/etcd/server/v3)
 build_list() { go list -m all | awk 'NR > 1 { print $1, $2 }' | LC_ALL=C sort; }
 with_retries build_list > build-list.kubernetes
-with_retries go list -deps -f '{{with .Module}}{{.Path}}{{end}}' "${KUBE_CMDS[@]}" | LC_ALL=C sort -u > modules.kubernetes
+with_retries go list -deps -f '{{with .Module}}{{.Path}}{{end}}' "${KUBE_CMDS[@]}" \
+  | LC_ALL=C sort -u > modules.kubernetes
 # CoreDNS by its server package: e2e/node/build.sh builds a main of its own that imports the plugins it uses, and
 # CoreDNS's own main would fetch every plugin's modules (cloud SDKs among them).
 TOOLS=("helm.sh/helm/v3/cmd/helm@${HELM_VERSION}" "github.com/rancher/local-path-provisioner@${LOCAL_PATH_VERSION}"
   "github.com/coredns/coredns/coremain@${COREDNS_VERSION}")
 with_retries go get "${TOOLS[@]}"
 with_retries build_list > build-list.tools
-LC_ALL=C join build-list.kubernetes build-list.tools | LC_ALL=C join - modules.kubernetes | while read -r mod own raised; do
-  [[ "$own" == "$raised" || "$mod" == k8s.io/* || " $KEEP_RAISED " == *" $mod "* ]] && continue
-  go mod edit -replace="$mod=$mod@$own"
-done
+LC_ALL=C join build-list.kubernetes build-list.tools | LC_ALL=C join - modules.kubernetes |
+  while read -r mod own raised; do
+    [[ "$own" == "$raised" || "$mod" == k8s.io/* || " $KEEP_RAISED " == *" $mod "* ]] && continue
+    go mod edit -replace="$mod=$mod@$own"
+  done
 # go.sum entries for the tools' packages at the pinned versions (a build does not add those of replaced modules; the
 # pins are Kubernetes' versions, whose entries the package list above added).
 with_retries go get "${TOOLS[@]}"

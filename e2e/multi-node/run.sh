@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One job across three real nodes and the faults of nodes under it (issue 21; DESIGN 7, rung 5): builds the three
 # images from docker/Dockerfile, and runs the ignored tests of e2e's test binary `multi_node` (as `cargo test
-# --workspace --test multi_node -- --ignored`): a kind cluster with three RDU nodes (e2e/src/testbed.rs), Kueue's manager on the host (built or found cached by e2e/kueue/build.sh once the
-# cluster is up, unless RDU_E2E_KUEUE names its directory) against its API server, `helm install` of the chart,
+# --workspace --test multi_node -- --ignored`): a kind cluster with three RDU nodes (e2e/src/testbed.rs), Kueue's
+# manager on the host (built or found cached by e2e/kueue/build.sh once the cluster is up, unless RDU_E2E_KUEUE
+# names its directory) against its API server, `helm install` of the chart,
 # an 8-rank job spread over the nodes, a queued job preempted by a higher priority and resumed, then a kubelet
 # restart, a drain, a node crash, a partition and a capacity shortage under running jobs (before them, four ranks on
 # two nodes through the DRA plugin: over each node's shared-memory domain, over TCP only, and a raw TCP stream
