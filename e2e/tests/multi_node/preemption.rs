@@ -40,8 +40,13 @@ const HOLD: &str = "e2e.rdu.dev/hold";
 /// The preemptor's ranks: with the preempted job's 8 they pass the queue's 8 tiles.
 const PREEMPTOR_RANKS: u32 = 4;
 
-/// `job` queued in LocalQueue `team` at PriorityClass `priority`.
+/// `job` queued in LocalQueue `team` at PriorityClass `priority`, without the fault jobs' CPU limit: the
+/// ClusterQueue covers tiles only, and Kueue does not admit a Workload that asks for a resource it does not cover
+/// (a limit is the pod's request when none is given).
 fn queued(mut job: Value, priority: &str) -> Value {
+    if let Some(pod) = job["spec"]["template"]["spec"].as_object_mut() {
+        pod.remove("containers");
+    }
     job["metadata"]["labels"] = json!({"kueue.x-k8s.io/queue-name": "team"});
     job["spec"]["runPolicy"]["schedulingPolicy"] = json!({"priorityClassName": priority});
     job
