@@ -4,6 +4,8 @@
 #   RDU_KIND_NODE_IMAGE   the node image (kind's default otherwise; CI's offline one: e2e/kind/offline/prepare.sh)
 #   RDU_KIND_BUILD_ARGS   extra image build arguments (CI: --pull=never)
 #   RDU_E2E_HELM          helm (else helm on PATH)
+#   RDU_E2E_IMAGES_READY_FILE  with RDU_E2E_PREBUILT=1: a file made once the images are built; the cluster comes
+#                         up at once and loads them when it is there (CI builds them beside the three-node cluster)
 
 testbed_fail() { echo "${0}: $*" >&2; exit 1; }
 

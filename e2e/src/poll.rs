@@ -1,5 +1,6 @@
 //! Polling with a deadline: how tests wait for the cluster (never a bare sleep).
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// How often a condition is re-checked.
@@ -39,6 +40,19 @@ pub async fn poll_until<T>(
     }
 }
 
+/// Waits until `path` exists (another process makes it once what it marks is ready), for at most `timeout`.
+pub async fn wait_for_file(path: &Path, timeout: Duration) -> Result<(), PollError> {
+    let what = format!("{} to exist", path.display());
+    poll_until(&what, timeout, async || {
+        if path.exists() {
+            Ok(())
+        } else {
+            Err("it does not yet".to_string())
+        }
+    })
+    .await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -71,5 +85,30 @@ mod tests {
         .unwrap_err();
         assert_eq!(err.last, "still no");
         assert!(err.to_string().contains("waiting for never"));
+    }
+
+    #[tokio::test]
+    async fn waits_for_a_file_another_task_makes() {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("ready");
+        let writer = {
+            let marker = marker.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(POLL_INTERVAL * 3).await;
+                std::fs::write(marker, b"").unwrap();
+            })
+        };
+        wait_for_file(&marker, Duration::from_secs(30))
+            .await
+            .unwrap();
+        writer.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_missing_file_times_out_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("never");
+        let err = wait_for_file(&marker, Duration::ZERO).await.unwrap_err();
+        assert!(err.to_string().contains("never to exist"), "{err}");
     }
 }

@@ -23,7 +23,7 @@ pub use crate::cluster::SYSTEM_NAMESPACE;
 use crate::cluster::kubectl;
 use crate::control_plane::ControlPlane;
 use crate::kind::{Kind, KindSpec};
-use crate::poll::poll_until;
+use crate::poll::{poll_until, wait_for_file};
 use crate::tools::{helm_binary, run_ok, workspace_root};
 
 mod control_plane_faults;
@@ -60,6 +60,12 @@ fn is_transient(error: &crate::cluster::ClusterError) -> bool {
 }
 
 const IMAGES: [&str; 3] = ["rdu-operator", "rdu-device-plugin", "rdu-worker"];
+/// When set, names a file whose existence says the images are built: the cluster is created at once and the images
+/// are loaded once the file is there (CI creates the three-node cluster while the images' release build runs).
+pub const IMAGES_READY_ENV: &str = "RDU_E2E_IMAGES_READY_FILE";
+/// How long a testbed waits for [`IMAGES_READY_ENV`]'s file (the images' build from an empty cache takes about
+/// 20 minutes on 2 cores).
+const IMAGES_READY_DEADLINE: Duration = Duration::from_secs(3600);
 
 /// What the cluster is made of.
 #[derive(Debug, Clone)]
@@ -120,6 +126,11 @@ impl Testbed {
         let kind = Kind::create(&kind_spec, work.path()).unwrap_or_else(|e| {
             panic!("kind cluster {}: {}", spec.name, rdu_error_chain::Chain(&e))
         });
+        if let Some(ready) = std::env::var_os(IMAGES_READY_ENV) {
+            wait_for_file(std::path::Path::new(&ready), IMAGES_READY_DEADLINE)
+                .await
+                .unwrap_or_else(|e| panic!("the images: {e}"));
+        }
         let tag = chart_app_version();
         for image in IMAGES {
             kind.load_image(&format!("{image}:{tag}"), work.path())
