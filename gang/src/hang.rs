@@ -59,6 +59,11 @@ pub enum HangCheck {
 /// How often a watch whose reports stopped is looked at again (rank 0 reports every 5 s).
 pub const UNREPORTED_RECHECK_SECONDS: i64 = 5;
 
+/// How old the newest report taken may be before reports count as stopped: rank 0 reports at least every 5 s and
+/// the operator writes one to status at most every 5 s, so one 10 s old is on time; 15 s leaves a late heartbeat
+/// its slack. Past the deadline, a younger one waits for the next report instead of saying they stopped.
+pub const REPORTS_OVERDUE_SECONDS: i64 = 15;
+
 /// Rank 0 made no progress for `progressDeadlineSeconds` while every rank ran.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Hang {
@@ -92,7 +97,9 @@ impl Hang {
     }
 }
 
-/// Looks at the gang against the deadline `deadline` (seconds), given the watch kept from the last look.
+/// Looks at the gang against the deadline `deadline` (seconds), given the watch kept from the last look. Past the
+/// deadline with no report confirming it, reports count as stopped only once the newest is
+/// [`REPORTS_OVERDUE_SECONDS`] old.
 pub fn check_hang(
     deadline: Option<u64>,
     previous: Option<ProgressWatch>,
@@ -126,10 +133,19 @@ pub fn check_hang(
             deadline_seconds: deadline,
         })
     } else {
-        HangCheck::Unreported {
-            watch,
-            silent_seconds: gang.now - gang.reported_at.unwrap_or(watch.since).max(watch.since),
-            recheck_in: UNREPORTED_RECHECK_SECONDS,
+        let silent_seconds = gang.now - gang.reported_at.unwrap_or(watch.since).max(watch.since);
+        if silent_seconds < REPORTS_OVERDUE_SECONDS {
+            // The report that confirms or clears the hang is on its way (its status write wakes the operator too).
+            HangCheck::Watching {
+                watch,
+                recheck_in: REPORTS_OVERDUE_SECONDS - silent_seconds,
+            }
+        } else {
+            HangCheck::Unreported {
+                watch,
+                silent_seconds,
+                recheck_in: UNREPORTED_RECHECK_SECONDS,
+            }
         }
     }
 }
@@ -369,10 +385,22 @@ mod tests {
                 hung(Some(5), 20),
             ),
             (
-                "reports stopped before the deadline: no hang, reports missing",
+                "the deadline passed 5 s after the last report: the next one is waited for, not missed",
                 watch(0, Some(5), 80),
                 reported(Some(5), Some(95), 100),
-                unreported(5, 80),
+                watching(0, Some(5), 80, 10),
+            ),
+            (
+                "one second short of overdue: still waited for",
+                watch(0, Some(5), 80),
+                reported(Some(5), Some(95), 109),
+                watching(0, Some(5), 80, 1),
+            ),
+            (
+                "reports stopped before the deadline and are overdue: no hang, reports missing",
+                watch(0, Some(5), 80),
+                reported(Some(5), Some(95), 110),
+                unreported(15, 80),
             ),
             (
                 "a report one second short of the deadline does not confirm it",

@@ -19,7 +19,8 @@ mod settle;
 mod turn;
 pub use deadline::{DEADLINE_EXCEEDED, Deadline, deadline_message};
 pub use hang::{
-    GangNow, Hang, HangCheck, ProgressWatch, StepWatcher, UNREPORTED_RECHECK_SECONDS, check_hang,
+    GangNow, Hang, HangCheck, ProgressWatch, REPORTS_OVERDUE_SECONDS, StepWatcher,
+    UNREPORTED_RECHECK_SECONDS, check_hang,
 };
 pub use restarts::{
     BACKOFF_BASE_SECONDS, BACKOFF_MAX_SECONDS, RESTART_LOOP_WINDOW_SECONDS, RestartDelay,

@@ -196,6 +196,29 @@ fn a_new_generation_and_a_resumed_job_start_a_new_window() {
 }
 
 #[test]
+fn at_the_deadline_a_report_on_its_way_is_waited_for_without_saying_reports_stopped() {
+    // The step stood at 20 from 40; at the deadline (100) the newest report was taken at 96, one heartbeat ago.
+    let j = reported_at(watched(Some(60)), Some(20), 40);
+    let d = decide(&j, &running(), at(40));
+    let j = reported_at(after(j, &d), Some(20), 96);
+    let d = decide(&j, &running(), at(100));
+    assert_eq!(d.status.phase, Some(JobPhase::Running));
+    assert!(d.changes.is_empty(), "{:?}", d.changes);
+    assert!(
+        condition(&d, condition::PROGRESS_UNREPORTED).is_none(),
+        "a report 4 s old is no silence"
+    );
+    assert!(d.events.iter().all(|e| e.reason != "ProgressUnreported"));
+    assert_eq!(d.requeue_after, Some(Duration::from_secs(11)));
+    // The next heartbeat says 20 still: hung, 61 s after the step stood still.
+    let j = reported_at(after(j, &d), Some(20), 101);
+    let d = decide(&j, &running(), at(101));
+    let stopping = d.status.stopping.clone().expect("stopping");
+    assert_eq!((stopping.rank, stopping.reason.as_str()), (0, "Hung"));
+    assert!(condition(&d, condition::PROGRESS_UNREPORTED).is_none());
+}
+
+#[test]
 fn missing_reports_never_restart_the_gang_and_say_so_until_reports_come_back() {
     let j = reported_at(watched(Some(60)), Some(10), 0);
     let d = decide(&j, &running(), at(0));
