@@ -1,10 +1,10 @@
 //! Failure rules and hang detection on a real kubelet (issue 24), on `node.rs`'s one-node cluster after its own
-//! stages (one cluster, not two: a bring-up and a helm install fewer): a rank the kubelet OOM-kills fails its job at once under a `FailJob` rule for
-//! `OOMKilled`; a gang whose ranks stop making progress without exiting is judged `Hung` by the first report
-//! after `progressDeadlineSeconds`, restarted, and then succeeds; a pod deleted with `kubectl delete pod` restarts the gang
-//! without spending `backoffLimit` under a `RestartJobNotCounted` rule. The faults come from the worker's test
-//! flags (`RDU_TEST_ALLOCATE_MIB`, `RDU_TEST_HANG_AT_STEP`). Its summary is `node.rs`'s second JSON line
-//! (`{"bench":"node_failure_rules",…}`).
+//! stages (one cluster, not two: a bring-up and a helm install fewer): a rank the kubelet OOM-kills fails its job
+//! at once under a `FailJob` rule for `OOMKilled`; a gang whose ranks stop making progress without exiting is
+//! judged `Hung` by the first report after `progressDeadlineSeconds`, restarted, and then succeeds; a pod deleted
+//! with `kubectl delete pod` restarts the gang without spending `backoffLimit` under a `RestartJobNotCounted` rule.
+//! The faults come from the worker's test flags (`RDU_TEST_ALLOCATE_MIB`, `RDU_TEST_HANG_AT_STEP`). Its summary is
+//! `node.rs`'s second JSON line (`{"bench":"node_failure_rules",…}`).
 
 use std::time::{Duration, Instant};
 
