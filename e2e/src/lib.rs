@@ -37,5 +37,5 @@ pub use cluster::{
 };
 pub use control_plane::{Components, ControlPlane, ControlPlaneError};
 pub use metrics::{MetricsError, Sample};
-pub use poll::{PollError, poll_until};
+pub use poll::{PollError, poll_until, poll_while_progressing};
 pub use tools::{ToolError, helm_template, kubectl_in, operator_binary, workspace_root};
