@@ -37,6 +37,18 @@ pub const OPERATOR_DEPLOYMENT: &str = "rdu-rdu-operator";
 /// The images the chart runs, as `docker/build.sh` tags them (`<repository>:<appVersion>`).
 /// How long [`Testbed::apply`] applies again while the API server is away.
 pub const APPLY_DEADLINE: Duration = Duration::from_secs(180);
+
+/// Each rank's CPU limit in the jobs that only have to be running through a fault (the three-node test's spread and
+/// fault jobs, the one-node test's checkpointed job). Unlimited, such a job takes what CPU its ranks get for as long
+/// as it trains, from the stages CI runs beside it (`.ci/run`): an 8-rank digits job alone on a four-node cluster
+/// made 708 steps/s on 1.17 cores (2026-12-02), at 100m 218 steps/s on 0.44 cores; 4 ranks on one node at 100m made
+/// 546 to 639 steps/s (2026-12-07). Such jobs are sized to train minutes at the limited rate.
+pub const FAULT_JOB_RANK_CPU: &str = "100m";
+
+/// The `containers` of a job's `spec.template.spec` that put its workers under [`FAULT_JOB_RANK_CPU`].
+pub fn cpu_limited_worker() -> Value {
+    serde_json::json!([{"name": "worker", "resources": {"limits": {"cpu": FAULT_JOB_RANK_CPU}}}])
+}
 const APPLY_RETRY_PAUSE: Duration = Duration::from_secs(2);
 
 /// Whether kubectl failed because the API server was away or did not answer in time (as after its restart),

@@ -14,7 +14,7 @@ use std::time::Instant;
 use rdu_e2e::local_mode::run_local;
 use rdu_e2e::logs::field_of;
 use rdu_e2e::soak::Soak;
-use rdu_e2e::testbed::Testbed;
+use rdu_e2e::testbed::{Testbed, cpu_limited_worker};
 use rdu_e2e::three_nodes::{self, LONG, NODES};
 use rdu_e2e::workspace_root;
 use serde_json::{Value, json};
@@ -129,16 +129,9 @@ impl Laps {
     }
 }
 
-/// Each rank's CPU limit in the spread job and the fault jobs made from it. Without one, an 8-rank job of the small
-/// digits model takes what CPU its ranks get (alone on a four-node kind cluster, 2026-12-02: 708 steps/s on 1.17
-/// cores), which the stages beside this one need (`.ci/run`); at 100m it trained at 218 steps/s on 0.44 cores, about
-/// the rate the spread job had reached unlimited beside those stages (221). The fault jobs are sized in seconds at
-/// the spread job's rate, so they train as long either way, on less of the machine.
-const RANK_CPU_LIMIT: &str = "100m";
-
 /// The digits example with 8 ranks spread over the nodes, hierarchical all-reduce, checkpoints on the shared
-/// claim, each rank limited to [`RANK_CPU_LIMIT`]; `epochs` and `interval` set how long it runs and how often rank
-/// 0 checkpoints.
+/// claim, each rank limited to [`rdu_e2e::testbed::FAULT_JOB_RANK_CPU`] (the fault jobs are sized in seconds at the
+/// spread job's measured rate); `epochs` and `interval` set how long it runs and how often rank 0 checkpoints.
 fn spread_job(name: &str, epochs: u64, interval: u64) -> Value {
     let yaml = std::fs::read_to_string(workspace_root().join("examples/digits-checkpointed.yaml"))
         .expect("examples/digits-checkpointed.yaml");
@@ -159,7 +152,7 @@ fn spread_job(name: &str, epochs: u64, interval: u64) -> Value {
             "whenUnsatisfiable": "ScheduleAnyway",
             "labelSelector": {"matchLabels": {"rdu.dev/job-name": name}},
         }],
-        "containers": [{"name": "worker", "resources": {"limits": {"cpu": RANK_CPU_LIMIT}}}]}
+        "containers": cpu_limited_worker()}
     });
     job
 }

@@ -20,7 +20,7 @@ use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::Api;
 use kube::api::{ListParams, LogParams};
 use rdu_e2e::logs::field_of;
-use rdu_e2e::testbed::{SYSTEM_NAMESPACE, Testbed, TestbedSpec, set_mode};
+use rdu_e2e::testbed::{SYSTEM_NAMESPACE, Testbed, TestbedSpec, cpu_limited_worker, set_mode};
 use rdu_e2e::{poll_while_progressing, workspace_root};
 use serde_json::{Value, json};
 
@@ -29,15 +29,10 @@ const RDUS: u32 = 1;
 const TILES_PER_RDU: u32 = 4;
 /// Env var naming the file the summary JSON line is written to.
 const BENCH_OUT_ENV: &str = "RDU_NODE_BENCH_OUT";
-/// The checkpointed job trains this many times the example's epochs, to be running through the faults: 69,000
-/// steps, at [`RANK_CPU_LIMIT`] 200 to 350 a second (the three-node test's 8 ranks made 218 at that limit), so
-/// several minutes for faults that take about one.
+/// The checkpointed job trains this many times the example's epochs under
+/// [`rdu_e2e::testbed::FAULT_JOB_RANK_CPU`], to be running through the faults: 69,000 steps took 108 to 126 s
+/// (2026-12-07, alone and in CI) for faults that took 8 to 10 s.
 const LONG_RUN_FACTOR: u64 = 100;
-/// Each rank's CPU limit in the checkpointed job. The job only has to be running while the test kills a rank and
-/// the device plugin's pod; unlimited, its 4 ranks took whatever CPU the node got for the whole run (138,000 steps
-/// at 290 a second on a fresh CI machine, 2026-12-03, beside two other kind clusters and the control plane's tests,
-/// which needed that CPU). At 100m the 4 ranks take at most 0.4 cores and train about as long.
-const RANK_CPU_LIMIT: &str = "100m";
 const SHORT: Duration = Duration::from_secs(60);
 const LONG: Duration = Duration::from_secs(300);
 
@@ -302,8 +297,7 @@ impl Cluster {
         let epochs = job["spec"]["training"]["epochs"].as_u64().expect("epochs");
         let longer = epochs * LONG_RUN_FACTOR;
         job["spec"]["training"]["epochs"] = json!(longer);
-        job["spec"]["template"] = json!({"spec": {"containers": [
-            {"name": "worker", "resources": {"limits": {"cpu": RANK_CPU_LIMIT}}}]}});
+        job["spec"]["template"] = json!({"spec": {"containers": cpu_limited_worker()}});
         self.apply(&serde_json::to_string(&job).expect("JSON"));
         self.wait_phase(&name, "Running", LONG).await;
 
